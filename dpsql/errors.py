@@ -1,0 +1,85 @@
+"""The one exception hierarchy of dpsql, with the PEP 249 names.
+
+Every refusal carries what was refused, why, and what to write instead, so
+that each front end (DB-API, shell, wire server) can show the same message.
+"""
+
+from __future__ import annotations
+
+
+class Warning(Exception):  # noqa: A001 - PEP 249 requires this name
+    """PEP 249 warning."""
+
+
+class Error(Exception):
+    """Base class of every dpsql error (PEP 249)."""
+
+
+class InterfaceError(Error):
+    """Misuse of the DB-API interface itself (closed cursor, bad parameters)."""
+
+
+class DatabaseError(Error):
+    """An error related to the database or the privacy layer in front of it."""
+
+
+class DataError(DatabaseError):
+    """A problem with processed data (PEP 249)."""
+
+
+class OperationalError(DatabaseError):
+    """An error in the operation of the database, outside the caller's control."""
+
+
+class IntegrityError(DatabaseError):
+    """Relational integrity is affected (PEP 249; dpsql never modifies data)."""
+
+
+class InternalError(DatabaseError):
+    """dpsql or the database reached an inconsistent internal state."""
+
+
+class ProgrammingError(DatabaseError):
+    """A mistake in the statement or in how it was sent."""
+
+
+class NotSupportedError(DatabaseError):
+    """A method or API that the database does not support."""
+
+
+class PolicyError(ProgrammingError):
+    """The privacy policy is invalid: names the file, the key and what to write."""
+
+    def __init__(self, message: str, *, source: str | None = None, key: str | None = None):
+        self.source = source
+        self.key = key
+        where = ", ".join(part for part in (source, f"key '{key}'" if key else None) if part)
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class QueryRefused(ProgrammingError):
+    """dpsql cannot prove a statement safe, so it never reaches the database."""
+
+    def __init__(self, construct: str, reason: str, hint: str):
+        self.construct = construct
+        self.reason = reason
+        self.hint = hint
+        super().__init__(f"refused {construct}: {reason}. Instead: {hint}")
+
+
+class BudgetExhausted(OperationalError):
+    """The analyst's remaining privacy budget does not cover the query's cost."""
+
+    def __init__(self, analyst: str, cost: object, remaining: object):
+        self.analyst = analyst
+        self.cost = cost
+        self.remaining = remaining
+        super().__init__(
+            f"privacy budget exhausted for analyst '{analyst}': the query costs {cost} "
+            f"but only {remaining} remains. Ask the data owner for more budget, or lower "
+            "the cost with SET dpsql.epsilon = <smaller value> (more noise)."
+        )
+
+
+class BackendError(OperationalError):
+    """The database behind dpsql failed while running a rewritten query."""
