@@ -1,0 +1,184 @@
+"""Hadamard-based oracles, decoded with a fast Walsh-Hadamard transform in O(n + K log K).
+
+Hadamard response (Acharya, Sun, Zhang 2019). The output alphabet [K] is split
+into B blocks of size b (powers of two; B = 2^floor(log2 min(2d, e^eps)),
+b = 2^ceil(log2(d/B + 1)), as in the paper's general-epsilon version). Value x
+lives in block k = x // (b-1) as Hadamard row s = x % (b-1) + 1, and owns the
+set C_x = {(k, j) : H_b[s, j] = +1} of b/2 outputs. The report is an output
+y in [K] with P[y | x] = e^eps / Z on C_x and 1 / Z elsewhere,
+Z = (b/2) e^eps + K - b/2: the ratio is exactly e^eps, and a report costs log2 K bits.
+Decoding: D[k, s] = sum_j N[k, j] H_b[s, j] (one FWHT per block of the output
+histogram N) has expectation c_x (b/2)(e^eps - 1)/Z and no contribution from
+other values, so c_x = D * Z / ((b/2)(e^eps - 1)) is unbiased.
+
+One-bit Hadamard mechanism. A person with x draws j uniform in [K]
+(K = 2^ceil(log2 d)), and sends j with the bit H_K[x, j] kept with probability
+e^eps/(e^eps + 1), flipped otherwise. With W[j] the sum of the signed bits
+received at j, c_v = FWHT(W)[v] / (p - q) is unbiased and
+Var = n / (p - q)^2 - c_v.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dpsql.ldp.base import FrequencyOracle, IntegerReports, bits_for
+
+
+def fwht(values: np.ndarray) -> np.ndarray:
+    """Walsh-Hadamard transform (Sylvester order, unnormalised) along the last axis."""
+    src = np.array(values, dtype=np.float64)
+    rows, size = src.reshape(-1, src.shape[-1]).shape
+    if size & (size - 1):
+        raise ValueError("the transform length must be a power of two")
+    dst = np.empty_like(src)
+    half = 1
+    while half < size:
+        a = src.reshape(rows, -1, 2, half)
+        b = dst.reshape(rows, -1, 2, half)
+        np.add(a[:, :, 0], a[:, :, 1], out=b[:, :, 0])
+        np.subtract(a[:, :, 0], a[:, :, 1], out=b[:, :, 1])
+        src, dst = dst, src
+        half *= 2
+    return src
+
+
+def _parity(x: np.ndarray) -> np.ndarray:
+    return np.bitwise_count(x) & 1
+
+
+def _lowest_bit(x: np.ndarray) -> np.ndarray:
+    return x & -x
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(n)))
+
+
+class HadamardResponse(IntegerReports, FrequencyOracle):
+    """Hadamard response: one output index of log2 K bits per person."""
+
+    name = "hr"
+
+    def __init__(self, epsilon: float, domain, blocks: int | None = None):
+        super().__init__(epsilon, domain)
+        e = math.exp(self.epsilon)
+        if blocks is None:
+            blocks = 1 << max(0, math.floor(math.log2(min(2 * self.d, e))))
+        if blocks < 1 or blocks & (blocks - 1):
+            raise ValueError("the number of blocks must be a power of two")
+        self.blocks = blocks
+        self.block_size = _next_pow2(self.d / blocks + 1)
+        self.size = self.blocks * self.block_size
+        half = self.block_size // 2
+        self.norm = half * e + self.size - half
+        self.p_own = half * e / self.norm  # P[y in C_x | x]
+        self.scale = self.norm / (half * (e - 1))
+
+    def _place(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        per_block = self.block_size - 1
+        return idx // per_block, idx % per_block + 1
+
+    def perturb_indices(self, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        idx = np.asarray(idx, dtype=np.int64)
+        n = idx.size
+        b = self.block_size
+        block, row = self._place(idx)
+        own = rng.random(n) < self.p_own
+        j = rng.integers(0, b, size=n)
+        # Flipping a bit that row s has set toggles parity(s & j): a bijection
+        # between C_x and the rest of the block, so j stays uniform on either side.
+        want_odd = ~own
+        j ^= np.where(_parity(row & j).astype(bool) != want_odd, _lowest_bit(row), 0)
+        inside = block * b + j
+        # Outside C_x: the b/2 odd-parity slots of x's block or any slot of another block.
+        r = rng.integers(0, self.size - b // 2, size=n)
+        elsewhere = r < (self.blocks - 1) * b
+        other_block = r // b
+        other_block += other_block >= block
+        outside = np.where(elsewhere, other_block * b + r % b, inside)
+        return np.where(own, inside, outside)
+
+    def aggregate(self, reports: np.ndarray) -> np.ndarray:
+        """Histogram of output indices (COUNT(*) GROUP BY report in SQL)."""
+        return np.bincount(np.asarray(reports, dtype=np.int64), minlength=self.size)
+
+    def estimate_from_counts(self, counts: np.ndarray, n: int) -> np.ndarray:
+        spectrum = fwht(np.asarray(counts, dtype=np.float64).reshape(self.blocks, -1))
+        block, row = self._place(np.arange(self.d))
+        return spectrum[block, row] * self.scale
+
+    def variance(self, n: int, count: float = 0.0, block_count: float | None = None) -> float:
+        """Exact variance; `block_count` (people in the value's block) defaults to n / B."""
+        e = math.exp(self.epsilon)
+        half = self.block_size // 2
+        m = max(count, n / self.blocks if block_count is None else block_count)
+        p_in = half * (e + 1) / self.norm
+        p_out = self.block_size / self.norm
+        signal = half * (e - 1) / self.norm
+        return self.scale**2 * (m * p_in + (n - m) * p_out - count * signal**2)
+
+    @property
+    def message_bits(self) -> int:
+        return bits_for(self.size)
+
+    def server_cost(self, n: int) -> float:
+        return float(n + self.size * math.log2(self.block_size))
+
+    def channel(self) -> np.ndarray:
+        e = math.exp(self.epsilon)
+        block, row = self._place(np.arange(self.d))
+        y = np.arange(self.size)
+        same_block = (y[None, :] // self.block_size) == block[:, None]
+        plus = _parity(row[:, None] & (y[None, :] % self.block_size)) == 0
+        return np.where(same_block & plus, e, 1.0) / self.norm
+
+
+class HadamardMechanism(IntegerReports, FrequencyOracle):
+    """One-bit Hadamard mechanism: (column index, one randomised sign bit) per person."""
+
+    name = "hm"
+
+    def __init__(self, epsilon: float, domain):
+        super().__init__(epsilon, domain)
+        e = math.exp(self.epsilon)
+        self.size = max(2, _next_pow2(self.d))
+        self.keep = e / (e + 1)
+        self.gap = (e - 1) / (e + 1)  # p - q
+
+    def perturb_indices(self, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        idx = np.asarray(idx, dtype=np.int64)
+        j = rng.integers(0, self.size, size=idx.size)
+        plus = _parity(idx & j) == 0
+        sign = plus == (rng.random(idx.size) < self.keep)
+        # code = 2 j + bit, bit 1 meaning +1, so counting is a plain GROUP BY.
+        return 2 * j + sign
+
+    def aggregate(self, reports: np.ndarray) -> np.ndarray:
+        """Histogram of report codes 2 j + bit (COUNT(*) GROUP BY report in SQL)."""
+        return np.bincount(np.asarray(reports, dtype=np.int64), minlength=2 * self.size)
+
+    def estimate_from_counts(self, counts: np.ndarray, n: int) -> np.ndarray:
+        counts = np.asarray(counts, dtype=np.float64).reshape(self.size, 2)
+        signed = counts[:, 1] - counts[:, 0]
+        return fwht(signed)[: self.d] / self.gap
+
+    def variance(self, n: int, count: float = 0.0) -> float:
+        return n / self.gap**2 - count
+
+    @property
+    def message_bits(self) -> int:
+        return bits_for(self.size) + 1
+
+    def server_cost(self, n: int) -> float:
+        return float(n + self.size * math.log2(self.size))
+
+    def channel(self) -> np.ndarray:
+        j = np.arange(self.size)
+        plus = _parity(np.arange(self.d)[:, None] & j[None, :]) == 0
+        out = np.empty((self.d, self.size, 2))
+        out[:, :, 1] = np.where(plus, self.keep, 1 - self.keep)
+        out[:, :, 0] = 1 - out[:, :, 1]
+        return out.reshape(self.d, -1) / self.size
