@@ -90,20 +90,53 @@ class LocalHashing(PureProtocol):
     def aggregate(self, reports: np.ndarray) -> np.ndarray:
         """Support counts: for each v, how many reports (seed, y) have h_seed(v) = y."""
         reports = np.asarray(reports, dtype=np.int64).reshape(-1, 2)
+        seeds, y = reports.T
         prime, g = self.prime, self.g
-        per_report = -(-prime // g)
-        steps = np.arange(per_report, dtype=np.int64) * g
-        counts = np.zeros(self.d, dtype=np.int64)
-        chunk = max(1, _CHUNK_ELEMENTS // per_report)
-        for start in range(0, len(reports), chunk):
-            seeds, y = reports[start : start + chunk].T
-            a_inv = _mod_inverse(seeds // prime + 1, prime)
-            b = seeds % prime
-            t = y[:, None] + steps[None, :]
-            v = a_inv[:, None] * ((t - b[:, None]) % prime) % prime
-            keep = (t < prime) & (v < self.d)
-            counts += np.bincount(v[keep], minlength=self.d)
-        return counts
+        a_inv = _mod_inverse(seeds // prime + 1, prime)
+        # The values a report supports, a^-1 (y + k g - b) mod P for y + k g < P, form an
+        # arithmetic progression mod P: first + k * stride, k < length.
+        first = a_inv * ((y - seeds % prime) % prime) % prime
+        stride = a_inv * g % prime
+        length = (prime - 1 - y) // g + 1
+        if (prime - 1) * prime * math.log2(prime) < len(reports) * prime / g:
+            totals = self._count_by_convolution(first, seeds // prime, length)
+        else:
+            totals = self._count_directly(first, stride, length)
+        return totals[: self.d]
+
+    def _count_directly(self, first, stride, length) -> np.ndarray:
+        """O(n P / g): list every supported value of every report."""
+        prime = self.prime
+        steps = np.arange(length.max(initial=1), dtype=np.int64)
+        totals = np.zeros(prime, dtype=np.int64)
+        chunk = max(1, _CHUNK_ELEMENTS // steps.size)
+        for i in range(0, first.size, chunk):
+            v = (first[i : i + chunk, None] + steps[None, :] * stride[i : i + chunk, None]) % prime
+            inside = steps[None, :] < length[i : i + chunk, None]
+            totals += np.bincount(v[inside], minlength=prime)
+        return totals
+
+    def _count_by_convolution(self, first, a_index, length) -> np.ndarray:
+        """O(n + P^2 log P): reports sharing a and a progression length support shifted
+        copies of one set, so per (a, length) the counts are a cyclic convolution of the
+        histogram of `first` with that set's indicator. Wins when P is small (county level)."""
+        prime, g = self.prime, self.g
+        lengths = np.unique(length)
+        cls = np.searchsorted(lengths, length)
+        rows = (prime - 1) * lengths.size
+        hist = np.bincount(
+            (a_index * lengths.size + cls) * prime + first, minlength=rows * prime
+        ).reshape(rows, prime)
+        a = np.repeat(np.arange(1, prime, dtype=np.int64), lengths.size)
+        stride = _mod_inverse(a, prime) * g % prime
+        row_len = np.tile(lengths, prime - 1)
+        pattern = np.zeros((rows, prime))
+        steps = np.arange(lengths.max(), dtype=np.int64)
+        members = steps[None, :] * stride[:, None] % prime
+        inside = steps[None, :] < row_len[:, None]
+        pattern[np.nonzero(inside)[0], members[inside]] = 1.0
+        spectrum = (np.fft.rfft(hist, axis=1) * np.fft.rfft(pattern, axis=1)).sum(axis=0)
+        return np.rint(np.fft.irfft(spectrum, n=prime)).astype(np.int64)
 
     @property
     def message_bits(self) -> int:

@@ -54,7 +54,13 @@ class Rappor(UnaryEncoding):
         return randomize_packed(permanent, self.d, self.irr_p, self.irr_q, rng)
 
     def perturb_indices(self, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        return self.instantaneous(self.permanent(idx, rng), rng)
+        """First reports of people with no stored permanent response.
+
+        Drawn in one pass from the composite bit probabilities (q1, q0): the
+        same distribution as instantaneous(permanent(idx)), at unary speed.
+        People who report again must keep `permanent` and call `instantaneous`.
+        """
+        return randomize_onehot(idx, self.d, self.p_star, self.q_star, rng)
 
     def permanent_channel(self) -> np.ndarray:
         """P[permanent bits | x]: its worst-case ratio is exactly e^epsilon."""

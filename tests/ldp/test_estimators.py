@@ -98,3 +98,22 @@ def test_unary_count_simulation_matches_real_counts_in_distribution():
     mean = COUNTS * m.p_star + (n - COUNTS) * m.q_star
     var = COUNTS * m.p_star * (1 - m.p_star) + (n - COUNTS) * m.q_star * (1 - m.q_star)
     assert np.all(np.abs(sims.mean(axis=0) - mean) <= 5 * np.sqrt(var / REPS))
+
+
+def test_olh_counting_paths_agree():
+    from dpsql.ldp.hashing import _mod_inverse
+
+    rng = np.random.default_rng(8)
+    for epsilon in (0.5, 3.0):
+        m = ldp.mechanism("olh", epsilon, range(50))
+        reports = m.perturb_indices(rng.integers(0, 50, 3000), rng)
+        seeds, y = reports.T
+        a_inv = _mod_inverse(seeds // m.prime + 1, m.prime)
+        first = a_inv * ((y - seeds % m.prime) % m.prime) % m.prime
+        length = (m.prime - 1 - y) // m.g + 1
+        direct = m._count_directly(first, a_inv * m.g % m.prime, length)
+        convolved = m._count_by_convolution(first, seeds // m.prime, length)
+        np.testing.assert_array_equal(direct, convolved)
+        # And both equal hashing every value for every report.
+        brute = [(m._hash(seeds, np.int64(v)) == y).sum() for v in range(50)]
+        np.testing.assert_array_equal(direct[:50], brute)
