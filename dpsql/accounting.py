@@ -14,7 +14,9 @@ from fractions import Fraction
 def _exact(value: float | int | Fraction, name: str) -> Fraction:
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")
-    exact = Fraction(value)
+    # A float is taken as the decimal it prints as (0.1 is 1/10), which is what
+    # the user wrote in a policy or SET; ten charges of 0.1 then fit in 1.0.
+    exact = Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
     if exact < 0:
         raise ValueError(f"{name} must be non-negative, got {value}")
     return exact
@@ -57,7 +59,7 @@ class Cost:
         return Cost(self.epsilon / parts, self.delta / parts)
 
     def __str__(self) -> str:
-        return f"epsilon={round_up(self.epsilon):.6g}, delta={round_up(self.delta):.3g}"
+        return f"epsilon={float(self.epsilon):.10g}, delta={float(self.delta):.4g}"
 
 
 def total(costs: list[Cost]) -> Cost:

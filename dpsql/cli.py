@@ -1,0 +1,187 @@
+"""The `dpsql` command: run private queries, show budgets, write the demo.
+
+    dpsql query --demo "SELECT sex, COUNT(*) FROM census GROUP BY sex"
+    dpsql query --database pums.duckdb --policy policy.yaml "SELECT AVG(income) FROM pums"
+    dpsql budget --demo
+    dpsql demo ./demo        # writes census.duckdb and policy.yaml to try other tools on
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from dpsql.errors import Error
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "run"):
+        parser.print_help()
+        return 2
+    try:
+        return args.run(args) or 0
+    except Error as exc:
+        Console(stderr=True).print(f"[bold red]{type(exc).__name__}:[/] {exc}", highlight=False)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dpsql",
+        description="Differentially private answers to ordinary aggregate SQL, with an "
+        "enforced privacy budget.",
+        epilog="Start with: dpsql query --demo \"SELECT sex, COUNT(*) FROM census GROUP BY sex\"",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    query = commands.add_parser(
+        "query", help="run one private query and print the noisy answer",
+        description="Run one SQL query through dpsql. The answer is noisy; each noisy column "
+        "shows its 95%% interval, and the query's cost is charged to your budget (repeating "
+        "the same query returns the same answer for free).",
+    )  # fmt: skip
+    _add_connection_options(query)
+    query.add_argument("sql", help='the query, e.g. "SELECT COUNT(*) FROM census"')
+    query.add_argument("--epsilon", type=float, help="privacy cost of this query (default: policy)")
+    query.add_argument("--json", action="store_true", help="print the release as JSON")
+    query.set_defaults(run=_run_query)
+
+    budget = commands.add_parser(
+        "budget", help="show the analyst's spent and remaining budget",
+        description="Show total, spent and remaining epsilon and delta from the ledger.",
+    )  # fmt: skip
+    _add_connection_options(budget)
+    budget.set_defaults(run=_run_budget)
+
+    demo = commands.add_parser(
+        "demo", help="write the demo database and policy to a folder",
+        description="Write census.duckdb (a synthetic census-like table) and policy.yaml, "
+        "to use with --database/--policy or other tools.",
+    )  # fmt: skip
+    demo.add_argument("directory", type=Path, help="folder to write into")
+    demo.set_defaults(run=_run_demo)
+
+    try:
+        from dpsql.ldp.commands import register
+    except ImportError:  # the local-DP commands are optional
+        register = None
+    if register is not None:
+        register(commands)
+    return parser
+
+
+def _add_connection_options(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_argument_group("what to connect to")
+    source.add_argument(
+        "--demo", action="store_true",
+        help="use the built-in synthetic census table (table 'census') and its policy",
+    )  # fmt: skip
+    source.add_argument("--database", help="DuckDB database file")
+    source.add_argument("--policy", help="privacy policy YAML file")
+    source.add_argument("--analyst", default="default", help="whose budget to charge")
+    source.add_argument("--ledger", help="budget ledger file (default: from the policy)")
+
+
+def _connect(args: argparse.Namespace, **options: Any) -> Any:
+    import dpsql
+
+    if args.demo:
+        from dpsql import demo
+
+        return dpsql.connect(
+            demo.demo_connection(), policy=demo.DEMO_POLICY, analyst=args.analyst,
+            ledger=args.ledger or demo.demo_ledger_path(), **options,
+        )  # fmt: skip
+    if not args.database or not args.policy:
+        raise SystemExit("dpsql: give --database and --policy, or --demo for the built-in data")
+    return dpsql.connect(
+        args.database, policy=args.policy, analyst=args.analyst, ledger=args.ledger, **options
+    )
+
+
+def _run_query(args: argparse.Namespace) -> int:
+    with _connect(args, epsilon=args.epsilon) as connection:
+        cursor = connection.execute(args.sql)
+        rows = cursor.fetchall() if cursor.description else []
+        budget = connection.budget()
+        if args.json:
+            print(json.dumps({
+                "columns": [d[0] for d in cursor.description or []],
+                "rows": rows,
+                "accuracy": {k: vars(v) for k, v in cursor.accuracy.items()},
+                "notes": cursor.notes,
+                "budget": vars(budget),
+            }, default=str, indent=2))  # fmt: skip
+            return 0
+        console = Console()
+        if cursor.description:
+            console.print(_table(cursor, rows))
+        for note in cursor.notes:
+            console.print(f"[dim]note: {note}[/]", highlight=False)
+        console.print(
+            f"[dim]budget of {budget.analyst}: epsilon {budget.epsilon_remaining:.4g} of "
+            f"{budget.epsilon_total:.4g} remaining, delta {budget.delta_remaining:.3g} of "
+            f"{budget.delta_total:.3g}[/]",
+            highlight=False,
+        )
+    return 0
+
+
+def _table(cursor: Any, rows: list[tuple]) -> Table:
+    names = [d[0] for d in cursor.description]
+    accuracy = cursor.accuracy
+    table = Table(show_header=True, header_style="bold")
+    for name in names:
+        table.add_column(name, justify="right")
+    for row in rows:
+        cells = []
+        for name, value in zip(names, row, strict=True):
+            cell = _format(value)
+            interval = accuracy.get(name)
+            if interval is not None and interval.interval95 is not None:
+                cell += f" ± {_format(interval.interval95)}"
+            cells.append(cell)
+        table.add_row(*cells)
+    return table
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.6g}" if abs(value) < 1e6 else f"{value:,.0f}"
+    return "NULL" if value is None else str(value)
+
+
+def _run_budget(args: argparse.Namespace) -> int:
+    with _connect(args) as connection:
+        budget = connection.budget()
+    table = Table(title=f"privacy budget of {budget.analyst}", header_style="bold")
+    for column in ("", "total", "spent", "remaining"):
+        table.add_column(column, justify="right")
+    table.add_row("epsilon", f"{budget.epsilon_total:.6g}", f"{budget.epsilon_spent:.6g}",
+                  f"{budget.epsilon_remaining:.6g}")  # fmt: skip
+    table.add_row("delta", f"{budget.delta_total:.3g}", f"{budget.delta_spent:.3g}",
+                  f"{budget.delta_remaining:.3g}")  # fmt: skip
+    Console().print(table)
+    return 0
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from dpsql.demo import write_demo
+
+    database, policy = write_demo(args.directory)
+    print(f"wrote {database} and {policy}\ntry: dpsql query --database {database} --policy "
+          f"{policy} \"SELECT educ, AVG(income) FROM census GROUP BY educ\"")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

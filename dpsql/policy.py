@@ -1,0 +1,358 @@
+"""The privacy policy: load and validate the YAML of DESIGN section 4, with defaults.
+
+Every mistake in a policy is reported as a PolicyError naming the file, the key
+and what to write instead; a policy that loads is internally consistent (bounds
+ordered, epsilons positive, the privacy unit a declared column). Whether its
+tables exist in a database is checked by `Policy.check_schema`, given that
+database's column names.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dpsql.accounting import Cost
+from dpsql.errors import PolicyError
+
+COLUMN_TYPES = ("int", "float", "string", "bool", "date", "timestamp")
+NUMERIC_TYPES = ("int", "float")
+MECHANISMS = ("laplace",)
+
+_TOP_KEYS = {"version", "defaults", "analysts", "tables", "ledger", "data_version"}
+_DEFAULT_KEYS = {"epsilon_per_query", "delta", "mechanism"}
+_ANALYST_KEYS = {"epsilon", "delta"}
+_TABLE_KEYS = {"privacy_unit", "max_groups_per_unit", "max_rows_per_unit", "columns"}
+_COLUMN_KEYS = {"type", "private", "lower", "upper", "values", "public", "nullable"}
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column a policy declares: its type, bounds and whether it is a public key."""
+
+    name: str
+    type: str
+    private: bool = False
+    lower: Any = None
+    upper: Any = None
+    values: tuple[Any, ...] | None = None
+    public: bool = False
+
+    @property
+    def bounded(self) -> bool:
+        return self.lower is not None and self.upper is not None
+
+    @property
+    def public_domain(self) -> tuple[Any, ...] | None:
+        """Every key this column can take, when the policy makes them public."""
+        if self.values is not None:
+            return self.values
+        if self.public and self.type == "int" and self.bounded:
+            return tuple(range(int(self.lower), int(self.upper) + 1))
+        return None
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table analysts may query, with its privacy unit and contribution bounds."""
+
+    name: str
+    columns: Mapping[str, Column]
+    privacy_unit: str | None = None
+    max_groups_per_unit: int = 1
+    max_rows_per_unit: int = 1
+
+    def column(self, name: str) -> Column | None:
+        """The declared column called `name`, matched case-insensitively as SQL does."""
+        return self.columns.get(name.lower())
+
+
+@dataclass(frozen=True)
+class Defaults:
+    epsilon_per_query: float = 1.0
+    delta: float = 1e-6
+    mechanism: str = "laplace"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A loaded, validated privacy policy."""
+
+    tables: Mapping[str, Table]
+    analysts: Mapping[str, Cost]
+    defaults: Defaults = Defaults()
+    ledger: str | None = None
+    data_version: str = ""
+    source: str = "<policy>"
+    digest: str = field(default="", compare=False)
+
+    def table(self, name: str) -> Table | None:
+        """The table whose (possibly schema-qualified) key is `name`, case-insensitively."""
+        return self.tables.get(name.lower())
+
+    def budget(self, analyst: str) -> Cost:
+        try:
+            return self.analysts[analyst]
+        except KeyError:
+            known = ", ".join(sorted(self.analysts)) or "none"
+            raise PolicyError(
+                f"analyst '{analyst}' has no budget (known analysts: {known}); add "
+                f"'analysts: {{{analyst}: {{epsilon: 10.0, delta: 1.0e-5}}}}' to the policy",
+                source=self.source,
+                key=f"analysts.{analyst}",
+            ) from None
+
+    def check_schema(self, table_columns: Mapping[str, set[str] | None]) -> None:
+        """Refuse a policy whose tables or columns the database does not have.
+
+        `table_columns` maps each policy table key to the database's lower-case
+        column names for it, or None when the database has no such table.
+        """
+        for key, table in self.tables.items():
+            actual = table_columns.get(key)
+            if actual is None:
+                raise PolicyError(
+                    f"table '{table.name}' is not in the database; correct the name or "
+                    "remove the entry",
+                    source=self.source,
+                    key=f"tables.{table.name}",
+                )
+            for column in table.columns.values():
+                if column.name.lower() not in actual:
+                    raise PolicyError(
+                        f"column '{column.name}' is not in table '{table.name}' (it has: "
+                        f"{', '.join(sorted(actual))})",
+                        source=self.source,
+                        key=f"tables.{table.name}.columns.{column.name}",
+                    )
+
+
+def load_policy(source: str | os.PathLike | Mapping[str, Any]) -> Policy:
+    """Load a policy from a YAML file path, YAML text, or an already parsed mapping."""
+    if isinstance(source, Mapping):
+        return _build(dict(source), "<policy dict>")
+    path = Path(source)
+    if "\n" not in str(source) and path.suffix in (".yaml", ".yml", ".json"):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise PolicyError(f"cannot read the policy file: {exc.strerror}", source=str(path))
+        name = str(path)
+    else:
+        text, name = str(source), "<policy text>"
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"not valid YAML: {exc}", source=name) from None
+    if not isinstance(document, dict):
+        raise PolicyError("the policy must be a YAML mapping with a 'tables' key", source=name)
+    return _build(document, name)
+
+
+class _Reader:
+    """Validation helpers that know which file and key they are reading."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, key: str, message: str) -> PolicyError:
+        return PolicyError(message, source=self.source, key=key)
+
+    def mapping(self, value: Any, key: str) -> dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(key, f"must be a mapping, got {type(value).__name__}")
+        return value
+
+    def known_keys(self, value: dict, allowed: set[str], key: str) -> None:
+        for name in value:
+            if name not in allowed:
+                raise self.fail(
+                    f"{key}.{name}" if key else str(name),
+                    f"unknown key; allowed here: {', '.join(sorted(allowed))}",
+                )
+
+    def positive(self, value: Any, key: str, *, allow_zero: bool = False) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(key, f"must be a number, got {value!r}")
+        number = float(value)
+        if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+            want = "a non-negative" if allow_zero else "a positive"
+            raise self.fail(key, f"must be {want} finite number, got {value!r}")
+        return number
+
+    def probability(self, value: Any, key: str) -> float:
+        number = self.positive(value, key, allow_zero=True)
+        if number >= 1:
+            raise self.fail(key, f"delta must be below 1 (e.g. 1.0e-6), got {value!r}")
+        return number
+
+    def count(self, value: Any, key: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise self.fail(key, f"must be a whole number >= 1, got {value!r}")
+        return value
+
+
+def _build(document: dict, source: str) -> Policy:
+    read = _Reader(source)
+    read.known_keys(document, _TOP_KEYS, "")
+    if document.get("version", 1) != 1:
+        raise read.fail("version", "only policy version 1 exists; write 'version: 1'")
+    defaults = _defaults(read, read.mapping(document.get("defaults"), "defaults"))
+    analysts = _analysts(read, read.mapping(document.get("analysts"), "analysts"))
+    raw_tables = read.mapping(document.get("tables"), "tables")
+    if not raw_tables:
+        raise read.fail("tables", "declare at least one table, e.g. 'tables: {pums: {columns: ...}}'")
+    tables = {}
+    for name, spec in raw_tables.items():
+        table = _table(read, str(name), read.mapping(spec, f"tables.{name}"))
+        tables[table.name.lower()] = table
+    ledger = document.get("ledger")
+    if ledger is not None and not isinstance(ledger, str):
+        raise read.fail("ledger", "must be a path to the ledger file, e.g. 'ledger: budget.sqlite'")
+    digest = hashlib.sha256(
+        json.dumps(document, sort_keys=True, default=str).encode()
+    ).hexdigest()
+    return Policy(
+        tables=tables,
+        analysts=analysts,
+        defaults=defaults,
+        ledger=ledger,
+        data_version=str(document.get("data_version", "")),
+        source=source,
+        digest=digest,
+    )
+
+
+def _defaults(read: _Reader, spec: dict) -> Defaults:
+    read.known_keys(spec, _DEFAULT_KEYS, "defaults")
+    base = Defaults()
+    mechanism = spec.get("mechanism", base.mechanism)
+    if mechanism not in MECHANISMS:
+        raise read.fail(
+            "defaults.mechanism", f"unknown mechanism {mechanism!r}; choose one of {MECHANISMS}"
+        )
+    return Defaults(
+        epsilon_per_query=read.positive(
+            spec.get("epsilon_per_query", base.epsilon_per_query), "defaults.epsilon_per_query"
+        ),
+        delta=read.probability(spec.get("delta", base.delta), "defaults.delta"),
+        mechanism=mechanism,
+    )
+
+
+def _analysts(read: _Reader, spec: dict) -> dict[str, Cost]:
+    if not spec:
+        raise read.fail(
+            "analysts", "declare each analyst's total budget, e.g. 'analysts: {default: "
+            "{epsilon: 10.0, delta: 1.0e-5}}'"
+        )
+    analysts = {}
+    for name, budget in spec.items():
+        key = f"analysts.{name}"
+        budget = read.mapping(budget, key)
+        read.known_keys(budget, _ANALYST_KEYS, key)
+        if "epsilon" not in budget:
+            raise read.fail(key, "missing 'epsilon' (the analyst's total budget), e.g. epsilon: 10.0")
+        analysts[str(name)] = Cost.of(
+            read.positive(budget["epsilon"], f"{key}.epsilon"),
+            read.probability(budget.get("delta", 0.0), f"{key}.delta"),
+        )
+    return analysts
+
+
+def _table(read: _Reader, name: str, spec: dict) -> Table:
+    key = f"tables.{name}"
+    read.known_keys(spec, _TABLE_KEYS, key)
+    raw_columns = read.mapping(spec.get("columns"), f"{key}.columns")
+    if not raw_columns:
+        raise read.fail(f"{key}.columns", "declare the columns analysts may use")
+    columns = {}
+    for column_name, column_spec in raw_columns.items():
+        column = _column(
+            read, str(column_name), read.mapping(column_spec, f"{key}.columns.{column_name}"),
+            f"{key}.columns.{column_name}",
+        )
+        columns[column.name.lower()] = column
+    unit = spec.get("privacy_unit")
+    if unit is not None:
+        if str(unit).lower() not in columns:
+            raise read.fail(
+                f"{key}.privacy_unit",
+                f"'{unit}' is not a declared column; declare it under columns "
+                f"(e.g. '{unit}: {{type: int, private: true}}') or omit privacy_unit for "
+                "row-level privacy",
+            )
+        unit = str(unit).lower()
+        if not columns[unit].private:
+            # The unit identifies a person: grouping or filtering on it would isolate one.
+            columns[unit] = replace(columns[unit], private=True)
+    bounds = {
+        part: read.count(spec.get(part, 1), f"{key}.{part}")
+        for part in ("max_groups_per_unit", "max_rows_per_unit")
+    }
+    if unit is None and any(value != 1 for value in bounds.values()):
+        raise read.fail(
+            key,
+            "max_groups_per_unit and max_rows_per_unit need a privacy_unit; without one each "
+            "row is its own unit and both are 1",
+        )
+    return Table(name=name, columns=columns, privacy_unit=unit, **bounds)
+
+
+def _column(read: _Reader, name: str, spec: dict, key: str) -> Column:
+    read.known_keys(spec, _COLUMN_KEYS, key)
+    kind = spec.get("type")
+    if kind not in COLUMN_TYPES:
+        raise read.fail(f"{key}.type", f"must be one of {', '.join(COLUMN_TYPES)}, got {kind!r}")
+    lower = _bound(read, spec.get("lower"), kind, f"{key}.lower")
+    upper = _bound(read, spec.get("upper"), kind, f"{key}.upper")
+    if (lower is None) != (upper is None):
+        raise read.fail(key, "give both 'lower' and 'upper', or neither")
+    if lower is not None and lower > upper:
+        raise read.fail(key, f"lower ({lower}) is greater than upper ({upper}); swap them")
+    values = spec.get("values")
+    if values is not None:
+        if not isinstance(values, list) or not values:
+            raise read.fail(f"{key}.values", "must be a non-empty list of the public keys")
+        values = tuple(values)
+    private = bool(spec.get("private", False))
+    public = bool(spec.get("public", False))
+    if public and not (values is not None or (kind == "int" and lower is not None)):
+        raise read.fail(
+            f"{key}.public",
+            "a public key domain needs 'values: [...]' or integer 'lower'/'upper'",
+        )
+    if private and (public or values is not None):
+        raise read.fail(key, "a private column cannot also have a public domain")
+    return Column(name=name, type=kind, private=private, lower=lower, upper=upper,
+                  values=values, public=public)
+
+
+def _bound(read: _Reader, value: Any, kind: str, key: str) -> Any:
+    if value is None:
+        return None
+    if kind in NUMERIC_TYPES:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise read.fail(key, f"must be a number for a {kind} column, got {value!r}")
+        if not math.isfinite(value):
+            raise read.fail(key, "must be finite")
+        return int(value) if kind == "int" and float(value).is_integer() else value
+    if kind in ("date", "timestamp"):
+        if isinstance(value, dt.date):
+            return value
+        try:
+            return dt.date.fromisoformat(str(value))
+        except ValueError:
+            raise read.fail(key, f"must be a date like 2014-01-01, got {value!r}") from None
+    raise read.fail(key, f"a {kind} column has no bounds; remove '{key.rsplit('.', 1)[1]}'")

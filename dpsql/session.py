@@ -1,0 +1,251 @@
+"""The Session: one analyst's pipeline of compile, charge, execute, release.
+
+Every front end (DB-API, shell, wire server) talks only to a Session. It owns
+the per-session options (epsilon, delta, mechanism), answers `SET dpsql.*`,
+`SHOW dpsql.*` and `EXPLAIN`, and keeps the release cache: the same query
+under the same policy and options returns the stored release without a new
+charge, also after a restart.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import hashlib
+import json
+import math
+import threading
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from dpsql.accounting import Cost, round_down, round_up
+from dpsql.adapters.base import Adapter
+from dpsql.errors import InterfaceError, ProgrammingError, QueryRefused
+from dpsql.ledger import Ledger
+from dpsql.mechanisms.samplers import secure_generator
+from dpsql.policy import MECHANISMS, Policy
+from dpsql.sql import plan_query
+from dpsql.sql.check import refuse_statement
+from dpsql.sql.parse import Statement, parse_statement
+from dpsql.sql.plan import Accuracy, Options, Plan, Release
+
+
+@dataclass(frozen=True)
+class Budget:
+    """An analyst's budget: total, spent and remaining (epsilon, delta)."""
+
+    analyst: str
+    epsilon_total: float
+    epsilon_spent: float
+    epsilon_remaining: float
+    delta_total: float
+    delta_spent: float
+    delta_remaining: float
+
+
+class Session:
+    """Runs statements for one analyst against one database under one policy."""
+
+    def __init__(
+        self,
+        adapter: Adapter,
+        policy: Policy,
+        ledger: Ledger,
+        analyst: str = "default",
+        *,
+        epsilon: float | None = None,
+        mechanism: str | None = None,
+        seed: int | None = None,
+    ):
+        self.adapter = adapter
+        self.policy = policy
+        self.ledger = ledger
+        self.analyst = analyst
+        self.total = policy.budget(analyst)
+        defaults = policy.defaults
+        self.options = Options(defaults.epsilon_per_query, defaults.delta, defaults.mechanism)
+        if epsilon is not None:
+            self.set_option("epsilon", epsilon)
+        if mechanism is not None:
+            self.set_option("mechanism", mechanism)
+        self._rng = secure_generator(seed)
+        self._rng_lock = threading.Lock()
+
+    # -- the pipeline -------------------------------------------------------
+
+    def execute(self, sql: str, parameters: Any = None) -> Release:
+        """Run one statement and return its (noisy) release."""
+        statement = parse_statement(sql, self.adapter.dialect, parameters)
+        if statement.kind == "set":
+            return self._set(statement)
+        if statement.kind == "show":
+            return self._show(statement.name)
+        if statement.kind == "other":
+            raise refuse_statement(statement.tree)
+        if statement.kind == "explain":
+            plan = self.plan(statement.tree)
+            return Release(["item", "detail"], plan.explain())
+        return self._answer(statement.tree)
+
+    def plan(self, tree: Any) -> Plan:
+        with self._rng_lock:
+            secret = int(self._rng.integers(0, 2**62))
+        return plan_query(tree, self.policy, self.options, self.adapter.dialect, secret)
+
+    def _answer(self, tree: Any) -> Release:
+        plan = self.plan(tree)
+        if not plan.cost.epsilon and not plan.cost.delta:
+            columns, rows = self.adapter.execute(plan.sql)
+            return plan.release(columns, rows, self._rng)
+        fingerprint = self._fingerprint(tree)
+        cached = self.ledger.cached_release(self.analyst, fingerprint)
+        if cached is not None:
+            return _decode(cached)
+        # The charge is committed before the database runs: a crash after it
+        # loses budget, never privacy.
+        self.ledger.charge(self.analyst, plan.cost, self.total, fingerprint)
+        columns, rows = self.adapter.execute(plan.sql)
+        with self._rng_lock:
+            release = plan.release(columns, rows, self._rng)
+        stored = self.ledger.store_release(self.analyst, fingerprint, _encode(release))
+        return _decode(stored)
+
+    def _fingerprint(self, tree: Any) -> str:
+        text = json.dumps(
+            [
+                tree.sql(dialect=self.adapter.dialect, normalize=True),
+                self.policy.digest,
+                self.policy.data_version,
+                asdict(self.options),
+            ]
+        )
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    # -- options and budget -------------------------------------------------
+
+    def set_option(self, name: str, value: Any) -> None:
+        """Set a per-session option: epsilon, delta or mechanism."""
+        name = name.lower().removeprefix("dpsql.")
+        if name in ("epsilon", "delta"):
+            number = _number(value, name)
+            upper = math.inf if name == "epsilon" else 1.0
+            if not 0 < number < upper and not (name == "delta" and number == 0):
+                raise ProgrammingError(
+                    f"dpsql.{name} must be a positive finite number"
+                    + (" below 1" if name == "delta" else "") + f", got {value!r}"
+                )
+            self.options = replace(self.options, **{name: number})
+        elif name == "mechanism":
+            if value not in MECHANISMS:
+                raise ProgrammingError(
+                    f"unknown mechanism {value!r}; choose one of: {', '.join(MECHANISMS)}"
+                )
+            self.options = replace(self.options, mechanism=value)
+        else:
+            raise ProgrammingError(
+                f"unknown option dpsql.{name}; settable: dpsql.epsilon, dpsql.delta, "
+                "dpsql.mechanism"
+            )
+
+    def budget(self) -> Budget:
+        spent = self.ledger.spent(self.analyst)
+        remaining = self.total - spent
+        return Budget(
+            self.analyst,
+            round_down(self.total.epsilon), round_up(spent.epsilon),
+            max(0.0, round_down(remaining.epsilon)),
+            round_down(self.total.delta), round_up(spent.delta),
+            max(0.0, round_down(remaining.delta)),
+        )  # fmt: skip
+
+    def _set(self, statement: Statement) -> Release:
+        if not statement.name.startswith("dpsql."):
+            raise refuse_statement(statement.tree)
+        self.set_option(statement.name, statement.value)
+        return Release([], [], notes=[f"SET {statement.name}"])
+
+    def _show(self, name: str) -> Release:
+        key = name.lower().replace('"', "")
+        if key == "dpsql.budget":
+            budget = self.budget()
+            return Release(list(asdict(budget)), [tuple(asdict(budget).values())])
+        option = key.removeprefix("dpsql.")
+        if key.startswith("dpsql.") and option in ("epsilon", "delta", "mechanism"):
+            return Release([key], [(getattr(self.options, option),)])
+        raise QueryRefused(
+            f"SHOW {name}", "only dpsql settings can be shown",
+            "write SHOW dpsql.budget, SHOW dpsql.epsilon, SHOW dpsql.delta or SHOW dpsql.mechanism",
+        )
+
+
+def _number(value: Any, name: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ProgrammingError(f"dpsql.{name} must be a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ProgrammingError(f"dpsql.{name} must be finite, got {value!r}")
+    return number
+
+
+# -- release cache encoding: JSON with tagged dates and decimals -------------
+
+
+def _encode_value(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dt.datetime):
+        return {"$datetime": value.isoformat()}
+    if isinstance(value, dt.date):
+        return {"$date": value.isoformat()}
+    if isinstance(value, decimal.Decimal):
+        return {"$decimal": str(value)}
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"$float": repr(value)}
+    raise InterfaceError(f"cannot store a released value of type {type(value).__name__}")
+
+
+def _decode_value(value: Any) -> Any:
+    if isinstance(value, dict):
+        kind, text = next(iter(value.items()))
+        return {
+            "$datetime": dt.datetime.fromisoformat,
+            "$date": dt.date.fromisoformat,
+            "$decimal": decimal.Decimal,
+            "$float": float,
+        }[kind](text)
+    return value
+
+
+def _encode(release: Release) -> str:
+    rows = [[_plain(v) for v in row] for row in release.rows]
+    return json.dumps(
+        {
+            "columns": release.columns,
+            "rows": rows,
+            "accuracy": {k: asdict(v) for k, v in release.accuracy.items()},
+            "notes": release.notes,
+        },
+        default=_encode_value,
+    )
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return _encode_value(value)
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _decode(payload: str) -> Release:
+    data = json.loads(payload)
+    return Release(
+        data["columns"],
+        [tuple(_decode_value(v) for v in row) for row in data["rows"]],
+        {k: Accuracy(**v) for k, v in data["accuracy"].items()},
+        data["notes"],
+    )
+
+
+__all__ = ["Budget", "Cost", "Session"]

@@ -1,0 +1,647 @@
+"""Semantic analysis: what a checked query measures, and how sensitive each measurement is.
+
+Given a SELECT that passed `check`, this pass resolves every column against the
+policy (refusing unknown and private ones), finds the group keys and the
+aggregates, derives clamp bounds for summed expressions by interval
+arithmetic (tightened by range predicates in WHERE, DESIGN section 3), and
+turns the select list, HAVING and ORDER BY into post-processing expressions
+over the released values. It knows nothing of databases or noise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlglot import exp
+
+from dpsql.errors import QueryRefused
+from dpsql.policy import NUMERIC_TYPES, Column, Table
+from dpsql.sql.check import AGGREGATES
+
+KEY_PREFIX = "__dpsql_k"
+VALUE_PREFIX = "__dpsql_a"
+RESERVED_PREFIX = "__dpsql"
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A closed interval of numbers, with whether every value in it is an integer."""
+
+    lower: float
+    upper: float
+    integer: bool = False
+
+    def hull(self, other: Interval) -> Interval:
+        return Interval(
+            min(self.lower, other.lower),
+            max(self.upper, other.upper),
+            self.integer and other.integer,
+        )
+
+    @property
+    def magnitude(self) -> float:
+        return max(abs(self.lower), abs(self.upper))
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One exact aggregate to measure with noise: a COUNT or a clamped SUM."""
+
+    kind: str  # "count", "count_units" or "sum"
+    argument: exp.Expression | None = None  # row expression as written; None for COUNT(*)
+    bounds: Interval | None = None  # clamp interval of a SUM's argument
+    clamped: exp.Expression | None = None  # a SUM's argument with its columns clamped
+    note: str = ""  # how the bounds were obtained, for EXPLAIN
+
+    @property
+    def key(self) -> str:
+        argument = self.argument.sql() if self.argument is not None else "*"
+        return f"{self.kind}({argument})"
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """An aggregate the query releases: COUNT/SUM straight from a measurement, AVG from two."""
+
+    function: str  # "count", "sum", "avg"
+    measurements: tuple[int, ...]  # indexes into Analysis.measurements (avg: sum, count)
+    bounds: Interval | None = None  # AVG is clamped to these after division
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    expression: exp.Expression
+    domain: tuple[Any, ...] | None  # every key, when the policy makes them public
+
+
+@dataclass(frozen=True)
+class Output:
+    name: str
+    expression: exp.Expression  # over __dpsql_k<i> / __dpsql_a<j> columns and literals
+
+
+@dataclass
+class Analysis:
+    """Everything the rewrite and the release need to know about one query."""
+
+    table: Table
+    where: exp.Expression | None
+    keys: list[GroupKey]
+    outputs: list[Output]
+    measurements: list[Measurement] = field(default_factory=list)
+    aggregates: list[Aggregate] = field(default_factory=list)
+    having: exp.Expression | None = None
+    order: list[exp.Ordered] = field(default_factory=list)
+    limit: int | None = None
+    offset: int | None = None
+
+    @property
+    def grouped(self) -> bool:
+        return bool(self.keys)
+
+    @property
+    def public_keys(self) -> bool:
+        """Whether the released keys come from the policy rather than the data."""
+        return all(key.domain is not None for key in self.keys)
+
+    @property
+    def is_plain_projection(self) -> bool:
+        """Outputs are bare released columns, with nothing to evaluate afterwards."""
+        return (
+            all(isinstance(out.expression, exp.Column) for out in self.outputs)
+            and self.having is None
+            and not self.order
+            and self.limit is None
+            and self.offset is None
+        )
+
+
+def analyze(select: exp.Select, table: Table) -> Analysis:
+    """Resolve, bound and decompose a checked SELECT over `table`."""
+    resolver = _Resolver(select, table)
+    select = resolver.canonical(select)
+    where = select.args.get("where")
+    where = where.this if where is not None else None
+    if where is not None:
+        resolver.refuse_aggregates(where, "WHERE", "move conditions on aggregates to HAVING")
+        resolver.require_public(where, "filtering (WHERE)")
+    ranges = _ranges(where, table)
+    items = [(_output_name(item), _unalias(item)) for item in select.expressions]
+    analysis = Analysis(
+        table=table,
+        where=where,
+        keys=_group_keys(select, items, resolver),
+        outputs=[],
+    )
+    builder = _Builder(analysis, resolver, ranges)
+    for name, item in items:
+        if name.lower().startswith(RESERVED_PREFIX):
+            raise QueryRefused(
+                f"the alias {name}", f"names starting with {RESERVED_PREFIX} are reserved",
+                "choose another alias",
+            )
+        analysis.outputs.append(Output(name, builder.post_expression(item, "the select list")))
+    having = select.args.get("having")
+    if having is not None:
+        analysis.having = builder.post_expression(having.this, "HAVING")
+    analysis.order = _order(select, items, builder)
+    analysis.limit = _count_literal(select.args.get("limit"), "LIMIT")
+    analysis.offset = _count_literal(select.args.get("offset"), "OFFSET")
+    if not analysis.measurements:
+        raise QueryRefused(
+            "a query without aggregates", "it would return raw values or keys",
+            "select an aggregate, e.g. SELECT sex, COUNT(*) FROM t GROUP BY sex",
+        )
+    return analysis
+
+
+def _unalias(node: exp.Expression) -> exp.Expression:
+    return node.this if isinstance(node, exp.Alias) else node
+
+
+def _output_name(item: exp.Expression) -> str:
+    if isinstance(item, exp.Alias):
+        return item.alias
+    inner = item
+    if isinstance(inner, exp.Column):
+        return inner.name
+    if isinstance(inner, AGGREGATES):
+        return inner.key.lower()
+    return inner.sql()
+
+
+class _Resolver:
+    """Maps column references to policy columns and enforces the private-column rule."""
+
+    def __init__(self, select: exp.Select, table: Table):
+        self.table = table
+        source = select.args["from_"].this
+        alias = source.alias_or_name
+        self.qualifiers = {alias.lower(), source.name.lower()}
+
+    def column(self, node: exp.Column) -> Column:
+        if node.table and node.table.lower() not in self.qualifiers:
+            raise QueryRefused(
+                f"the column {node.sql()}", f"'{node.table}' is not the queried table",
+                f"write {node.name} or {self.table.name}.{node.name}",
+            )
+        column = self.table.column(node.name)
+        if column is None:
+            raise QueryRefused(
+                f"the column {node.name}",
+                f"it is not declared in the policy for table {self.table.name}",
+                f"use one of: {', '.join(c.name for c in self.table.columns.values() if not c.private)}",
+            )
+        return column
+
+    def canonical(self, select: exp.Select) -> exp.Select:
+        """The query with every known column unqualified and spelled as in the policy.
+
+        Names that are not columns are left alone: they may be select aliases
+        used in GROUP BY, HAVING or ORDER BY, resolved later.
+        """
+        aliases = {item.alias.lower() for item in select.expressions if isinstance(item, exp.Alias)}
+
+        def fix(node: exp.Expression) -> exp.Expression:
+            if not isinstance(node, exp.Column) or isinstance(node.this, exp.Star):
+                return node
+            if node.table or self.table.column(node.name) is not None:
+                return exp.column(self.column(node).name, quoted=True)
+            if node.name.lower() in aliases:
+                return node
+            self.column(node)  # raises: unknown column
+            return node
+
+        return select.transform(fix, copy=True)
+
+    def require_public(self, node: exp.Expression, where: str) -> None:
+        for column in node.find_all(exp.Column):
+            spec = self.table.column(column.name)
+            if spec is not None and spec.private:
+                raise QueryRefused(
+                    f"{where} on the private column {spec.name}",
+                    "private columns identify people and are never released or used to select rows",
+                    "use only non-private columns; count people with COUNT(DISTINCT "
+                    f"{spec.name})" if spec.name.lower() == self.table.privacy_unit else
+                    "use only non-private columns",
+                )
+
+    @staticmethod
+    def refuse_aggregates(node: exp.Expression, where: str, hint: str) -> None:
+        if any(True for _ in node.find_all(*AGGREGATES)):
+            raise QueryRefused(f"an aggregate in {where}", "it is not allowed there", hint)
+
+
+def _group_keys(
+    select: exp.Select, items: list[tuple[str, exp.Expression]], resolver: _Resolver
+) -> list[GroupKey]:
+    group = select.args.get("group")
+    if group is None:
+        return []
+    if group.args.get("rollup") or group.args.get("cube") or group.args.get("grouping_sets"):
+        raise QueryRefused(
+            "ROLLUP, CUBE or GROUPING SETS", "dpsql releases one grouping per query",
+            "run one GROUP BY query per grouping",
+        )
+    aliases = {name.lower(): item for name, item in items}
+    keys = []
+    for node in group.expressions:
+        expression = _resolve_reference(node, items, aliases, resolver, "GROUP BY")
+        resolver.refuse_aggregates(expression, "GROUP BY", "group by columns or expressions of them")
+        resolver.require_public(expression, "grouping (GROUP BY)")
+        domain = None
+        if isinstance(expression, exp.Column):
+            domain = resolver.column(expression).public_domain
+        keys.append(GroupKey(expression, domain))
+    return keys
+
+
+def _resolve_reference(
+    node: exp.Expression,
+    items: list[tuple[str, exp.Expression]],
+    aliases: dict[str, exp.Expression],
+    resolver: _Resolver,
+    clause: str,
+) -> exp.Expression:
+    """A GROUP BY/ORDER BY item: a select-list position, an alias, or an expression."""
+    if isinstance(node, exp.Literal) and not node.is_string:
+        position = int(float(node.this))
+        if not 1 <= position <= len(items):
+            raise QueryRefused(
+                f"{clause} {position}", f"the select list has {len(items)} items",
+                f"use a position between 1 and {len(items)}",
+            )
+        return items[position - 1][1]
+    if (
+        isinstance(node, exp.Column)
+        and not node.table
+        and resolver.table.column(node.name) is None
+        and node.name.lower() in aliases
+    ):
+        return aliases[node.name.lower()]
+    return node
+
+
+class _Builder:
+    """Turns select items, HAVING and ORDER BY into expressions over released values."""
+
+    def __init__(self, analysis: Analysis, resolver: _Resolver, ranges: dict[str, Interval]):
+        self.analysis = analysis
+        self.resolver = resolver
+        self.ranges = ranges
+        self.key_sql = {key.expression.sql(): i for i, key in enumerate(analysis.keys)}
+        self.aggregate_index: dict[str, int] = {}
+
+    def post_expression(self, node: exp.Expression, clause: str) -> exp.Expression:
+        def replace(sub: exp.Expression) -> exp.Expression:
+            if sub.sql() in self.key_sql:
+                return exp.column(f"{KEY_PREFIX}{self.key_sql[sub.sql()]}")
+            if isinstance(sub, AGGREGATES):
+                return exp.column(f"{VALUE_PREFIX}{self.aggregate(sub)}")
+            return sub
+
+        result = node.transform(replace, copy=True)
+        for column in result.find_all(exp.Column):
+            if not column.name.startswith(RESERVED_PREFIX):
+                raise QueryRefused(
+                    f"the column {column.name} in {clause}",
+                    "it is neither grouped nor aggregated, so it would release raw values",
+                    f"add {column.name} to GROUP BY, or wrap it in COUNT/SUM/AVG",
+                )
+        return result
+
+    def aggregate(self, node: exp.Expression) -> int:
+        if any(True for _ in node.this.find_all(*AGGREGATES)) if node.this else False:
+            raise QueryRefused(
+                "a nested aggregate", "an aggregate of an aggregate is not supported",
+                "compute it from the released values afterwards",
+            )
+        text = node.sql()
+        if text not in self.aggregate_index:
+            self.aggregate_index[text] = len(self.analysis.aggregates)
+            self.analysis.aggregates.append(self._decompose(node))
+        return self.aggregate_index[text]
+
+    def _decompose(self, node: exp.Expression) -> Aggregate:
+        argument = node.this
+        if isinstance(node, exp.Count):
+            return Aggregate("count", (self._measure(self._count(argument)),))
+        if isinstance(argument, exp.Distinct):
+            raise QueryRefused(
+                f"{node.key.upper()}(DISTINCT ...)", "its sensitivity cannot be bounded here",
+                f"write {node.key.upper()}(col) without DISTINCT",
+            )
+        self.resolver.require_public(argument, f"the aggregate {node.sql()}")
+        bounds, note = self._bounds(argument)
+        clamped = _clamped(argument, self.resolver.table, self.ranges)
+        total = self._measure(Measurement("sum", argument, bounds, clamped, note))
+        if isinstance(node, exp.Sum):
+            return Aggregate("sum", (total,))
+        count = self._measure(Measurement("count", argument))
+        return Aggregate("avg", (total, count), bounds)
+
+    def _count(self, argument: exp.Expression | None) -> Measurement:
+        if argument is None or isinstance(argument, exp.Star):
+            return Measurement("count")
+        if isinstance(argument, exp.Distinct):
+            unit = self.resolver.table.privacy_unit
+            inner = argument.expressions
+            if (
+                unit is not None
+                and len(inner) == 1
+                and isinstance(inner[0], exp.Column)
+                and inner[0].name.lower() == unit
+            ):
+                return Measurement("count_units")
+            raise QueryRefused(
+                f"COUNT(DISTINCT {', '.join(e.sql() for e in inner)})",
+                "only the privacy unit can be counted distinctly (its sensitivity is 1)",
+                f"write COUNT(DISTINCT {unit})" if unit else "write COUNT(*) (each row is a person)",
+            )
+        self.resolver.require_public(argument, "COUNT")
+        return Measurement("count", argument)
+
+    def _measure(self, measurement: Measurement) -> int:
+        for index, existing in enumerate(self.analysis.measurements):
+            if existing.key == measurement.key:
+                return index
+        self.analysis.measurements.append(measurement)
+        return len(self.analysis.measurements) - 1
+
+    def _bounds(self, argument: exp.Expression) -> tuple[Interval, str]:
+        interval = _interval(argument, self.resolver.table, self.ranges)
+        if interval is None:
+            raise QueryRefused(
+                f"SUM/AVG of {argument.sql()}",
+                "dpsql cannot derive bounds for it from the policy (every summed column needs "
+                "'lower' and 'upper', and only arithmetic with constants, CASE and COALESCE keep "
+                "bounds derivable)",
+                "sum a bounded column, e.g. SUM(income) or SUM(income / 1000); ask the owner "
+                "to declare lower/upper for the column",
+            )
+        tightened = [
+            f"{name} to [{_fmt(r.lower)}, {_fmt(r.upper)}]"
+            for name, r in self.ranges.items()
+            if any(c.name.lower() == name for c in argument.find_all(exp.Column))
+        ]
+        note = f"clamped to [{_fmt(interval.lower)}, {_fmt(interval.upper)}]"
+        if tightened:
+            note += f"; WHERE tightened {', '.join(tightened)}"
+        return interval, note
+
+
+def _fmt(value: float) -> str:
+    return f"{value:g}"
+
+
+def _order(
+    select: exp.Select, items: list[tuple[str, exp.Expression]], builder: _Builder
+) -> list[exp.Ordered]:
+    order = select.args.get("order")
+    if order is None:
+        return []
+    names = {name.lower() for name, _ in items}
+    result = []
+    for ordered in order.expressions:
+        node = ordered.this
+        is_position = isinstance(node, exp.Literal) and not node.is_string
+        is_alias = isinstance(node, exp.Column) and not node.table and node.name.lower() in names
+        if is_position:
+            _resolve_reference(node, items, {}, builder.resolver, "ORDER BY")
+            target = node
+        elif is_alias and builder.resolver.table.column(node.name) is None:
+            target = exp.column(node.name, quoted=True)
+        else:
+            target = builder.post_expression(node, "ORDER BY")
+        result.append(
+            exp.Ordered(
+                this=target,
+                desc=ordered.args.get("desc"),
+                nulls_first=ordered.args.get("nulls_first"),
+            )
+        )
+    return result
+
+
+def _count_literal(node: exp.Expression | None, clause: str) -> int | None:
+    if node is None:
+        return None
+    value = node.expression if isinstance(node, exp.Limit | exp.Offset) else node
+    if isinstance(value, exp.Literal) and not value.is_string and value.this.isdigit():
+        return int(value.this)
+    raise QueryRefused(
+        f"{clause} {value.sql()}", f"{clause} must be a whole number", f"write {clause} 10"
+    )
+
+
+def _ranges(where: exp.Expression | None, table: Table) -> dict[str, Interval]:
+    """Bounds implied by range predicates in the top-level conjunction of WHERE."""
+    ranges: dict[str, Interval] = {}
+    for condition in _conjuncts(where):
+        found = _range_of(condition)
+        if found is None:
+            continue
+        name, lower, upper = found
+        column = table.column(name)
+        current = ranges.get(column.name.lower()) if column else None
+        current = current or (_column_interval(column) if column else None)
+        if current is None:
+            continue
+        if column.type == "int":
+            lower = math.ceil(lower) if math.isfinite(lower) else lower
+            upper = math.floor(upper) if math.isfinite(upper) else upper
+        new_lower = min(max(current.lower, lower), current.upper)
+        new_upper = max(min(current.upper, upper), current.lower)
+        ranges[column.name.lower()] = Interval(
+            min(new_lower, new_upper), max(new_lower, new_upper), current.integer
+        )
+    return ranges
+
+
+def _conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
+    if node is None:
+        return []
+    if isinstance(node, exp.Paren):
+        return _conjuncts(node.this)
+    if isinstance(node, exp.And):
+        return _conjuncts(node.this) + _conjuncts(node.expression)
+    return [node]
+
+
+def _number(node: exp.Expression) -> float | None:
+    if isinstance(node, exp.Neg):
+        inner = _number(node.this)
+        return -inner if inner is not None else None
+    if isinstance(node, exp.Paren):
+        return _number(node.this)
+    if isinstance(node, exp.Literal) and not node.is_string:
+        try:
+            value = float(node.this)
+        except ValueError:
+            return None
+        return value if math.isfinite(value) else None
+    return None
+
+
+_STEP = 1e-9  # marks a strict inequality; integers round it away, floats keep the bound
+
+
+def _range_of(condition: exp.Expression) -> tuple[str, float, float] | None:
+    """(column, lower, upper) for `col op literal`, BETWEEN, IN and =; None otherwise."""
+    inf = math.inf
+    if isinstance(condition, exp.Between) and isinstance(condition.this, exp.Column):
+        low, high = _number(condition.args["low"]), _number(condition.args["high"])
+        if low is not None and high is not None:
+            return condition.this.name, low, high
+        return None
+    if isinstance(condition, exp.In) and isinstance(condition.this, exp.Column):
+        values = [_number(v) for v in condition.expressions]
+        if values and all(v is not None for v in values) and not condition.args.get("query"):
+            return condition.this.name, min(values), max(values)
+        return None
+    comparisons = {exp.GT: (1, 0), exp.GTE: (1, None), exp.LT: (0, 1), exp.LTE: (0, None),
+                   exp.EQ: (2, None)}  # fmt: skip
+    kind = type(condition)
+    if kind not in comparisons:
+        return None
+    left, right = condition.this, condition.expression
+    if isinstance(right, exp.Column) and _number(left) is not None:
+        flipped = {exp.GT: exp.LT, exp.GTE: exp.LTE, exp.LT: exp.GT, exp.LTE: exp.GTE, exp.EQ: exp.EQ}
+        left, right, kind = right, left, flipped[kind]
+    value = _number(right)
+    if not isinstance(left, exp.Column) or value is None:
+        return None
+    if kind is exp.EQ:
+        return left.name, value, value
+    if kind in (exp.GT, exp.GTE):
+        strict = kind is exp.GT
+        return left.name, (math.nextafter(value, inf) if strict else value), inf
+    strict = kind is exp.LT
+    return left.name, -inf, (math.nextafter(value, -inf) if strict else value)
+
+
+def _column_interval(column: Column) -> Interval | None:
+    """Declared bounds, or the range of a numeric public domain; None if unbounded."""
+    if column.type not in NUMERIC_TYPES:
+        return None
+    if column.bounded:
+        return Interval(float(column.lower), float(column.upper), column.type == "int")
+    if column.values and all(isinstance(v, int | float) for v in column.values):
+        return Interval(float(min(column.values)), float(max(column.values)), column.type == "int")
+    return None
+
+
+def _interval(
+    node: exp.Expression, table: Table, ranges: dict[str, Interval]
+) -> Interval | None:
+    """Sound bounds of a row expression by interval arithmetic, or None if underivable."""
+    if isinstance(node, exp.Column):
+        column = table.column(node.name)
+        if column is None:
+            return None
+        return ranges.get(column.name.lower()) or _column_interval(column)
+    value = _number(node)
+    if value is not None:
+        return Interval(value, value, float(value).is_integer() and "." not in node.sql())
+    if isinstance(node, exp.Paren | exp.Cast | exp.TryCast):
+        inner = _interval(node.this, table, ranges)
+        if inner is not None and isinstance(node, exp.Cast | exp.TryCast):
+            return inner if node.to.is_type(*exp.DataType.NUMERIC_TYPES) else None
+        return inner
+    if isinstance(node, exp.Neg):
+        inner = _interval(node.this, table, ranges)
+        return Interval(-inner.upper, -inner.lower, inner.integer) if inner else None
+    if isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.Div):
+        return _arithmetic(node, table, ranges)
+    if isinstance(node, exp.Case | exp.If | exp.Coalesce | exp.Greatest | exp.Least):
+        return _branches(node, table, ranges)
+    if isinstance(node, exp.Abs):
+        inner = _interval(node.this, table, ranges)
+        if inner is None:
+            return None
+        low = 0.0 if inner.lower <= 0 <= inner.upper else min(abs(inner.lower), abs(inner.upper))
+        return Interval(low, inner.magnitude, inner.integer)
+    if isinstance(node, exp.Floor | exp.Ceil | exp.Round) and not node.args.get("decimals"):
+        inner = _interval(node.this, table, ranges)
+        return Interval(math.floor(inner.lower), math.ceil(inner.upper), True) if inner else None
+    return None
+
+
+def _arithmetic(
+    node: exp.Expression, table: Table, ranges: dict[str, Interval]
+) -> Interval | None:
+    left = _interval(node.this, table, ranges)
+    right = _interval(node.expression, table, ranges)
+    if left is None or right is None:
+        return None
+    if isinstance(node, exp.Add):
+        return Interval(left.lower + right.lower, left.upper + right.upper, left.integer and right.integer)
+    if isinstance(node, exp.Sub):
+        return Interval(left.lower - right.upper, left.upper - right.lower, left.integer and right.integer)
+    if isinstance(node, exp.Div):
+        if right.lower <= 0 <= right.upper:
+            return None
+        right = Interval(1 / right.upper, 1 / right.lower)
+    corners = [a * b for a in (left.lower, left.upper) for b in (right.lower, right.upper)]
+    if not all(math.isfinite(c) for c in corners):
+        return None
+    return Interval(min(corners), max(corners), isinstance(node, exp.Mul) and left.integer and right.integer)
+
+
+def _branches(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -> Interval | None:
+    if isinstance(node, exp.Case):
+        branches = [ifs.args["true"] for ifs in node.args.get("ifs", [])]
+        branches.append(node.args.get("default"))
+    elif isinstance(node, exp.If):
+        branches = [node.args.get("true"), node.args.get("false")]
+    else:
+        branches = [node.this, *node.expressions]
+    result = None
+    for branch in branches:
+        if branch is None or isinstance(branch, exp.Null):
+            continue  # NULL is skipped by SUM and AVG
+        interval = _interval(branch, table, ranges)
+        if interval is None:
+            return None
+        result = interval if result is None else result.hull(interval)
+    return result
+
+
+def clamp(value: exp.Expression, interval: Interval) -> exp.Expression:
+    """CASE that clamps `value` to `interval` and keeps NULL (GREATEST/LEAST differ on NULL)."""
+    low, high = exp.convert(interval.lower), exp.convert(interval.upper)
+    return exp.Case(
+        ifs=[
+            exp.If(this=exp.LT(this=value.copy(), expression=low), true=low),
+            exp.If(this=exp.GT(this=value.copy(), expression=high), true=high),
+        ],
+        default=value.copy(),
+    )
+
+
+def _clamped(argument: exp.Expression, table: Table, ranges: dict[str, Interval]) -> exp.Expression:
+    """The argument with every column in a value position clamped to its (tightened) bounds.
+
+    Columns in CASE/IF conditions are left alone: they choose a branch and add
+    nothing to the sum. A bare column is left as it is: the rewrite clamps the
+    whole argument anyway.
+    """
+    if isinstance(argument, exp.Column):
+        return argument.copy()
+    result = argument.copy()
+    for node in list(result.find_all(exp.Column)):
+        if not _in_condition(node, result):
+            column = table.column(node.name)
+            interval = ranges.get(column.name.lower()) or _column_interval(column)
+            node.replace(clamp(node.copy(), interval))
+    return result
+
+
+def _in_condition(node: exp.Expression, root: exp.Expression) -> bool:
+    while node is not root:
+        if isinstance(node.parent, exp.If) and node.arg_key == "this":
+            return True
+        node = node.parent
+    return False

@@ -1,0 +1,187 @@
+"""Parse one statement with sqlglot and classify it; bind DB-API parameters as literals.
+
+The result is a `Statement`: a query to protect, an EXPLAIN of one, a dpsql
+option (`SET dpsql.x = v`, `SHOW dpsql.x`), or anything else (left for the
+checker to refuse). Parameters are bound by replacing placeholder nodes with
+sqlglot literal nodes, so a value can never change the statement's structure.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokens import TokenType
+
+from dpsql.errors import InterfaceError, QueryRefused
+
+# sqlglot logs a warning for every statement it falls back to parsing as a
+# Command (EXPLAIN, SHOW, LOAD, ...); those are classified here, not errors.
+logging.getLogger("sqlglot").setLevel(logging.ERROR)
+
+MAX_SQL_LENGTH = 1_000_000
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One classified statement: kind is 'query', 'explain', 'set', 'show' or 'other'."""
+
+    kind: str
+    tree: exp.Expression | None = None
+    name: str = ""
+    value: Any = None
+
+
+def parse_statement(
+    sql: str, dialect: str, parameters: Sequence[Any] | Mapping[str, Any] | None = None
+) -> Statement:
+    """Parse `sql` (exactly one statement) and bind `parameters` into it."""
+    if not isinstance(sql, str):
+        raise InterfaceError(f"the statement must be a string, got {type(sql).__name__}")
+    if len(sql) > MAX_SQL_LENGTH:
+        raise QueryRefused(
+            "an oversized statement",
+            f"it is {len(sql):,} characters long, over the limit of {MAX_SQL_LENGTH:,}",
+            "send a shorter query; pass long value lists as parameters",
+        )
+    keyword = _first_keyword(sql, dialect)
+    if keyword == "EXPLAIN":
+        inner = parse_statement(_after_first_keyword(sql, dialect), dialect, parameters)
+        if inner.kind != "query":
+            raise QueryRefused(
+                "EXPLAIN of a statement that is not a SELECT",
+                "dpsql only explains the aggregate queries it would answer",
+                "write EXPLAIN SELECT ... FROM <table> ...",
+            )
+        return Statement("explain", inner.tree)
+    if keyword == "SHOW":
+        return Statement("show", name=_after_first_keyword(sql, dialect).strip().rstrip(";"))
+    tree = _parse_one(sql, dialect)
+    tree = bind_parameters(tree, parameters)
+    if isinstance(tree, exp.Set):
+        return _set_statement(tree)
+    if isinstance(tree, exp.Select):
+        return Statement("query", tree)
+    return Statement("other", tree)
+
+
+def _tokens(sql: str, dialect: str) -> list:
+    try:
+        return sqlglot.Dialect.get_or_raise(dialect).tokenize(sql)
+    except TokenError as exc:
+        raise QueryRefused("malformed SQL", f"it could not be read: {exc}", "check the quoting") from None
+
+
+def _first_keyword(sql: str, dialect: str) -> str:
+    tokens = _tokens(sql, dialect)
+    return tokens[0].text.upper() if tokens else ""
+
+
+def _after_first_keyword(sql: str, dialect: str) -> str:
+    first = _tokens(sql, dialect)[0]
+    return sql[first.end + 1 :]
+
+
+def _parse_one(sql: str, dialect: str) -> exp.Expression:
+    try:
+        trees = [tree for tree in sqlglot.parse(sql, read=dialect) if tree is not None]
+    except (ParseError, TokenError) as exc:
+        message = str(exc).splitlines()[0]
+        raise QueryRefused(
+            "malformed SQL",
+            f"it could not be parsed ({message})",
+            "check the statement's syntax; dpsql accepts DuckDB/PostgreSQL SELECT syntax",
+        ) from None
+    if not trees:
+        raise QueryRefused("an empty statement", "there is nothing to run", "write a SELECT query")
+    if len(trees) > 1:
+        raise QueryRefused(
+            "several statements in one string",
+            f"it holds {len(trees)} statements and dpsql runs exactly one at a time",
+            "send each statement in its own execute() call",
+        )
+    return trees[0]
+
+
+def _set_statement(tree: exp.Set) -> Statement:
+    items = tree.expressions
+    item = items[0].this if len(items) == 1 and isinstance(items[0], exp.SetItem) else None
+    if not isinstance(item, exp.EQ):
+        return Statement("other", tree)
+    name = item.this.sql().lower().replace('"', "")
+    value = item.expression
+    if isinstance(value, exp.Literal):
+        parsed: Any = value.this if value.is_string else float(value.this)
+    elif isinstance(value, exp.Column | exp.Identifier | exp.Var):
+        parsed = value.name
+    elif isinstance(value, exp.Neg) and isinstance(value.this, exp.Literal):
+        parsed = -float(value.this.this)
+    else:
+        parsed = value.sql()
+    return Statement("set", tree, name=name, value=parsed)
+
+
+def literal(value: Any) -> exp.Expression:
+    """A sqlglot literal for a Python value (the only way parameters enter a query)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return exp.convert(value)
+    if isinstance(value, decimal.Decimal):
+        return exp.Literal.number(str(value))
+    if isinstance(value, dt.datetime):
+        return exp.cast(exp.Literal.string(value.isoformat(sep=" ")), "TIMESTAMP")
+    if isinstance(value, dt.date):
+        return exp.cast(exp.Literal.string(value.isoformat()), "DATE")
+    raise InterfaceError(
+        f"cannot bind a parameter of type {type(value).__name__}; pass None, bool, int, "
+        "float, Decimal, str, date or datetime"
+    )
+
+
+def bind_parameters(
+    tree: exp.Expression, parameters: Sequence[Any] | Mapping[str, Any] | None
+) -> exp.Expression:
+    """Replace `?`, `$1` and `:name` placeholders by literals; refuse leftovers."""
+    placeholders = [node for node in tree.walk() if isinstance(node, exp.Placeholder)]
+    if not placeholders:
+        if parameters:
+            raise InterfaceError(
+                f"{len(parameters)} parameters were given but the statement has no placeholders"
+            )
+        return tree
+    if parameters is None:
+        raise InterfaceError(
+            f"the statement has {len(placeholders)} placeholders but no parameters were given"
+        )
+    positional = 0
+    for node in placeholders:
+        key = node.this
+        if key is None:
+            value, positional = _positional(parameters, positional), positional + 1
+        elif str(key).isdigit():
+            value = _positional(parameters, int(key) - 1)
+        else:
+            if not isinstance(parameters, Mapping) or key not in parameters:
+                raise InterfaceError(f"no value for the named parameter :{key}")
+            value = parameters[key]
+        node.replace(literal(value))
+    return tree
+
+
+def _positional(parameters: Sequence[Any] | Mapping[str, Any], index: int) -> Any:
+    if isinstance(parameters, Mapping) or isinstance(parameters, str | bytes):
+        raise InterfaceError("positional placeholders need a sequence of parameters")
+    if not 0 <= index < len(parameters):
+        raise InterfaceError(
+            f"the statement needs parameter {index + 1} but only {len(parameters)} were given"
+        )
+    return parameters[index]
+
+
+__all__ = ["Statement", "TokenType", "bind_parameters", "literal", "parse_statement"]

@@ -1,0 +1,311 @@
+"""Plans: the bounded SQL to run, its privacy cost, and how to release its result.
+
+A plan is the small protocol of DESIGN section 1: `sql`, `cost`,
+`release(columns, rows, rng)` and `explain()`. `DirectPlan` answers an
+aggregate query with noisy measurements; `ConstantPlan` answers a statement
+that touches no table. The Session never branches on the kind of plan.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from decimal import Decimal
+from typing import Protocol
+
+import numpy as np
+
+from dpsql.accounting import Cost, round_down, round_up
+from dpsql.errors import QueryRefused
+from dpsql.mechanisms.laplace import DiscreteLaplace
+from dpsql.mechanisms.selection import PartitionSelection
+from dpsql.sql.analyze import Aggregate, Analysis, Interval
+from dpsql.sql.postprocess import project
+from dpsql.sql.rewrite import SumGrid, rewrite
+
+# Grid resolution: a SUM is released in steps of about (noise scale) / 2^20, so
+# rounding adds a relative error of at most one part in a million to the noise.
+GRID_BITS = 20
+MAX_PUBLIC_KEYS = 1_000_000
+
+
+@dataclass(frozen=True)
+class Options:
+    """Per-query privacy options (policy defaults, connect() or SET dpsql.*)."""
+
+    epsilon: float
+    delta: float
+    mechanism: str = "laplace"
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """How noisy one released column is."""
+
+    mechanism: str
+    scale: float  # noise scale in the column's units
+    interval95: float | None  # half-width of a 95% interval; None when it varies per row
+    sensitivity: float
+    note: str = ""
+
+
+@dataclass
+class Release:
+    """What a plan hands back: named columns, rows, and the accuracy of noisy columns."""
+
+    columns: list[str]
+    rows: list[tuple]
+    accuracy: dict[str, Accuracy] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    types: list[str] = field(default_factory=list)
+
+
+class Plan(Protocol):
+    sql: str | None
+    cost: Cost
+
+    def release(self, columns: list[str], rows: list[tuple], rng: np.random.Generator) -> Release: ...
+
+    def explain(self) -> list[tuple[str, str]]: ...
+
+
+@dataclass
+class ConstantPlan:
+    """A statement without a table (SELECT 1, SELECT version()): run as is, free."""
+
+    sql: str
+    cost: Cost = field(default_factory=Cost)
+
+    def release(self, columns: list[str], rows: list[tuple], rng: np.random.Generator) -> Release:
+        return Release(columns, rows, notes=["no table is read: the statement is answered as is"])
+
+    def explain(self) -> list[tuple[str, str]]:
+        return [("sql", self.sql), ("cost", "none: the statement reads no table")]
+
+
+@dataclass(frozen=True)
+class _Measure:
+    """One calibrated measurement: its noise and, for SUMs, its grid step."""
+
+    noise: DiscreteLaplace
+    step: float = 1.0  # released value = noisy integer * step
+
+
+class DirectPlan:
+    """A noisy answer to an aggregate query, measured directly on the table."""
+
+    def __init__(self, analysis: Analysis, options: Options, dialect: str, seed: int):
+        self.analysis = analysis
+        self.options = options
+        table = analysis.table
+        self.selection = None if analysis.public_keys else self._selection_needed(options)
+        parts = len(analysis.measurements) + (self.selection is not None)
+        self.share = round_down(Fraction(options.epsilon) / parts)
+        if self.selection is not None:
+            self.selection = PartitionSelection(self.share, options.delta, self._groups_per_unit)
+        grids: dict[int, SumGrid] = {}
+        self.measures: list[_Measure] = []
+        rows_per_unit = table.max_rows_per_unit if table.privacy_unit else 1
+        for index, measurement in enumerate(analysis.measurements):
+            if measurement.kind == "sum":
+                grid, sensitivity = _sum_grid(
+                    measurement.bounds, rows_per_unit * self._groups_per_unit, self.share
+                )
+                grids[index] = grid
+                self.measures.append(_Measure(DiscreteLaplace(sensitivity, self.share), grid.step))
+            else:
+                per_group = 1 if measurement.kind == "count_units" else rows_per_unit
+                sensitivity = per_group * self._groups_per_unit
+                self.measures.append(_Measure(DiscreteLaplace(sensitivity, self.share)))
+        delta = options.delta if self.selection is not None else 0.0
+        self.cost = Cost.of(options.epsilon, delta)
+        self.sql = rewrite(analysis, grids, dialect, seed)
+
+    @property
+    def _groups_per_unit(self) -> int:
+        table = self.analysis.table
+        return table.max_groups_per_unit if self.analysis.grouped and table.privacy_unit else 1
+
+    def _selection_needed(self, options: Options) -> bool | None:
+        if options.delta <= 0:
+            raise QueryRefused(
+                "GROUP BY on keys without a public domain",
+                "releasing keys found in the data needs delta > 0 (partition selection)",
+                "declare the key's values in the policy ('values: [...]' or integer "
+                "lower/upper with 'public: true'), or give the analyst a delta",
+            )
+        return True
+
+    def release(self, columns: list[str], rows: list[tuple], rng: np.random.Generator) -> Release:
+        analysis = self.analysis
+        width = len(analysis.keys)
+        keys = [row[:width] for row in rows]
+        exact = _integer_matrix([row[width:-1] for row in rows], len(self.measures))
+        units = np.array([int(row[-1] or 0) for row in rows], dtype=np.int64)
+        if analysis.grouped and analysis.public_keys:
+            keys, exact = _fill_domain(analysis, keys, exact)
+        noisy = [
+            measure.noise.sample(exact[:, i], rng) for i, measure in enumerate(self.measures)
+        ]
+        notes = []
+        if self.selection is not None:
+            keep = self.selection.keep(units, rng)
+            keys = [key for key, kept in zip(keys, keep, strict=True) if kept]
+            noisy = [values[keep] for values in noisy]
+            notes.append(
+                f"group keys come from the data: a key is released only when its noisy count of "
+                f"distinct units reaches {self.selection.tau}; groups below were suppressed"
+            )
+        values = [self._aggregate_values(agg, noisy) for agg in analysis.aggregates]
+        order = _key_order(keys)
+        keys = [keys[i] for i in order]
+        values = [column[order] if len(order) else column for column in values]
+        result_columns, result_rows = project(analysis, keys, values)
+        return Release(result_columns, result_rows, self._accuracy(), notes)
+
+    def _aggregate_values(self, aggregate: Aggregate, noisy: list[np.ndarray]) -> np.ndarray:
+        first = self.measures[aggregate.measurements[0]]
+        values = noisy[aggregate.measurements[0]]
+        if aggregate.function == "count":
+            return values
+        total = values * first.step if first.step != 1.0 else values.astype(np.float64)
+        if aggregate.function == "sum":
+            return total
+        count = noisy[aggregate.measurements[1]]
+        mean = total / np.maximum(count, 1)
+        # dividing noisy values is post-processing; clamping to the bounds too
+        return np.clip(mean, aggregate.bounds.lower, aggregate.bounds.upper)
+
+    def _accuracy(self) -> dict[str, Accuracy]:
+        result = {}
+        for output in self.analysis.outputs:
+            name = output.expression.name if output.expression.key == "column" else ""
+            if not name.startswith("__dpsql_a"):
+                continue
+            aggregate = self.analysis.aggregates[int(name.removeprefix("__dpsql_a"))]
+            result[output.name] = self._aggregate_accuracy(aggregate)
+        return result
+
+    def _aggregate_accuracy(self, aggregate: Aggregate) -> Accuracy:
+        measure = self.measures[aggregate.measurements[0]]
+        noise = measure.noise
+        scale = float(noise.scale) * measure.step
+        if aggregate.function == "avg":
+            return Accuracy(
+                noise.name, scale, None, noise.sensitivity * measure.step,
+                "noisy SUM / noisy COUNT: the interval depends on the count",
+            )
+        return Accuracy(
+            noise.name, scale, noise.interval95() * measure.step, noise.sensitivity * measure.step
+        )
+
+    def explain(self) -> list[tuple[str, str]]:
+        analysis = self.analysis
+        table = analysis.table
+        unit = (
+            f"user-level: privacy unit {table.privacy_unit}, at most {table.max_groups_per_unit} "
+            f"groups and {table.max_rows_per_unit} rows per group for each unit"
+            if table.privacy_unit else "row-level: each row is its own unit"
+        )
+        lines = [
+            ("sql", self.sql),
+            ("cost", f"{self.cost} ({len(self.measures)} measurements"
+             f"{' + key selection' if self.selection else ''}, epsilon "
+             f"{round_up(Fraction(self.share)):.6g} each)"),
+            ("privacy", unit),
+        ]
+        for measurement, measure in zip(analysis.measurements, self.measures, strict=True):
+            noise = measure.noise
+            detail = (
+                f"{noise.name}, sensitivity {noise.sensitivity * measure.step:g}, scale "
+                f"{float(noise.scale) * measure.step:.6g}, 95% within "
+                f"+/-{noise.interval95() * measure.step:.6g}"
+            )
+            if measurement.note:
+                detail += f"; {measurement.note}"
+            if measure.step != 1.0:
+                detail += f"; released on a grid of {measure.step!r}"
+            lines.append((f"measure {measurement.key}", detail))
+        if analysis.grouped:
+            lines.append(("group keys", self._keys_explanation()))
+        return lines
+
+    def _keys_explanation(self) -> str:
+        if self.selection is None:
+            return "public domain from the policy: every key is released, empty groups included"
+        return (
+            f"from the data: released when the noisy count of distinct units reaches "
+            f"{self.selection.tau} (epsilon {self.selection.epsilon:.6g}, delta "
+            f"{self.selection.delta:g})"
+        )
+
+
+def _sum_grid(bounds: Interval, contributions: int, epsilon: float) -> tuple[SumGrid, int]:
+    """The grid step of a SUM and its sensitivity in grid steps (an integer).
+
+    Each clamped value is divided by the power-of-two step and rounded in SQL,
+    so it lies in [floor(lower/step), ceil(upper/step)]: the sum is an exact
+    integer and the released values all lie on one grid, whatever the data.
+    """
+    magnitude = bounds.magnitude * contributions
+    if magnitude == 0:
+        return SumGrid(1.0, bounds), 1
+    exponent = math.floor(math.log2(magnitude / epsilon)) - GRID_BITS
+    if bounds.integer:
+        exponent = max(exponent, 0)
+    step = math.ldexp(1.0, exponent)
+    low = math.floor(Fraction(bounds.lower) / Fraction(step))
+    high = math.ceil(Fraction(bounds.upper) / Fraction(step))
+    return SumGrid(step, bounds), max(1, contributions * max(abs(low), abs(high)))
+
+
+def _integer_matrix(rows: list[tuple], width: int) -> np.ndarray:
+    # exact aggregates arrive as int, HUGEINT or Decimal; NULL is an empty SUM
+    return np.array([[int(v or 0) for v in row] for row in rows], dtype=np.int64).reshape(
+        len(rows), width
+    )
+
+
+def _fill_domain(
+    analysis: Analysis, keys: list[tuple], exact: np.ndarray
+) -> tuple[list[tuple], np.ndarray]:
+    """Every key of the public domain, with zeros for the groups the data lacks."""
+    domains = [key.domain for key in analysis.keys]
+    size = math.prod(len(d) for d in domains)
+    if size > MAX_PUBLIC_KEYS:
+        raise QueryRefused(
+            "a GROUP BY over a public domain of "
+            f"{size:,} keys", f"dpsql releases at most {MAX_PUBLIC_KEYS:,} groups per query",
+            "group by fewer or coarser columns",
+        )
+    position = {_normal(key): i for i, key in enumerate(keys)}
+    full = list(itertools.product(*domains))
+    filled = np.zeros((len(full), exact.shape[1]), dtype=np.int64)
+    for i, key in enumerate(full):
+        found = position.get(_normal(key))
+        if found is not None:
+            filled[i] = exact[found]
+    return full, filled
+
+
+def _normal(key: tuple) -> tuple:
+    """Key values compared across Python types (1 == 1.0, Decimal)."""
+    return tuple(
+        float(v) if isinstance(v, int | float | Decimal) and not isinstance(v, bool) else v
+        for v in key
+    )
+
+
+def _key_order(keys: list[tuple]) -> np.ndarray:
+    """Groups in ascending key order, NULLs last, so releases read predictably."""
+    def sort_key(index: int) -> tuple:
+        return tuple((value is None, str(type(value)), value if value is not None else 0)
+                     for value in keys[index])  # fmt: skip
+
+    try:
+        return np.array(sorted(range(len(keys)), key=sort_key), dtype=np.int64)
+    except TypeError:
+        return np.arange(len(keys))
+

@@ -1,0 +1,85 @@
+"""Post-processing of a noisy release: the select list, HAVING, ORDER BY and LIMIT.
+
+It only ever sees released (noisy) values and public keys, so it spends no
+budget. Plain projections are picked in Python; anything with expressions,
+HAVING or ORDER BY is evaluated by a private in-memory DuckDB over the
+released arrays, rather than by a hand-written SQL evaluator.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import duckdb
+import numpy as np
+from sqlglot import exp
+
+from dpsql.sql.analyze import KEY_PREFIX, VALUE_PREFIX, Analysis
+
+_RELEASED = "__dpsql_released"
+_local = threading.local()
+
+
+def _connection() -> duckdb.DuckDBPyConnection:
+    # one in-memory database per thread: DuckDB connections are not thread-safe
+    if not hasattr(_local, "connection"):
+        connection = duckdb.connect(":memory:")
+        connection.execute("SET enable_external_access = false")
+        _local.connection = connection
+    return _local.connection
+
+
+def project(
+    analysis: Analysis, keys: list[tuple], values: list[np.ndarray]
+) -> tuple[list[str], list[tuple]]:
+    """The final columns and rows from released keys and aggregate values."""
+    names = [output.name for output in analysis.outputs]
+    columns = {f"{KEY_PREFIX}{i}": [key[i] for key in keys] for i in range(len(analysis.keys))}
+    columns.update({f"{VALUE_PREFIX}{j}": v for j, v in enumerate(values)})
+    if analysis.is_plain_projection:
+        picked = [_python_values(columns[out.expression.name]) for out in analysis.outputs]
+        return names, list(zip(*picked, strict=True)) if picked else []
+    return names, _evaluate(analysis, columns)
+
+
+def _python_values(column: list | np.ndarray) -> list:
+    return column.tolist() if isinstance(column, np.ndarray) else list(column)
+
+
+def _evaluate(analysis: Analysis, columns: dict[str, list | np.ndarray]) -> list[tuple]:
+    query = exp.select(
+        *[out.expression.copy().as_(f"__dpsql_o{i}") for i, out in enumerate(analysis.outputs)]
+    ).from_(_RELEASED)
+    if analysis.having is not None:
+        query = query.where(analysis.having.copy())
+    if analysis.order:
+        query = query.order_by(*[_order_item(o, analysis) for o in analysis.order])
+    if analysis.limit is not None:
+        query = query.limit(analysis.limit)
+    if analysis.offset is not None:
+        query = query.offset(analysis.offset)
+    arrays = {
+        name: value if isinstance(value, np.ndarray) else np.array(value, dtype=object)
+        for name, value in columns.items()
+    }
+    if not arrays:
+        return []
+    cursor = _connection().cursor()
+    try:
+        cursor.register(_RELEASED, arrays)
+        return cursor.execute(query.sql(dialect="duckdb")).fetchall()
+    finally:
+        cursor.close()
+
+
+def _order_item(ordered: exp.Ordered, analysis: Analysis) -> exp.Ordered:
+    """ORDER BY an output alias refers to the output column of the same name."""
+    target = ordered.this
+    if isinstance(target, exp.Column) and not target.name.startswith("__dpsql"):
+        names = [out.name.lower() for out in analysis.outputs]
+        target = exp.column(f"__dpsql_o{names.index(target.name.lower())}")
+    elif isinstance(target, exp.Literal):
+        target = exp.column(f"__dpsql_o{int(target.this) - 1}")
+    return exp.Ordered(
+        this=target, desc=ordered.args.get("desc"), nulls_first=ordered.args.get("nulls_first")
+    )

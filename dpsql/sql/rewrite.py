@@ -1,0 +1,161 @@
+"""Rewrite an analysed query into bounded, exact aggregate SQL in the backend's dialect.
+
+The rewritten query filters with the analyst's WHERE, bounds each unit's
+contribution (at most `max_rows_per_unit` rows per group, ranked by a keyed
+hash, and at most `max_groups_per_unit` groups), clamps summed values and
+rounds them to the release grid as integers, so the database returns one row
+per group of exact integers: key columns, one column per measurement, and the
+number of distinct units (for key selection). Noise is added later, in Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from dpsql.sql.analyze import KEY_PREFIX, Analysis, Interval, Measurement, clamp
+
+MEASURE_PREFIX = "__dpsql_m"
+UNITS_COLUMN = "__dpsql_units"
+_ROW_RANK = "__dpsql_row_rank"
+_GROUP_RANK = "__dpsql_group_rank"
+_BOUNDED = "__dpsql_bounded"
+
+
+@dataclass(frozen=True)
+class SumGrid:
+    """How a SUM is measured as an integer: values clamped, divided by `step`, rounded."""
+
+    step: float  # a power of two
+    bounds: Interval  # clamp interval in the query's units
+
+
+def rewrite(
+    analysis: Analysis, grids: dict[int, SumGrid], dialect: str, seed: int
+) -> str:
+    """The bounded exact SQL for `analysis`; `grids` gives each SUM measurement its grid."""
+    table = analysis.table
+    keys = [key.expression for key in analysis.keys]
+    where = _where(analysis)
+    source = exp.to_table(_quoted_table(table.name), dialect=dialect)
+    unit = exp.column(table.column(table.privacy_unit).name, quoted=True) if table.privacy_unit else None
+    measures = [
+        _measure_sql(m, grids.get(i), unit).as_(f"{MEASURE_PREFIX}{i}")
+        for i, m in enumerate(analysis.measurements)
+    ]
+    units = (
+        exp.Count(this=exp.Distinct(expressions=[unit.copy()])) if unit is not None
+        else exp.Count(this=exp.Star())
+    ).as_(UNITS_COLUMN)
+    key_items = [key.copy().as_(f"{KEY_PREFIX}{i}") for i, key in enumerate(keys)]
+    if unit is None:
+        relation: exp.Expression = source
+        filters = where
+    else:
+        relation = _bounded(analysis, source, unit, keys, where, seed, dialect)
+        filters = _rank_filter(analysis)
+    query = exp.select(*key_items, *measures, units).from_(relation)
+    if filters is not None:
+        query = query.where(filters)
+    if keys:
+        query = query.group_by(*[key.copy() for key in keys])
+    return query.sql(dialect=dialect)
+
+
+def _quoted_table(name: str) -> str:
+    return ".".join(f'"{part}"' for part in name.split("."))
+
+
+def _where(analysis: Analysis) -> exp.Expression | None:
+    """The analyst's WHERE, plus: keys of a public domain must lie in it."""
+    conditions = [analysis.where.copy()] if analysis.where is not None else []
+    for key in analysis.keys:
+        if key.domain is not None:
+            conditions.append(
+                exp.In(this=key.expression.copy(), expressions=[exp.convert(v) for v in key.domain])
+            )
+    if not conditions:
+        return None
+    return exp.and_(*[exp.paren(c, copy=False) for c in conditions])
+
+
+def _measure_sql(
+    measurement: Measurement, grid: SumGrid | None, unit: exp.Expression | None
+) -> exp.Expression:
+    if measurement.kind == "count_units":
+        return exp.Count(this=exp.Distinct(expressions=[unit.copy()]))
+    if measurement.kind == "count":
+        argument = measurement.argument.copy() if measurement.argument is not None else exp.Star()
+        return exp.Count(this=argument)
+    value = clamp(measurement.clamped, grid.bounds)
+    steps = exp.Div(
+        this=exp.cast(value, "DOUBLE"), expression=exp.convert(grid.step), typed=True
+    )
+    rounded = exp.cast(exp.Round(this=steps), "BIGINT")
+    return exp.Coalesce(this=exp.Sum(this=rounded), expressions=[exp.convert(0)])
+
+
+def _keyed_hash(dialect: str, seed: int, values: list[exp.Expression]) -> exp.Expression:
+    """A hash keyed by a per-release secret: which rows a unit keeps is unpredictable."""
+    if dialect == "postgres":
+        text = exp.Anonymous(
+            this="concat_ws",
+            expressions=[exp.convert("|"), *[exp.cast(v.copy(), "TEXT") for v in values]],
+        )
+        return exp.Anonymous(this="hashtextextended", expressions=[text, exp.convert(seed)])
+    return exp.Anonymous(this="hash", expressions=[exp.convert(seed), *[v.copy() for v in values]])
+
+
+def _bounded(
+    analysis: Analysis,
+    source: exp.Expression,
+    unit: exp.Expression,
+    keys: list[exp.Expression],
+    where: exp.Expression | None,
+    seed: int,
+    dialect: str,
+) -> exp.Expression:
+    """The table's rows with each unit's rank of row within group and of group."""
+    columns = sorted(
+        {c.name for m in analysis.measurements if m.argument is not None
+         for c in m.argument.find_all(exp.Column)}
+    )  # fmt: skip
+    row_hash = _keyed_hash(dialect, seed, [unit, *keys, *[exp.column(c, quoted=True) for c in columns]])
+    row_rank = exp.Window(
+        this=exp.RowNumber(),
+        partition_by=[unit.copy(), *[k.copy() for k in keys]],
+        order=exp.Order(expressions=[exp.Ordered(this=row_hash)]),
+    ).as_(_ROW_RANK)
+    items: list[exp.Expression] = [exp.Star(), row_rank]
+    if keys:
+        group_hash = _keyed_hash(dialect, seed + 1, keys)
+        items.append(
+            exp.Window(
+                this=exp.Anonymous(this="DENSE_RANK"),
+                partition_by=[unit.copy()],
+                # the keys themselves break hash ties, so distinct groups never share a rank
+                order=exp.Order(
+                    expressions=[exp.Ordered(this=group_hash), *[exp.Ordered(this=k.copy()) for k in keys]]
+                ),
+            ).as_(_GROUP_RANK)
+        )
+    # A row without a unit belongs to nobody we can bound: it is left out.
+    owned = exp.Not(this=exp.Is(this=unit.copy(), expression=exp.Null()))
+    inner = exp.select(*items).from_(source).where(owned)
+    if where is not None:
+        inner = inner.where(where)
+    return inner.subquery(_BOUNDED)
+
+
+def _rank_filter(analysis: Analysis) -> exp.Expression:
+    table = analysis.table
+    condition: exp.Expression = exp.LTE(
+        this=exp.column(_ROW_RANK), expression=exp.convert(table.max_rows_per_unit)
+    )
+    if analysis.keys:
+        condition = exp.and_(
+            condition,
+            exp.LTE(this=exp.column(_GROUP_RANK), expression=exp.convert(table.max_groups_per_unit)),
+        )
+    return condition

@@ -1,0 +1,102 @@
+"""Policy loading: every mistake names the file, the key and what to write."""
+
+from __future__ import annotations
+
+import pytest
+
+import dpsql
+from dpsql.policy import load_policy
+
+GOOD = """
+version: 1
+defaults: {epsilon_per_query: 0.5, delta: 1.0e-6}
+analysts:
+  alice: {epsilon: 5.0, delta: 1.0e-5}
+tables:
+  pums_pid:
+    privacy_unit: pid
+    columns:
+      pid: {type: int, private: true}
+      age: {type: int, lower: 0, upper: 100}
+      sex: {type: int, values: [0, 1]}
+      income: {type: float, lower: 0, upper: 500000}
+"""
+
+
+def write(tmp_path, text):
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_good_policy_loads(tmp_path):
+    policy = load_policy(write(tmp_path, GOOD))
+    table = policy.table("PUMS_PID")
+    assert table.privacy_unit == "pid"
+    assert table.column("Income").upper == 500000
+    assert table.column("sex").public_domain == (0, 1)
+    assert policy.defaults.epsilon_per_query == 0.5
+    assert float(policy.budget("alice").epsilon) == 5.0
+
+
+@pytest.mark.parametrize(
+    ("change", "key", "advice"),
+    [
+        (("upper: 100}", "upper: 100, colour: red}"), "colour", "allowed here"),
+        (("tables:", "tabels: {}\ntables:"), "tabels", "allowed here"),
+        (("lower: 0, upper: 100", "lower: 100, upper: 0"), "age", "swap"),
+        (("epsilon: 5.0", "epsilon: -1"), "analysts.alice.epsilon", "positive"),
+        (("epsilon: 5.0", "epsilon: 0"), "analysts.alice.epsilon", "positive"),
+        (("epsilon_per_query: 0.5", "epsilon_per_query: 0"), "epsilon_per_query", "positive"),
+        (("privacy_unit: pid", "privacy_unit: person"), "privacy_unit", "not a declared column"),
+        (("lower: 0, upper: 500000", "lower: 0"), "income", "both 'lower' and 'upper'"),
+        (("type: float", "type: money"), "type", "must be one of"),
+        (("delta: 1.0e-5", "delta: 2"), "delta", "below 1"),
+        (("values: [0, 1]", "values: []"), "values", "non-empty"),
+    ],
+)
+def test_bad_policy_names_file_key_and_fix(tmp_path, change, key, advice):
+    path = write(tmp_path, GOOD.replace(*change))
+    with pytest.raises(dpsql.PolicyError) as raised:
+        load_policy(path)
+    message = str(raised.value)
+    assert str(path) in message
+    assert key in message
+    assert advice in message
+
+
+def test_invalid_yaml(tmp_path):
+    with pytest.raises(dpsql.PolicyError, match="not valid YAML"):
+        load_policy(write(tmp_path, "tables: [unclosed"))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(dpsql.PolicyError, match="cannot read"):
+        load_policy(tmp_path / "absent.yaml")
+
+
+def test_table_not_in_database(pums_db, tmp_path):
+    path = write(tmp_path, GOOD.replace("pums_pid:", "people:"))
+    with pytest.raises(dpsql.PolicyError, match="table 'people' is not in the database"):
+        dpsql.connect(str(pums_db), policy=path, ledger=tmp_path / "l.sqlite")
+
+
+def test_column_not_in_database(pums_db, tmp_path):
+    path = write(tmp_path, GOOD.replace("sex: {", "gender: {"))
+    with pytest.raises(dpsql.PolicyError, match="column 'gender' is not in table"):
+        dpsql.connect(str(pums_db), policy=path, ledger=tmp_path / "l.sqlite")
+
+
+def test_unknown_analyst(pums_db, tmp_path):
+    with pytest.raises(dpsql.PolicyError, match="analyst 'bob' has no budget"):
+        dpsql.connect(str(pums_db), policy=write(tmp_path, GOOD), analyst="bob",
+                      ledger=tmp_path / "l.sqlite")
+
+
+def test_sum_of_unbounded_column_is_refused_with_advice(pums_db, tmp_path):
+    path = write(tmp_path, GOOD.replace("income: {type: float, lower: 0, upper: 500000}",
+                                        "income: {type: float}"))
+    with dpsql.connect(str(pums_db), policy=path, analyst="alice",
+                       ledger=tmp_path / "l.sqlite") as connection:
+        with pytest.raises(dpsql.QueryRefused, match="lower/upper"):
+            connection.execute("SELECT SUM(income) FROM pums_pid")

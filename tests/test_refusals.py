@@ -1,0 +1,175 @@
+"""Hostile and unsupported statements are refused before the database sees anything.
+
+Each refusal must say what was refused, why and what to write instead, and the
+test asserts that no statement reached the database and no budget was spent.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import dpsql
+from dpsql.adapters.duckdb import DuckDBAdapter
+
+HOSTILE = [
+    # raw rows
+    "SELECT * FROM pums",
+    "SELECT age FROM pums",
+    "SELECT age, income FROM pums WHERE age > 30",
+    "SELECT pums.* FROM pums",
+    "SELECT DISTINCT age FROM pums",
+    "SELECT age FROM pums LIMIT 1",
+    "SELECT income + 0 FROM pums ORDER BY income DESC LIMIT 1",
+    "SELECT age, COUNT(*) FROM pums",  # age neither grouped nor aggregated
+    "SELECT sex, income, COUNT(*) FROM pums GROUP BY sex",
+    "SELECT sex FROM pums GROUP BY sex",  # keys without a measurement
+    # private columns
+    "SELECT pid, COUNT(*) FROM pums_pid GROUP BY pid",
+    "SELECT COUNT(*) FROM pums_pid WHERE pid = 17",
+    "SELECT SUM(pid) FROM pums_pid",
+    "SELECT COUNT(*) FROM pums_pid ORDER BY pid",
+    "SELECT COUNT(*) FROM pums_pid GROUP BY pid % 2",
+    "SELECT AVG(income) FROM pums_pid WHERE pid BETWEEN 1 AND 1",
+    "SELECT SUM(CASE WHEN pid = 3 THEN income ELSE 0 END) FROM pums_pid",
+    # unsupported aggregates
+    "SELECT MAX(income) FROM pums",
+    "SELECT MIN(age) FROM pums",
+    "SELECT MEDIAN(income) FROM pums",
+    "SELECT quantile_cont(income, 0.5) FROM pums",
+    "SELECT STRING_AGG(CAST(age AS VARCHAR), ',') FROM pums",
+    "SELECT LIST(income) FROM pums",
+    "SELECT STDDEV(income) FROM pums",
+    "SELECT COUNT(DISTINCT income) FROM pums",
+    "SELECT SUM(DISTINCT income) FROM pums",
+    "SELECT SUM(COUNT(*)) FROM pums",
+    # unbounded sums
+    "SELECT SUM(LN(income)) FROM pums",
+    "SELECT SUM(income / age) FROM pums",
+    "SELECT SUM(EXP(income)) FROM pums",
+    # joins, subqueries, CTEs, set operations, windows
+    "SELECT COUNT(*) FROM pums JOIN pums_pid ON pums.age = pums_pid.age",
+    "SELECT COUNT(*) FROM pums, pums_pid",
+    "SELECT COUNT(*) FROM (SELECT * FROM pums) AS t",
+    "SELECT COUNT(*) FROM pums WHERE age IN (SELECT age FROM pums_pid)",
+    "SELECT COUNT(*) FROM pums WHERE EXISTS (SELECT 1 FROM pums_pid)",
+    "WITH t AS (SELECT * FROM pums) SELECT COUNT(*) FROM t",
+    "SELECT COUNT(*) FROM pums UNION SELECT COUNT(*) FROM pums_pid",
+    "SELECT COUNT(*) OVER () FROM pums",
+    "SELECT SUM(income) OVER (ORDER BY age) FROM pums",
+    "SELECT (SELECT income FROM pums LIMIT 1)",
+    # statements that are not SELECT
+    "DROP TABLE pums",
+    "DELETE FROM pums",
+    "INSERT INTO pums VALUES (1, 1, 1, 1, 1, 1)",
+    "UPDATE pums SET income = 0",
+    "CREATE TABLE x AS SELECT * FROM pums",
+    "ALTER TABLE pums ADD COLUMN x INT",
+    "COPY pums TO '/tmp/pums.csv'",
+    "ATTACH '/tmp/other.duckdb' AS other",
+    "PRAGMA table_info('pums')",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "EXPORT DATABASE '/tmp/export'",
+    "SET threads = 1",
+    "SET enable_external_access = true",
+    "CALL pragma_version()",
+    "DESCRIBE pums",
+    "CHECKPOINT",
+    "SELECT COUNT(*) FROM pums; DROP TABLE pums",
+    "SELECT COUNT(*) FROM pums; SELECT COUNT(*) FROM pums",
+    # table functions, files, catalogs, unknown names
+    "SELECT COUNT(*) FROM read_csv('/etc/passwd')",
+    "SELECT COUNT(*) FROM read_parquet('x.parquet')",
+    "SELECT COUNT(*) FROM glob('*')",
+    "SELECT COUNT(*) FROM 'pums.csv'",
+    "SELECT COUNT(*) FROM information_schema.tables",
+    "SELECT COUNT(*) FROM pg_catalog.pg_class",
+    "SELECT COUNT(*) FROM duckdb_tables()",
+    "SELECT COUNT(*) FROM secrets",
+    "SELECT COUNT(nonexistent) FROM pums",
+    "SELECT COUNT(*) FROM pums WHERE nonexistent > 1",
+    "SELECT COUNT(*) FROM pums TABLESAMPLE 10",
+    # functions outside the allow-list
+    "SELECT COUNT(*) FROM pums WHERE random() < 0.5",
+    "SELECT COUNT(*) FROM pums WHERE getenv('HOME') = 'x'",
+    "SELECT COUNT(*) FROM pums GROUP BY hash(age)",
+    "SELECT COUNT(*), current_setting('threads') FROM pums",
+    "SELECT read_text('/etc/passwd')",
+    # malformed
+    "SELEC COUNT(*) FROM pums",
+    "SELECT COUNT(* FROM pums",
+    "",
+    "   ;  ",
+]
+
+
+class RecordingAdapter(DuckDBAdapter):
+    """The real DuckDB adapter, remembering every statement it was asked to run."""
+
+    def __init__(self, database: str):
+        super().__init__(database)
+        self.statements: list[str] = []
+
+    def execute(self, sql: str) -> tuple[list[str], list[tuple]]:
+        self.statements.append(sql)
+        return super().execute(sql)
+
+
+@pytest.fixture
+def recorded(pums_db, tmp_path):
+    from conftest import pums_policy
+
+    from dpsql.dbapi import Connection
+    from dpsql.ledger import Ledger
+    from dpsql.policy import load_policy
+    from dpsql.session import Session
+
+    adapter = RecordingAdapter(str(pums_db))
+    session = Session(adapter, load_policy(pums_policy()), Ledger(tmp_path / "l.sqlite"), seed=1)
+    connection = Connection(session)
+    yield connection, adapter
+    connection.close()
+
+
+def test_corpus_is_large_enough():
+    assert len(HOSTILE) >= 40
+
+
+@pytest.mark.parametrize("sql", HOSTILE)
+def test_hostile_statement_is_refused_before_the_database(recorded, sql):
+    connection, adapter = recorded
+    with pytest.raises(dpsql.ProgrammingError) as raised:
+        connection.cursor().execute(sql)
+    message = str(raised.value)
+    assert len(message) > 30, message
+    if isinstance(raised.value, dpsql.QueryRefused):
+        refusal = raised.value
+        assert refusal.construct and refusal.reason and refusal.hint
+        assert "Instead:" in message
+    assert adapter.statements == [], f"reached the database: {adapter.statements}"
+    assert connection.budget().epsilon_spent == 0
+
+
+def test_refusal_names_construct_and_alternative(recorded):
+    connection, _ = recorded
+    with pytest.raises(dpsql.QueryRefused) as raised:
+        connection.cursor().execute("SELECT MAX(income) FROM pums")
+    assert "MAX" in raised.value.construct
+    assert "COUNT" in raised.value.hint
+
+
+def test_private_column_refusal_suggests_distinct_count(recorded):
+    connection, _ = recorded
+    with pytest.raises(dpsql.QueryRefused) as raised:
+        connection.cursor().execute("SELECT pid, COUNT(*) FROM pums_pid GROUP BY pid")
+    assert "private" in str(raised.value)
+    assert "COUNT(DISTINCT pid)" in raised.value.hint
+
+
+def test_parameters_cannot_inject_sql(recorded):
+    connection, adapter = recorded
+    cursor = connection.cursor()
+    cursor.execute("SELECT COUNT(*) FROM pums WHERE CAST(sex AS VARCHAR) = ?", ["0' OR 1=1 --"])
+    assert cursor.fetchone()[0] is not None
+    assert len(adapter.statements) == 1
+    assert "'0'' OR 1=1 --'" in adapter.statements[0]  # bound as one string literal

@@ -1,0 +1,100 @@
+"""Sensitivity on neighbouring databases.
+
+For every accepted query shape, the rewritten (bounded, exact) SQL is run on
+PUMS_dup and on PUMS_dup without one person (all rows of one pid). The L1
+change of each measurement across groups must not exceed the sensitivity the
+plan calibrates its noise to; the change of the distinct-unit counts used for
+key selection must not exceed max_groups_per_unit.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import pytest
+from conftest import load_pums, pums_policy
+
+from dpsql.policy import load_policy
+from dpsql.sql import Options, plan_query
+from dpsql.sql.parse import parse_statement
+
+SHAPES = [
+    "SELECT COUNT(*) FROM {t}",
+    "SELECT COUNT(income) FROM {t}",
+    "SELECT COUNT(DISTINCT pid) FROM {t}",
+    "SELECT SUM(income) FROM {t}",
+    "SELECT AVG(age) FROM {t}",
+    "SELECT SUM(income) FROM {t} WHERE income < 100000",
+    "SELECT SUM(income) FROM {t} WHERE income BETWEEN 20000 AND 30000",
+    "SELECT SUM(income / 1000) FROM {t}",
+    "SELECT SUM(100 - age) FROM {t}",
+    "SELECT SUM(CASE WHEN sex = 1 THEN income ELSE 0 END) FROM {t}",
+    "SELECT COUNT(*) FROM {t} WHERE age BETWEEN 20 AND 40 AND sex IN (0, 1)",
+    "SELECT sex, COUNT(*), SUM(income) FROM {t} GROUP BY sex",
+    "SELECT educ, AVG(income) FROM {t} GROUP BY educ",
+    "SELECT race, married, COUNT(*), SUM(age) FROM {t} GROUP BY race, married",
+    "SELECT FLOOR(age / 10) AS decade, COUNT(*) FROM {t} GROUP BY 1",
+    "SELECT CASE WHEN age < 30 THEN 'young' ELSE 'old' END AS band, SUM(income) "
+    "FROM {t} GROUP BY band",
+    "SELECT age, COUNT(DISTINCT pid) FROM {t} GROUP BY age",
+]
+
+
+@pytest.fixture(scope="module")
+def database():
+    connection = duckdb.connect()
+    load_pums(connection, {"base_dup": "PUMS_dup.csv", "base_null": "PUMS_null.csv"})
+    yield connection
+    connection.close()
+
+
+def _measure(connection, sql):
+    cursor = connection.execute(sql)
+    width = len(cursor.description)
+    return cursor.fetchall(), width
+
+
+def _by_key(rows, keys):
+    return {tuple(row[:keys]): np.array([int(v or 0) for v in row[keys:]]) for row in rows}
+
+
+def _l1_change(before, after, keys, columns):
+    first, second = _by_key(before, keys), _by_key(after, keys)
+    zero = np.zeros(columns, dtype=np.int64)
+    return sum(np.abs(first.get(k, zero) - second.get(k, zero)) for k in first.keys() | second.keys())
+
+
+@pytest.mark.parametrize("base", ["dup", "null"])
+@pytest.mark.parametrize("bounds", [(1, 1), (2, 2), (3, 1)])
+def test_measurements_change_at_most_by_their_sensitivity(database, base, bounds):
+    max_groups, max_rows = bounds
+    policy_dict = pums_policy()
+    table = policy_dict["tables"]["pums_dup"]
+    table["max_groups_per_unit"], table["max_rows_per_unit"] = max_groups, max_rows
+    policy = load_policy(policy_dict)
+    options = Options(epsilon=1.0, delta=1e-6)
+    plans = []
+    for shape in SHAPES:
+        tree = parse_statement(shape.format(t="pums_dup"), "duckdb").tree
+        plans.append(plan_query(tree, policy, options, "duckdb", seed=11))
+    source = f"base_{base}"
+    pids = [row[0] for row in database.execute(
+        f"SELECT pid FROM {source} WHERE pid IS NOT NULL GROUP BY pid ORDER BY COUNT(*) DESC, hash(pid) LIMIT 25"
+    ).fetchall()]  # fmt: skip
+    database.execute(f"CREATE OR REPLACE TABLE pums_dup AS SELECT * FROM {source}")
+    full = [_measure(database, plan.sql) for plan in plans]
+    reached = np.zeros(len(plans), dtype=bool)
+    for pid in pids:
+        database.execute(
+            f"CREATE OR REPLACE TABLE pums_dup AS SELECT * FROM {source} WHERE pid <> ?", [pid]
+        )
+        for index, plan in enumerate(plans):
+            rows, width = _measure(database, plan.sql)
+            keys = len(plan.analysis.keys)
+            change = _l1_change(full[index][0], rows, keys, width - keys)
+            limits = [m.noise.sensitivity for m in plan.measures]
+            limits.append(max_groups if plan.analysis.grouped else 1)  # distinct units
+            assert np.all(change <= np.array(limits)), (SHAPES[index], pid, change, limits)
+            reached[index] |= bool(np.any(change[:-1] == np.array(limits[:-1])))
+    # the bounds are tight for the counts: some person moves a COUNT(*) by its sensitivity
+    assert reached[0]
