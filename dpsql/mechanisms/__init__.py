@@ -1,0 +1,1 @@
+"""Noise mechanisms: exact samplers and the mechanisms built on them."""
