@@ -22,6 +22,10 @@ from typing import Any
 
 import numpy as np
 
+# One source of randomness for the whole project: AES-CTR keyed by the OS
+# (a seeded PCG64 for tests only).
+from dpsql.mechanisms.samplers import secure_generator
+
 
 class Domain:
     """An ordered, public list of the values a person may hold, indexed 0..d-1."""
@@ -68,25 +72,6 @@ class Domain:
 
 def _py(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
-
-
-def secure_generator(seed: int | None = None) -> np.random.Generator:
-    """A generator keyed from the operating system's CSPRNG (or from `seed`, for tests only).
-
-    The project-wide sampler module (dpsql/mechanisms/samplers.py) is being
-    written in parallel; when it offers `secure_generator` we use it so there
-    is one source of randomness. Until then: AES in counter mode, keyed by
-    randomgen from os entropy, which is a CSPRNG and fast (AES-NI).
-    """
-    try:
-        from dpsql.mechanisms.samplers import secure_generator as shared
-    except ImportError:
-        shared = None
-    if shared is not None:
-        return shared(seed)
-    import randomgen
-
-    return np.random.Generator(randomgen.AESCounter(seed=seed))
 
 
 def as_generator(rng: np.random.Generator | int | None) -> np.random.Generator:
