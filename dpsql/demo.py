@@ -82,7 +82,12 @@ def create_census(
     """Create (or replace) the synthetic census table in a DuckDB connection."""
     cursor = connection.cursor()
     cursor.register("__dpsql_census", census_arrays(rows))
-    cursor.execute(f'CREATE OR REPLACE TABLE "{table}" AS SELECT * FROM __dpsql_census')
+    # pid is a declared primary key: dpsql sees one row per person and skips bounding
+    cursor.execute(
+        f'CREATE OR REPLACE TABLE "{table}" (pid BIGINT PRIMARY KEY, age BIGINT, sex BIGINT, '
+        "educ BIGINT, race BIGINT, income DOUBLE, married BIGINT, state VARCHAR)"
+    )
+    cursor.execute(f'INSERT INTO "{table}" SELECT * FROM __dpsql_census')
     cursor.unregister("__dpsql_census")
 
 

@@ -70,6 +70,7 @@ class Table:
     privacy_unit: str | None = None
     max_groups_per_unit: int = 1
     max_rows_per_unit: int = 1
+    unique_unit: bool = False  # the database enforces one row per unit (a key)
 
     def column(self, name: str) -> Column | None:
         """The declared column called `name`, matched case-insensitively as SQL does."""

@@ -70,6 +70,10 @@ class Session:
             self.set_option("epsilon", epsilon)
         if mechanism is not None:
             self.set_option("mechanism", mechanism)
+        self.unique_units = frozenset(
+            key for key, table in policy.tables.items()
+            if table.privacy_unit and table.privacy_unit in adapter.unique_columns(key)
+        )  # fmt: skip
         self._rng = secure_generator(seed)
         self._rng_lock = threading.Lock()
 
@@ -92,7 +96,9 @@ class Session:
     def plan(self, tree: Any) -> Plan:
         with self._rng_lock:
             secret = int(self._rng.integers(0, 2**62))
-        return plan_query(tree, self.policy, self.options, self.adapter.dialect, secret)
+        return plan_query(
+            tree, self.policy, self.options, self.adapter.dialect, secret, self.unique_units
+        )
 
     def _answer(self, tree: Any) -> Release:
         plan = self.plan(tree)

@@ -83,13 +83,14 @@ def test_a_refused_charge_writes_nothing(ledger: Ledger, tmp_path: Path) -> None
     assert after == before
 
 
-def test_binary_float_tenth_is_charged_as_more_than_a_tenth(ledger: Ledger) -> None:
-    # Cost.of(0.1) is the binary float 0.1000000000000000055..., so ten of them
-    # exceed 1.0 even in exact arithmetic; the ledger must not round that away.
-    for i in range(9):
+def test_a_written_tenth_is_charged_as_exactly_a_tenth(ledger: Ledger) -> None:
+    # Cost.of(0.1) is the decimal the user wrote (1/10), not the binary float, so
+    # ten charges of 0.1 spend exactly 1.0 and the eleventh is refused.
+    for i in range(10):
         ledger.charge("alice", Cost.of(0.1), ONE, f"q{i}")
+    assert ledger.spent("alice").epsilon == 1
     with pytest.raises(BudgetExhausted):
-        ledger.charge("alice", Cost.of(0.1), ONE, "q9")
+        ledger.charge("alice", Cost.of(0.1), ONE, "q10")
 
 
 def test_amounts_are_rounded_up_to_the_quantum(ledger: Ledger) -> None:

@@ -19,4 +19,8 @@ class Adapter(Protocol):
     def table_columns(self, name: str) -> set[str] | None:
         """Lower-case column names of table `name` (possibly schema-qualified), or None."""
 
+    def unique_columns(self, name: str) -> set[str]:
+        """Lower-case columns of table `name` that the database itself keeps unique
+        (a single-column PRIMARY KEY or UNIQUE constraint)."""
+
     def close(self) -> None: ...

@@ -72,5 +72,18 @@ class DuckDBAdapter:
         ).fetchall()
         return {row[0] for row in rows} or None
 
+    def unique_columns(self, name: str) -> set[str]:
+        parts = name.split(".")
+        conditions = ["lower(table_name) = lower(?)"]
+        if len(parts) > 1:
+            conditions.append("lower(schema_name) = lower(?)")
+        rows = self._cursor().execute(
+            "SELECT constraint_column_names FROM duckdb_constraints() WHERE constraint_type IN "
+            "('PRIMARY KEY', 'UNIQUE') AND len(constraint_column_names) = 1 AND "
+            + " AND ".join(conditions),
+            list(reversed(parts[-2:])),
+        ).fetchall()
+        return {row[0][0].lower() for row in rows}
+
     def close(self) -> None:
         self._connection.close()

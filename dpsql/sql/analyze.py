@@ -119,7 +119,11 @@ class Analysis:
 
 
 def analyze(select: exp.Select, table: Table) -> Analysis:
-    """Resolve, bound and decompose a checked SELECT over `table`."""
+    """Resolve, bound and decompose a checked SELECT over `table`.
+
+    When the database guarantees that the privacy unit is unique (one row per
+    unit), pass a `table` whose bounds are 1: see `unique_unit_table`.
+    """
     resolver = _Resolver(select, table)
     select = resolver.canonical(select)
     where = select.args.get("where")
@@ -611,11 +615,16 @@ def _branches(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -
 
 def clamp(value: exp.Expression, interval: Interval) -> exp.Expression:
     """CASE that clamps `value` to `interval` and keeps NULL (GREATEST/LEAST differ on NULL)."""
-    low, high = exp.convert(interval.lower), exp.convert(interval.upper)
+    def low() -> exp.Expression:
+        return exp.convert(interval.lower)
+
+    def high() -> exp.Expression:
+        return exp.convert(interval.upper)
+
     return exp.Case(
         ifs=[
-            exp.If(this=exp.LT(this=value.copy(), expression=low), true=low),
-            exp.If(this=exp.GT(this=value.copy(), expression=high), true=high),
+            exp.If(this=exp.LT(this=value.copy(), expression=low()), true=low()),
+            exp.If(this=exp.GT(this=value.copy(), expression=high()), true=high()),
         ],
         default=value.copy(),
     )

@@ -204,11 +204,15 @@ class DirectPlan:
     def explain(self) -> list[tuple[str, str]]:
         analysis = self.analysis
         table = analysis.table
-        unit = (
-            f"user-level: privacy unit {table.privacy_unit}, at most {table.max_groups_per_unit} "
-            f"groups and {table.max_rows_per_unit} rows per group for each unit"
-            if table.privacy_unit else "row-level: each row is its own unit"
-        )
+        if table.unique_unit:
+            unit = (f"user-level: privacy unit {table.privacy_unit}, which the database keeps "
+                    "unique (one row per unit), so no bounding is needed")  # fmt: skip
+        elif table.privacy_unit:
+            unit = (f"user-level: privacy unit {table.privacy_unit}, at most "
+                    f"{table.max_groups_per_unit} groups and {table.max_rows_per_unit} rows per "
+                    "group for each unit")  # fmt: skip
+        else:
+            unit = "row-level: each row is its own unit"
         lines = [
             ("sql", self.sql),
             ("cost", f"{self.cost} ({len(self.measures)} measurements"

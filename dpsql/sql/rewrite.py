@@ -23,6 +23,11 @@ _GROUP_RANK = "__dpsql_group_rank"
 _BOUNDED = "__dpsql_bounded"
 
 
+_DOUBLE = exp.DataType.build("DOUBLE")
+_BIGINT = exp.DataType.build("BIGINT")
+_TEXT = exp.DataType.build("TEXT")
+
+
 @dataclass(frozen=True)
 class SumGrid:
     """How a SUM is measured as an integer: values clamped, divided by `step`, rounded."""
@@ -38,33 +43,36 @@ def rewrite(
     table = analysis.table
     keys = [key.expression for key in analysis.keys]
     where = _where(analysis)
-    source = exp.to_table(_quoted_table(table.name), dialect=dialect)
+    source = exp.Table(
+        this=exp.to_identifier(table.name.split(".")[-1], quoted=True),
+        db=exp.to_identifier(table.name.split(".")[-2], quoted=True) if "." in table.name else None,
+    )
     unit = exp.column(table.column(table.privacy_unit).name, quoted=True) if table.privacy_unit else None
     measures = [
-        _measure_sql(m, grids.get(i), unit).as_(f"{MEASURE_PREFIX}{i}")
+        _measure_sql(m, grids.get(i), unit).as_(f"{MEASURE_PREFIX}{i}", copy=False)
         for i, m in enumerate(analysis.measurements)
     ]
     units = (
         exp.Count(this=exp.Distinct(expressions=[unit.copy()])) if unit is not None
         else exp.Count(this=exp.Star())
-    ).as_(UNITS_COLUMN)
-    key_items = [key.copy().as_(f"{KEY_PREFIX}{i}") for i, key in enumerate(keys)]
-    if unit is None:
+    ).as_(UNITS_COLUMN, copy=False)
+    key_items = [key.copy().as_(f"{KEY_PREFIX}{i}", copy=False) for i, key in enumerate(keys)]
+    if unit is None or table.unique_unit:
+        # one row per unit (row-level, or a unit the database keeps unique): nothing to bound
         relation: exp.Expression = source
         filters = where
+        if unit is not None:
+            owned = exp.Not(this=exp.Is(this=unit.copy(), expression=exp.Null()))
+            filters = owned if where is None else exp.and_(owned, where, copy=False)
     else:
         relation = _bounded(analysis, source, unit, keys, where, seed, dialect)
         filters = _rank_filter(analysis)
-    query = exp.select(*key_items, *measures, units).from_(relation)
+    query = exp.select(*key_items, *measures, units, copy=False).from_(relation, copy=False)
     if filters is not None:
-        query = query.where(filters)
+        query = query.where(filters, copy=False)
     if keys:
-        query = query.group_by(*[key.copy() for key in keys])
+        query = query.group_by(*[key.copy() for key in keys], copy=False)
     return query.sql(dialect=dialect)
-
-
-def _quoted_table(name: str) -> str:
-    return ".".join(f'"{part}"' for part in name.split("."))
 
 
 def _where(analysis: Analysis) -> exp.Expression | None:
@@ -77,7 +85,7 @@ def _where(analysis: Analysis) -> exp.Expression | None:
             )
     if not conditions:
         return None
-    return exp.and_(*[exp.paren(c, copy=False) for c in conditions])
+    return exp.and_(*[exp.paren(c, copy=False) for c in conditions], copy=False)
 
 
 def _measure_sql(
@@ -90,9 +98,9 @@ def _measure_sql(
         return exp.Count(this=argument)
     value = clamp(measurement.clamped, grid.bounds)
     steps = exp.Div(
-        this=exp.cast(value, "DOUBLE"), expression=exp.convert(grid.step), typed=True
+        this=exp.Cast(this=value, to=_DOUBLE.copy()), expression=exp.convert(grid.step), typed=True
     )
-    rounded = exp.cast(exp.Round(this=steps), "BIGINT")
+    rounded = exp.Cast(this=exp.Round(this=steps), to=_BIGINT.copy())
     return exp.Coalesce(this=exp.Sum(this=rounded), expressions=[exp.convert(0)])
 
 
@@ -101,7 +109,7 @@ def _keyed_hash(dialect: str, seed: int, values: list[exp.Expression]) -> exp.Ex
     if dialect == "postgres":
         text = exp.Anonymous(
             this="concat_ws",
-            expressions=[exp.convert("|"), *[exp.cast(v.copy(), "TEXT") for v in values]],
+            expressions=[exp.convert("|"), *[exp.Cast(this=v.copy(), to=_TEXT.copy()) for v in values]],
         )
         return exp.Anonymous(this="hashtextextended", expressions=[text, exp.convert(seed)])
     return exp.Anonymous(this="hash", expressions=[exp.convert(seed), *[v.copy() for v in values]])
@@ -126,7 +134,7 @@ def _bounded(
         this=exp.RowNumber(),
         partition_by=[unit.copy(), *[k.copy() for k in keys]],
         order=exp.Order(expressions=[exp.Ordered(this=row_hash)]),
-    ).as_(_ROW_RANK)
+    ).as_(_ROW_RANK, copy=False)
     items: list[exp.Expression] = [exp.Star(), row_rank]
     if keys:
         group_hash = _keyed_hash(dialect, seed + 1, keys)
@@ -138,14 +146,14 @@ def _bounded(
                 order=exp.Order(
                     expressions=[exp.Ordered(this=group_hash), *[exp.Ordered(this=k.copy()) for k in keys]]
                 ),
-            ).as_(_GROUP_RANK)
+            ).as_(_GROUP_RANK, copy=False)
         )
     # A row without a unit belongs to nobody we can bound: it is left out.
     owned = exp.Not(this=exp.Is(this=unit.copy(), expression=exp.Null()))
-    inner = exp.select(*items).from_(source).where(owned)
+    inner = exp.select(*items, copy=False).from_(source, copy=False).where(owned, copy=False)
     if where is not None:
-        inner = inner.where(where)
-    return inner.subquery(_BOUNDED)
+        inner = inner.where(where, copy=False)
+    return inner.subquery(_BOUNDED, copy=False)
 
 
 def _rank_filter(analysis: Analysis) -> exp.Expression:
@@ -157,5 +165,6 @@ def _rank_filter(analysis: Analysis) -> exp.Expression:
         condition = exp.and_(
             condition,
             exp.LTE(this=exp.column(_GROUP_RANK), expression=exp.convert(table.max_groups_per_unit)),
+            copy=False,
         )
     return condition

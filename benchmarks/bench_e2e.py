@@ -1,0 +1,96 @@
+"""End-to-end DP time / raw query time on a large synthetic census table in DuckDB.
+
+Builds (once, cached in a temporary folder) a DuckDB file with N rows of the
+demo generator, then times each query run raw on DuckDB and through dpsql,
+with row-level privacy and with user-level bounding (privacy unit pid). Every
+dpsql run is a fresh, charged release (the cache is cleared between runs).
+Targets: <= 1.2x row-level, <= 2x user-level. Usage:
+    python benchmarks/bench_e2e.py [--rows 10000000] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import duckdb
+
+from dpsql import demo
+from dpsql.adapters.duckdb import LOCKED, DuckDBAdapter
+from dpsql.ledger import Ledger
+from dpsql.policy import load_policy
+from dpsql.session import Session
+
+QUERIES = [
+    "SELECT COUNT(*) FROM census WHERE age > 30",
+    "SELECT SUM(income) FROM census",
+    "SELECT sex, COUNT(*), AVG(income) FROM census GROUP BY sex",
+    "SELECT educ, SUM(income) FROM census WHERE income < 200000 GROUP BY educ",
+    "SELECT state, COUNT(*) FROM census GROUP BY state",
+]
+
+
+def build(rows: int) -> Path:
+    path = Path(tempfile.gettempdir()) / f"dpsql-bench-census-{rows}.duckdb"
+    if not path.exists():
+        print(f"building {rows:,} rows in {path} ...", flush=True)
+        with duckdb.connect(str(path)) as connection:
+            demo.create_census(connection, rows)
+    return path
+
+
+def policy(user_level: bool) -> dict:
+    document = copy.deepcopy(demo.DEMO_POLICY)
+    document["analysts"] = {"default": {"epsilon": 1e9, "delta": 0.5}}
+    if not user_level:
+        table = document["tables"]["census"]
+        del table["privacy_unit"], table["max_groups_per_unit"], table["max_rows_per_unit"]
+    return document
+
+
+def timed(run, repeat: int) -> float:
+    run()  # warm the database's caches
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    path = build(args.rows)
+    raw = duckdb.connect(str(path), read_only=True, config=LOCKED)
+    adapter = DuckDBAdapter(str(path))
+    with tempfile.TemporaryDirectory() as folder:
+        for user_level in (False, True):
+            ledger = Ledger(Path(folder) / f"ledger{user_level}.sqlite")
+            session = Session(adapter, load_policy(policy(user_level)), ledger)
+            label = "user-level (pid, 1 row, 1 group)" if user_level else "row-level"
+            print(f"\n{label}, {args.rows:,} rows")
+            print(f"{'query':<75} {'raw s':>8} {'dpsql s':>8} {'ratio':>6}")
+            ratios = []
+            for sql in QUERIES:
+                raw_time = timed(lambda sql=sql: raw.execute(sql).fetchall(), args.repeat)
+
+                def private(sql: str = sql) -> None:
+                    ledger.clear_cache()
+                    session.execute(sql)
+
+                dp_time = timed(private, args.repeat)
+                ratios.append(dp_time / raw_time)
+                print(f"{sql[:73]:<75} {raw_time:>8.3f} {dp_time:>8.3f} {ratios[-1]:>6.2f}")
+            target = 2.0 if user_level else 1.2
+            print(f"median ratio {statistics.median(ratios):.2f} (target <= {target})")
+
+
+if __name__ == "__main__":
+    main()
