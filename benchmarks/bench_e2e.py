@@ -81,7 +81,7 @@ def main() -> None:
             for sql in QUERIES:
                 raw_time = timed(lambda sql=sql: raw.execute(sql).fetchall(), args.repeat)
 
-                def private(sql: str = sql) -> None:
+                def private(sql: str = sql, ledger=ledger, session=session) -> None:
                     ledger.clear_cache()
                     session.execute(sql)
 

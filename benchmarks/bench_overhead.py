@@ -50,7 +50,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=50)
     args = parser.parse_args()
-    policy = load_policy(demo.DEMO_POLICY | {"analysts": {"default": {"epsilon": 1e6, "delta": 0.5}}})
+    policy = load_policy(
+        demo.DEMO_POLICY | {"analysts": {"default": {"epsilon": 1e6, "delta": 0.5}}}
+    )
     adapter = TimedAdapter(demo.demo_connection())
     with tempfile.TemporaryDirectory() as folder:
         ledger = Ledger(Path(folder) / "ledger.sqlite")
@@ -70,8 +72,11 @@ def main() -> None:
                 database.append(adapter.database_seconds)
             medians.append(statistics.median(overheads) * 1e3)
             print(f"{sql[:88]:<90} {medians[-1]:>12.3f} {statistics.median(database) * 1e3:>12.3f}")
-        print(f"\nmedian proxy overhead over {len(QUERIES)} queries: {statistics.median(medians):.3f} ms "
-              "(target <= 1 ms; SmartNoise SQL 1.0.10 adds 23-95 ms)")
+        print(
+            f"\nmedian proxy overhead over {len(QUERIES)} queries: "
+            f"{statistics.median(medians):.3f} ms "
+            "(target <= 1 ms; SmartNoise SQL 1.0.10 adds 23-95 ms)"
+        )
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """dpsql: a differential-privacy SQL proxy.
 
-    import dpsql
-    con = dpsql.connect("pums.duckdb", policy="policy.yaml", analyst="alice")
-    cur = con.cursor()
-    cur.execute("SELECT sex, COUNT(*) FROM pums GROUP BY sex")
-    cur.fetchall(), cur.accuracy, con.budget()
+import dpsql
+con = dpsql.connect("pums.duckdb", policy="policy.yaml", analyst="alice")
+cur = con.cursor()
+cur.execute("SELECT sex, COUNT(*) FROM pums GROUP BY sex")
+cur.fetchall(), cur.accuracy, con.budget()
 """
 
 from dpsql.dbapi import (

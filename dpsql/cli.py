@@ -1,9 +1,9 @@
 """The `dpsql` command: run private queries, show budgets, write the demo.
 
-    dpsql query --demo "SELECT sex, COUNT(*) FROM census GROUP BY sex"
-    dpsql query --database pums.duckdb --policy policy.yaml "SELECT AVG(income) FROM pums"
-    dpsql budget --demo
-    dpsql demo ./demo        # writes census.duckdb and policy.yaml to try other tools on
+dpsql query --demo "SELECT sex, COUNT(*) FROM census GROUP BY sex"
+dpsql query --database pums.duckdb --policy policy.yaml "SELECT AVG(income) FROM pums"
+dpsql budget --demo
+dpsql demo ./demo        # writes census.duckdb and policy.yaml to try other tools on
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="dpsql",
         description="Differentially private answers to ordinary aggregate SQL, with an "
         "enforced privacy budget.",
-        epilog="Start with: dpsql query --demo \"SELECT sex, COUNT(*) FROM census GROUP BY sex\"",
+        epilog='Start with: dpsql query --demo "SELECT sex, COUNT(*) FROM census GROUP BY sex"',
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")

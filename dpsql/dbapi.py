@@ -49,15 +49,15 @@ Timestamp = dt.datetime
 Binary = bytes
 
 
-def DateFromTicks(ticks: float) -> dt.date:  # noqa: N802 - PEP 249 name
+def DateFromTicks(ticks: float) -> dt.date:
     return dt.date.fromtimestamp(ticks)
 
 
-def TimeFromTicks(ticks: float) -> dt.time:  # noqa: N802 - PEP 249 name
+def TimeFromTicks(ticks: float) -> dt.time:
     return dt.datetime.fromtimestamp(ticks).time()
 
 
-def TimestampFromTicks(ticks: float) -> dt.datetime:  # noqa: N802 - PEP 249 name
+def TimestampFromTicks(ticks: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(ticks)
 
 
@@ -86,7 +86,9 @@ def connect(
     adapter = _adapter(database)
     try:
         loaded.check_schema({key: adapter.table_columns(key) for key in loaded.tables})
-        book = ledger if isinstance(ledger, Ledger) else Ledger(_ledger_path(ledger, loaded, database))
+        book = (
+            ledger if isinstance(ledger, Ledger) else Ledger(_ledger_path(ledger, loaded, database))
+        )
         session = Session(
             adapter, loaded, book, analyst, epsilon=epsilon, mechanism=mechanism, seed=seed
         )

@@ -7,7 +7,7 @@ that each front end (DB-API, shell, wire server) can show the same message.
 from __future__ import annotations
 
 
-class Warning(Exception):  # noqa: A001 - PEP 249 requires this name
+class Warning(Exception):
     """PEP 249 warning."""
 
 

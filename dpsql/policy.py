@@ -146,7 +146,9 @@ def load_policy(source: str | os.PathLike | Mapping[str, Any]) -> Policy:
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
-            raise PolicyError(f"cannot read the policy file: {exc.strerror}", source=str(path))
+            raise PolicyError(
+                f"cannot read the policy file: {exc.strerror}", source=str(path)
+            ) from None
         name = str(path)
     else:
         text, name = str(source), "<policy text>"
@@ -213,7 +215,9 @@ def _build(document: dict, source: str) -> Policy:
     analysts = _analysts(read, read.mapping(document.get("analysts"), "analysts"))
     raw_tables = read.mapping(document.get("tables"), "tables")
     if not raw_tables:
-        raise read.fail("tables", "declare at least one table, e.g. 'tables: {pums: {columns: ...}}'")
+        raise read.fail(
+            "tables", "declare at least one table, e.g. 'tables: {pums: {columns: ...}}'"
+        )
     tables = {}
     for name, spec in raw_tables.items():
         table = _table(read, str(name), read.mapping(spec, f"tables.{name}"))
@@ -221,9 +225,7 @@ def _build(document: dict, source: str) -> Policy:
     ledger = document.get("ledger")
     if ledger is not None and not isinstance(ledger, str):
         raise read.fail("ledger", "must be a path to the ledger file, e.g. 'ledger: budget.sqlite'")
-    digest = hashlib.sha256(
-        json.dumps(document, sort_keys=True, default=str).encode()
-    ).hexdigest()
+    digest = hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
     return Policy(
         tables=tables,
         analysts=analysts,
@@ -255,8 +257,9 @@ def _defaults(read: _Reader, spec: dict) -> Defaults:
 def _analysts(read: _Reader, spec: dict) -> dict[str, Cost]:
     if not spec:
         raise read.fail(
-            "analysts", "declare each analyst's total budget, e.g. 'analysts: {default: "
-            "{epsilon: 10.0, delta: 1.0e-5}}'"
+            "analysts",
+            "declare each analyst's total budget, e.g. 'analysts: {default: "
+            "{epsilon: 10.0, delta: 1.0e-5}}'",
         )
     analysts = {}
     for name, budget in spec.items():
@@ -264,7 +267,9 @@ def _analysts(read: _Reader, spec: dict) -> dict[str, Cost]:
         budget = read.mapping(budget, key)
         read.known_keys(budget, _ANALYST_KEYS, key)
         if "epsilon" not in budget:
-            raise read.fail(key, "missing 'epsilon' (the analyst's total budget), e.g. epsilon: 10.0")
+            raise read.fail(
+                key, "missing 'epsilon' (the analyst's total budget), e.g. epsilon: 10.0"
+            )
         analysts[str(name)] = Cost.of(
             read.positive(budget["epsilon"], f"{key}.epsilon"),
             read.probability(budget.get("delta", 0.0), f"{key}.delta"),
@@ -281,7 +286,9 @@ def _table(read: _Reader, name: str, spec: dict) -> Table:
     columns = {}
     for column_name, column_spec in raw_columns.items():
         column = _column(
-            read, str(column_name), read.mapping(column_spec, f"{key}.columns.{column_name}"),
+            read,
+            str(column_name),
+            read.mapping(column_spec, f"{key}.columns.{column_name}"),
             f"{key}.columns.{column_name}",
         )
         columns[column.name.lower()] = column
@@ -336,8 +343,15 @@ def _column(read: _Reader, name: str, spec: dict, key: str) -> Column:
         )
     if private and (public or values is not None):
         raise read.fail(key, "a private column cannot also have a public domain")
-    return Column(name=name, type=kind, private=private, lower=lower, upper=upper,
-                  values=values, public=public)
+    return Column(
+        name=name,
+        type=kind,
+        private=private,
+        lower=lower,
+        upper=upper,
+        values=values,
+        public=public,
+    )
 
 
 def _bound(read: _Reader, value: Any, kind: str, key: str) -> Any:

@@ -140,7 +140,8 @@ class Session:
             if not 0 < number < upper and not (name == "delta" and number == 0):
                 raise ProgrammingError(
                     f"dpsql.{name} must be a positive finite number"
-                    + (" below 1" if name == "delta" else "") + f", got {value!r}"
+                    + (" below 1" if name == "delta" else "")
+                    + f", got {value!r}"
                 )
             self.options = replace(self.options, **{name: number})
         elif name == "mechanism":
@@ -181,7 +182,8 @@ class Session:
         if key.startswith("dpsql.") and option in ("epsilon", "delta", "mechanism"):
             return Release([key], [(getattr(self.options, option),)])
         raise QueryRefused(
-            f"SHOW {name}", "only dpsql settings can be shown",
+            f"SHOW {name}",
+            "only dpsql settings can be shown",
             "write SHOW dpsql.budget, SHOW dpsql.epsilon, SHOW dpsql.delta or SHOW dpsql.mechanism",
         )
 

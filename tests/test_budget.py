@@ -44,7 +44,10 @@ def test_identical_repeat_is_identical_and_free_also_after_restart(connect, tmp_
     query = "SELECT sex, COUNT(*), AVG(income) FROM pums GROUP BY sex"
     answer = first.execute(query).fetchall()
     assert first.execute(query).fetchall() == answer
-    assert first.execute("select  sex, count(*), avg(income) from PUMS group by sex").fetchall() == answer
+    assert (
+        first.execute("select  sex, count(*), avg(income) from PUMS group by sex").fetchall()
+        == answer
+    )
     assert first.budget().epsilon_spent == pytest.approx(1.0)
     first.close()
     again = connect(small_budget(3.0), seed=99)  # same ledger file, other noise

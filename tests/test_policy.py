@@ -89,14 +89,20 @@ def test_column_not_in_database(pums_db, tmp_path):
 
 def test_unknown_analyst(pums_db, tmp_path):
     with pytest.raises(dpsql.PolicyError, match="analyst 'bob' has no budget"):
-        dpsql.connect(str(pums_db), policy=write(tmp_path, GOOD), analyst="bob",
-                      ledger=tmp_path / "l.sqlite")
+        dpsql.connect(
+            str(pums_db), policy=write(tmp_path, GOOD), analyst="bob", ledger=tmp_path / "l.sqlite"
+        )
 
 
 def test_sum_of_unbounded_column_is_refused_with_advice(pums_db, tmp_path):
-    path = write(tmp_path, GOOD.replace("income: {type: float, lower: 0, upper: 500000}",
-                                        "income: {type: float}"))
-    with dpsql.connect(str(pums_db), policy=path, analyst="alice",
-                       ledger=tmp_path / "l.sqlite") as connection:
-        with pytest.raises(dpsql.QueryRefused, match="lower/upper"):
-            connection.execute("SELECT SUM(income) FROM pums_pid")
+    path = write(
+        tmp_path,
+        GOOD.replace("income: {type: float, lower: 0, upper: 500000}", "income: {type: float}"),
+    )
+    with (
+        dpsql.connect(
+            str(pums_db), policy=path, analyst="alice", ledger=tmp_path / "l.sqlite"
+        ) as connection,
+        pytest.raises(dpsql.QueryRefused, match="lower/upper"),
+    ):
+        connection.execute("SELECT SUM(income) FROM pums_pid")

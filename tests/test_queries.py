@@ -118,9 +118,11 @@ def test_rare_keys_from_the_data_are_suppressed(connect, raw):
 
 
 def test_public_domain_releases_empty_groups(connect):
-    rows = connect().execute(
-        "SELECT educ, COUNT(*) FROM pums WHERE educ > 14 GROUP BY educ"
-    ).fetchall()
+    rows = (
+        connect()
+        .execute("SELECT educ, COUNT(*) FROM pums WHERE educ > 14 GROUP BY educ")
+        .fetchall()
+    )
     assert [r[0] for r in rows] == list(range(1, 17))
 
 

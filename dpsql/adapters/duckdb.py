@@ -14,7 +14,6 @@ import duckdb
 
 from dpsql.errors import BackendError
 
-
 # DuckDB shares one instance per file within a process, and every connection to
 # it must ask for the same configuration: open files only with this one.
 LOCKED = {"enable_external_access": False, "lock_configuration": True}
@@ -58,31 +57,30 @@ class DuckDBAdapter:
             ) from None
         return [d[0] for d in cursor.description or []], rows
 
+    def _catalog(self, select: str, name: str, levels: tuple[str, ...]) -> list[tuple]:
+        """Rows of a catalog query about table `name` (optionally schema/catalog-qualified).
+
+        `levels` names the catalog's table, schema and catalog columns, in that order.
+        """
+        parts = list(reversed(name.split(".")))[: len(levels)]
+        conditions = [f"lower({level}) = lower(?)" for level in levels[: len(parts)]]
+        return self._cursor().execute(f"{select} AND {' AND '.join(conditions)}", parts).fetchall()
+
     def table_columns(self, name: str) -> set[str] | None:
-        parts = name.split(".")
-        conditions = ["lower(table_name) = lower(?)"]
-        if len(parts) > 1:
-            conditions.append("lower(table_schema) = lower(?)")
-        if len(parts) > 2:
-            conditions.append("lower(table_catalog) = lower(?)")
-        rows = self._cursor().execute(
-            "SELECT lower(column_name) FROM information_schema.columns WHERE "
-            + " AND ".join(conditions),
-            list(reversed(parts)),
-        ).fetchall()
+        rows = self._catalog(
+            "SELECT lower(column_name) FROM information_schema.columns WHERE true",
+            name,
+            ("table_name", "table_schema", "table_catalog"),
+        )
         return {row[0] for row in rows} or None
 
     def unique_columns(self, name: str) -> set[str]:
-        parts = name.split(".")
-        conditions = ["lower(table_name) = lower(?)"]
-        if len(parts) > 1:
-            conditions.append("lower(schema_name) = lower(?)")
-        rows = self._cursor().execute(
+        rows = self._catalog(
             "SELECT constraint_column_names FROM duckdb_constraints() WHERE constraint_type IN "
-            "('PRIMARY KEY', 'UNIQUE') AND len(constraint_column_names) = 1 AND "
-            + " AND ".join(conditions),
-            list(reversed(parts[-2:])),
-        ).fetchall()
+            "('PRIMARY KEY', 'UNIQUE') AND len(constraint_column_names) = 1",
+            name,
+            ("table_name", "schema_name", "database_name"),
+        )
         return {row[0][0].lower() for row in rows}
 
     def close(self) -> None:

@@ -143,7 +143,8 @@ def analyze(select: exp.Select, table: Table) -> Analysis:
     for name, item in items:
         if name.lower().startswith(RESERVED_PREFIX):
             raise QueryRefused(
-                f"the alias {name}", f"names starting with {RESERVED_PREFIX} are reserved",
+                f"the alias {name}",
+                f"names starting with {RESERVED_PREFIX} are reserved",
                 "choose another alias",
             )
         analysis.outputs.append(Output(name, builder.post_expression(item, "the select list")))
@@ -155,7 +156,8 @@ def analyze(select: exp.Select, table: Table) -> Analysis:
     analysis.offset = _count_literal(select.args.get("offset"), "OFFSET")
     if not analysis.measurements:
         raise QueryRefused(
-            "a query without aggregates", "it would return raw values or keys",
+            "a query without aggregates",
+            "it would return raw values or keys",
             "select an aggregate, e.g. SELECT sex, COUNT(*) FROM t GROUP BY sex",
         )
     return analysis
@@ -188,7 +190,8 @@ class _Resolver:
     def column(self, node: exp.Column) -> Column:
         if node.table and node.table.lower() not in self.qualifiers:
             raise QueryRefused(
-                f"the column {node.sql()}", f"'{node.table}' is not the queried table",
+                f"the column {node.sql()}",
+                f"'{node.table}' is not the queried table",
                 f"write {node.name} or {self.table.name}.{node.name}",
             )
         column = self.table.column(node.name)
@@ -196,9 +199,12 @@ class _Resolver:
             raise QueryRefused(
                 f"the column {node.name}",
                 f"it is not declared in the policy for table {self.table.name}",
-                f"use one of: {', '.join(c.name for c in self.table.columns.values() if not c.private)}",
+                f"use one of: {', '.join(self.public_names())}",
             )
         return column
+
+    def public_names(self) -> list[str]:
+        return [c.name for c in self.table.columns.values() if not c.private]
 
     def canonical(self, select: exp.Select) -> exp.Select:
         """The query with every known column unqualified and spelled as in the policy.
@@ -227,9 +233,9 @@ class _Resolver:
                 raise QueryRefused(
                     f"{where} on the private column {spec.name}",
                     "private columns identify people and are never released or used to select rows",
-                    "use only non-private columns; count people with COUNT(DISTINCT "
-                    f"{spec.name})" if spec.name.lower() == self.table.privacy_unit else
-                    "use only non-private columns",
+                    f"use only non-private columns; count people with COUNT(DISTINCT {spec.name})"
+                    if spec.name.lower() == self.table.privacy_unit
+                    else "use only non-private columns",
                 )
 
     @staticmethod
@@ -246,14 +252,17 @@ def _group_keys(
         return []
     if group.args.get("rollup") or group.args.get("cube") or group.args.get("grouping_sets"):
         raise QueryRefused(
-            "ROLLUP, CUBE or GROUPING SETS", "dpsql releases one grouping per query",
+            "ROLLUP, CUBE or GROUPING SETS",
+            "dpsql releases one grouping per query",
             "run one GROUP BY query per grouping",
         )
     aliases = {name.lower(): item for name, item in items}
     keys = []
     for node in group.expressions:
         expression = _resolve_reference(node, items, aliases, resolver, "GROUP BY")
-        resolver.refuse_aggregates(expression, "GROUP BY", "group by columns or expressions of them")
+        resolver.refuse_aggregates(
+            expression, "GROUP BY", "group by columns or expressions of them"
+        )
         resolver.require_public(expression, "grouping (GROUP BY)")
         domain = None
         if isinstance(expression, exp.Column):
@@ -274,7 +283,8 @@ def _resolve_reference(
         position = int(float(node.this))
         if not 1 <= position <= len(items):
             raise QueryRefused(
-                f"{clause} {position}", f"the select list has {len(items)} items",
+                f"{clause} {position}",
+                f"the select list has {len(items)} items",
                 f"use a position between 1 and {len(items)}",
             )
         return items[position - 1][1]
@@ -319,7 +329,8 @@ class _Builder:
     def aggregate(self, node: exp.Expression) -> int:
         if any(True for _ in node.this.find_all(*AGGREGATES)) if node.this else False:
             raise QueryRefused(
-                "a nested aggregate", "an aggregate of an aggregate is not supported",
+                "a nested aggregate",
+                "an aggregate of an aggregate is not supported",
                 "compute it from the released values afterwards",
             )
         text = node.sql()
@@ -334,7 +345,8 @@ class _Builder:
             return Aggregate("count", (self._measure(self._count(argument)),))
         if isinstance(argument, exp.Distinct):
             raise QueryRefused(
-                f"{node.key.upper()}(DISTINCT ...)", "its sensitivity cannot be bounded here",
+                f"{node.key.upper()}(DISTINCT ...)",
+                "its sensitivity cannot be bounded here",
                 f"write {node.key.upper()}(col) without DISTINCT",
             )
         self.resolver.require_public(argument, f"the aggregate {node.sql()}")
@@ -362,7 +374,9 @@ class _Builder:
             raise QueryRefused(
                 f"COUNT(DISTINCT {', '.join(e.sql() for e in inner)})",
                 "only the privacy unit can be counted distinctly (its sensitivity is 1)",
-                f"write COUNT(DISTINCT {unit})" if unit else "write COUNT(*) (each row is a person)",
+                f"write COUNT(DISTINCT {unit})"
+                if unit
+                else "write COUNT(*) (each row is a person)",
             )
         self.resolver.require_public(argument, "COUNT")
         return Measurement("count", argument)
@@ -512,7 +526,13 @@ def _range_of(condition: exp.Expression) -> tuple[str, float, float] | None:
         return None
     left, right = condition.this, condition.expression
     if isinstance(right, exp.Column) and _number(left) is not None:
-        flipped = {exp.GT: exp.LT, exp.GTE: exp.LTE, exp.LT: exp.GT, exp.LTE: exp.GTE, exp.EQ: exp.EQ}
+        flipped = {
+            exp.GT: exp.LT,
+            exp.GTE: exp.LTE,
+            exp.LT: exp.GT,
+            exp.LTE: exp.GTE,
+            exp.EQ: exp.EQ,
+        }
         left, right, kind = right, left, flipped[kind]
     value = _number(right)
     if not isinstance(left, exp.Column) or value is None:
@@ -537,9 +557,7 @@ def _column_interval(column: Column) -> Interval | None:
     return None
 
 
-def _interval(
-    node: exp.Expression, table: Table, ranges: dict[str, Interval]
-) -> Interval | None:
+def _interval(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -> Interval | None:
     """Sound bounds of a row expression by interval arithmetic, or None if underivable."""
     if isinstance(node, exp.Column):
         column = table.column(node.name)
@@ -573,17 +591,19 @@ def _interval(
     return None
 
 
-def _arithmetic(
-    node: exp.Expression, table: Table, ranges: dict[str, Interval]
-) -> Interval | None:
+def _arithmetic(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -> Interval | None:
     left = _interval(node.this, table, ranges)
     right = _interval(node.expression, table, ranges)
     if left is None or right is None:
         return None
     if isinstance(node, exp.Add):
-        return Interval(left.lower + right.lower, left.upper + right.upper, left.integer and right.integer)
+        return Interval(
+            left.lower + right.lower, left.upper + right.upper, left.integer and right.integer
+        )
     if isinstance(node, exp.Sub):
-        return Interval(left.lower - right.upper, left.upper - right.lower, left.integer and right.integer)
+        return Interval(
+            left.lower - right.upper, left.upper - right.lower, left.integer and right.integer
+        )
     if isinstance(node, exp.Div):
         if right.lower <= 0 <= right.upper:
             return None
@@ -591,7 +611,9 @@ def _arithmetic(
     corners = [a * b for a in (left.lower, left.upper) for b in (right.lower, right.upper)]
     if not all(math.isfinite(c) for c in corners):
         return None
-    return Interval(min(corners), max(corners), isinstance(node, exp.Mul) and left.integer and right.integer)
+    return Interval(
+        min(corners), max(corners), isinstance(node, exp.Mul) and left.integer and right.integer
+    )
 
 
 def _branches(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -> Interval | None:
@@ -615,6 +637,7 @@ def _branches(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -
 
 def clamp(value: exp.Expression, interval: Interval) -> exp.Expression:
     """CASE that clamps `value` to `interval` and keeps NULL (GREATEST/LEAST differ on NULL)."""
+
     def low() -> exp.Expression:
         return exp.convert(interval.lower)
 

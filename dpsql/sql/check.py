@@ -90,21 +90,25 @@ def check_query(select: exp.Select, policy: Policy) -> Table | None:
 def _refuse_select_arg(key: str) -> QueryRefused:
     if key == "joins":
         return QueryRefused(
-            "a join", "dpsql answers queries over one table for now",
+            "a join",
+            "dpsql answers queries over one table for now",
             "query each table separately, or ask the data owner for a joined table in the policy",
         )
     if key == "with_":
         return QueryRefused(
-            "a common table expression (WITH)", "dpsql does not analyse CTEs yet",
+            "a common table expression (WITH)",
+            "dpsql does not analyse CTEs yet",
             "write the aggregate directly over the table",
         )
     if key == "distinct":
         return QueryRefused(
-            "SELECT DISTINCT", "the distinct values of a column are raw data",
+            "SELECT DISTINCT",
+            "the distinct values of a column are raw data",
             "write SELECT col, COUNT(*) FROM t GROUP BY col to get noisy counts per value",
         )
     return QueryRefused(
-        f"the clause {key.rstrip('_').upper()}", "it is outside the SQL subset dpsql can protect",
+        f"the clause {key.rstrip('_').upper()}",
+        "it is outside the SQL subset dpsql can protect",
         "use only SELECT, FROM, WHERE, GROUP BY, HAVING, ORDER BY and LIMIT",
     )
 
@@ -113,17 +117,20 @@ def _check_nodes(select: exp.Select, extra: tuple[type[exp.Expression], ...]) ->
     for node in select.walk():
         if node is not select and isinstance(node, exp.Select | exp.Subquery | exp.Exists):
             raise QueryRefused(
-                "a subquery", "dpsql cannot bound the sensitivity of nested queries yet",
+                "a subquery",
+                "dpsql cannot bound the sensitivity of nested queries yet",
                 "write one aggregate query over one table",
             )
         if isinstance(node, exp.Window):
             raise QueryRefused(
-                "a window function", "window functions can expose individual rows",
+                "a window function",
+                "window functions can expose individual rows",
                 "use GROUP BY with COUNT/SUM/AVG instead",
             )
         if isinstance(node, exp.Star) and not isinstance(node.parent, exp.Count):
             raise QueryRefused(
-                "SELECT *", "it returns raw rows",
+                "SELECT *",
+                "it returns raw rows",
                 "select aggregates, e.g. SELECT COUNT(*) FROM t, or GROUP BY a column",
             )
         if not extra and isinstance(node, AGGREGATES):
@@ -138,19 +145,22 @@ def _refuse_node(node: exp.Expression) -> QueryRefused:
     if isinstance(node, exp.Min | exp.Max | exp.Quantile | exp.PercentileCont |
                   exp.PercentileDisc | exp.Median | exp.ApproxQuantile):  # fmt: skip
         return QueryRefused(
-            f"the aggregate {name}", "MIN, MAX and percentiles are not supported yet",
+            f"the aggregate {name}",
+            "MIN, MAX and percentiles are not supported yet",
             "use COUNT(*) with a range predicate, e.g. COUNT(*) ... WHERE age >= 90",
         )
     if isinstance(node, exp.AggFunc):
         return QueryRefused(
-            f"the aggregate {name}", "dpsql protects COUNT, SUM and AVG only",
+            f"the aggregate {name}",
+            "dpsql protects COUNT, SUM and AVG only",
             "rewrite it with COUNT(*), COUNT(col), COUNT(DISTINCT <unit>), SUM(col) or AVG(col)",
         )
     if isinstance(node, exp.Func):
         if isinstance(node, exp.Anonymous):
             name = str(node.this).upper()
         return QueryRefused(
-            f"the function {name}", "it is not on dpsql's allow-list of deterministic functions",
+            f"the function {name}",
+            "it is not on dpsql's allow-list of deterministic functions",
             "use arithmetic, CASE, COALESCE, FLOOR/CEIL/ROUND, LOWER/UPPER, DATE_TRUNC or EXTRACT",
         )
     snippet = node.sql()[:40]
@@ -170,7 +180,8 @@ def _resolve_table(source: exp.Expression, policy: Policy) -> Table:
         )
     if source.args.get("sample") or source.args.get("joins") or source.args.get("laterals"):
         raise QueryRefused(
-            "TABLESAMPLE or a lateral join", "it is outside the subset dpsql can protect",
+            "TABLESAMPLE or a lateral join",
+            "it is outside the subset dpsql can protect",
             "query the whole table; dpsql's noise already protects individuals",
         )
     name = ".".join(part.name for part in source.parts)
@@ -186,4 +197,3 @@ def _resolve_table(source: exp.Expression, policy: Policy) -> Table:
 
 def _table_list(policy: Policy) -> str:
     return ", ".join(sorted(table.name for table in policy.tables.values()))
-

@@ -76,7 +76,9 @@ def _tokens(sql: str, dialect: str) -> list:
     try:
         return sqlglot.Dialect.get_or_raise(dialect).tokenize(sql)
     except TokenError as exc:
-        raise QueryRefused("malformed SQL", f"it could not be read: {exc}", "check the quoting") from None
+        raise QueryRefused(
+            "malformed SQL", f"it could not be read: {exc}", "check the quoting"
+        ) from None
 
 
 def _first_keyword(sql: str, dialect: str) -> str:
@@ -175,7 +177,7 @@ def bind_parameters(
 
 
 def _positional(parameters: Sequence[Any] | Mapping[str, Any], index: int) -> Any:
-    if isinstance(parameters, Mapping) or isinstance(parameters, str | bytes):
+    if isinstance(parameters, Mapping | str | bytes):
         raise InterfaceError("positional placeholders need a sequence of parameters")
     if not 0 <= index < len(parameters):
         raise InterfaceError(

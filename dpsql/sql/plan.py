@@ -11,8 +11,8 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from fractions import Fraction
 from decimal import Decimal
+from fractions import Fraction
 from typing import Protocol
 
 import numpy as np
@@ -66,7 +66,9 @@ class Plan(Protocol):
     sql: str | None
     cost: Cost
 
-    def release(self, columns: list[str], rows: list[tuple], rng: np.random.Generator) -> Release: ...
+    def release(
+        self, columns: list[str], rows: list[tuple], rng: np.random.Generator
+    ) -> Release: ...
 
     def explain(self) -> list[tuple[str, str]]: ...
 
@@ -121,7 +123,7 @@ class DirectPlan:
                 self.measures.append(_Measure(DiscreteLaplace(sensitivity, self.share)))
         delta = options.delta if self.selection is not None else 0.0
         self.cost = Cost.of(options.epsilon, delta)
-        self.sql = rewrite(analysis, grids, dialect, seed)
+        self.sql = rewrite(analysis, grids, dialect, seed, with_units=self.selection is not None)
 
     @property
     def _groups_per_unit(self) -> int:
@@ -141,16 +143,15 @@ class DirectPlan:
     def release(self, columns: list[str], rows: list[tuple], rng: np.random.Generator) -> Release:
         analysis = self.analysis
         width = len(analysis.keys)
+        measured = width + len(self.measures)
         keys = [row[:width] for row in rows]
-        exact = _integer_matrix([row[width:-1] for row in rows], len(self.measures))
-        units = np.array([int(row[-1] or 0) for row in rows], dtype=np.int64)
+        exact = _integer_matrix([row[width:measured] for row in rows], len(self.measures))
         if analysis.grouped and analysis.public_keys:
             keys, exact = _fill_domain(analysis, keys, exact)
-        noisy = [
-            measure.noise.sample(exact[:, i], rng) for i, measure in enumerate(self.measures)
-        ]
+        noisy = [measure.noise.sample(exact[:, i], rng) for i, measure in enumerate(self.measures)]
         notes = []
         if self.selection is not None:
+            units = np.array([int(row[measured]) for row in rows], dtype=np.int64)
             keep = self.selection.keep(units, rng)
             keys = [key for key, kept in zip(keys, keep, strict=True) if kept]
             noisy = [values[keep] for values in noisy]
@@ -194,7 +195,10 @@ class DirectPlan:
         scale = float(noise.scale) * measure.step
         if aggregate.function == "avg":
             return Accuracy(
-                noise.name, scale, None, noise.sensitivity * measure.step,
+                noise.name,
+                scale,
+                None,
+                noise.sensitivity * measure.step,
                 "noisy SUM / noisy COUNT: the interval depends on the count",
             )
         return Accuracy(
@@ -215,9 +219,12 @@ class DirectPlan:
             unit = "row-level: each row is its own unit"
         lines = [
             ("sql", self.sql),
-            ("cost", f"{self.cost} ({len(self.measures)} measurements"
-             f"{' + key selection' if self.selection else ''}, epsilon "
-             f"{round_up(Fraction(self.share)):.6g} each)"),
+            (
+                "cost",
+                f"{self.cost} ({len(self.measures)} measurements"
+                f"{' + key selection' if self.selection else ''}, epsilon "
+                f"{round_up(Fraction(self.share)):.6g} each)",
+            ),
             ("privacy", unit),
         ]
         for measurement, measure in zip(analysis.measurements, self.measures, strict=True):
@@ -280,8 +287,8 @@ def _fill_domain(
     size = math.prod(len(d) for d in domains)
     if size > MAX_PUBLIC_KEYS:
         raise QueryRefused(
-            "a GROUP BY over a public domain of "
-            f"{size:,} keys", f"dpsql releases at most {MAX_PUBLIC_KEYS:,} groups per query",
+            f"a GROUP BY over a public domain of {size:,} keys",
+            f"dpsql releases at most {MAX_PUBLIC_KEYS:,} groups per query",
             "group by fewer or coarser columns",
         )
     position = {_normal(key): i for i, key in enumerate(keys)}
@@ -304,6 +311,7 @@ def _normal(key: tuple) -> tuple:
 
 def _key_order(keys: list[tuple]) -> np.ndarray:
     """Groups in ascending key order, NULLs last, so releases read predictably."""
+
     def sort_key(index: int) -> tuple:
         return tuple((value is None, str(type(value)), value if value is not None else 0)
                      for value in keys[index])  # fmt: skip
@@ -312,4 +320,3 @@ def _key_order(keys: list[tuple]) -> np.ndarray:
         return np.array(sorted(range(len(keys)), key=sort_key), dtype=np.int64)
     except TypeError:
         return np.arange(len(keys))
-

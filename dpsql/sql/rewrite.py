@@ -37,9 +37,12 @@ class SumGrid:
 
 
 def rewrite(
-    analysis: Analysis, grids: dict[int, SumGrid], dialect: str, seed: int
+    analysis: Analysis, grids: dict[int, SumGrid], dialect: str, seed: int, with_units: bool
 ) -> str:
-    """The bounded exact SQL for `analysis`; `grids` gives each SUM measurement its grid."""
+    """The bounded exact SQL for `analysis`; `grids` gives each SUM measurement its grid.
+
+    `with_units` adds the count of distinct units per group, which key selection needs.
+    """
     table = analysis.table
     keys = [key.expression for key in analysis.keys]
     where = _where(analysis)
@@ -47,17 +50,23 @@ def rewrite(
         this=exp.to_identifier(table.name.split(".")[-1], quoted=True),
         db=exp.to_identifier(table.name.split(".")[-2], quoted=True) if "." in table.name else None,
     )
-    unit = exp.column(table.column(table.privacy_unit).name, quoted=True) if table.privacy_unit else None
+    unit = (
+        exp.column(table.column(table.privacy_unit).name, quoted=True)
+        if table.privacy_unit
+        else None
+    )
     measures = [
         _measure_sql(m, grids.get(i), unit).as_(f"{MEASURE_PREFIX}{i}", copy=False)
         for i, m in enumerate(analysis.measurements)
     ]
+    one_row_per_unit = unit is None or table.unique_unit
     units = (
-        exp.Count(this=exp.Distinct(expressions=[unit.copy()])) if unit is not None
-        else exp.Count(this=exp.Star())
+        exp.Count(this=exp.Star())
+        if one_row_per_unit
+        else exp.Count(this=exp.Distinct(expressions=[unit.copy()]))
     ).as_(UNITS_COLUMN, copy=False)
     key_items = [key.copy().as_(f"{KEY_PREFIX}{i}", copy=False) for i, key in enumerate(keys)]
-    if unit is None or table.unique_unit:
+    if one_row_per_unit:
         # one row per unit (row-level, or a unit the database keeps unique): nothing to bound
         relation: exp.Expression = source
         filters = where
@@ -67,7 +76,8 @@ def rewrite(
     else:
         relation = _bounded(analysis, source, unit, keys, where, seed, dialect)
         filters = _rank_filter(analysis)
-    query = exp.select(*key_items, *measures, units, copy=False).from_(relation, copy=False)
+    items = [*key_items, *measures, *([units] if with_units else [])]
+    query = exp.select(*items, copy=False).from_(relation, copy=False)
     if filters is not None:
         query = query.where(filters, copy=False)
     if keys:
@@ -109,7 +119,10 @@ def _keyed_hash(dialect: str, seed: int, values: list[exp.Expression]) -> exp.Ex
     if dialect == "postgres":
         text = exp.Anonymous(
             this="concat_ws",
-            expressions=[exp.convert("|"), *[exp.Cast(this=v.copy(), to=_TEXT.copy()) for v in values]],
+            expressions=[
+                exp.convert("|"),
+                *[exp.Cast(this=v.copy(), to=_TEXT.copy()) for v in values],
+            ],
         )
         return exp.Anonymous(this="hashtextextended", expressions=[text, exp.convert(seed)])
     return exp.Anonymous(this="hash", expressions=[exp.convert(seed), *[v.copy() for v in values]])
@@ -129,7 +142,9 @@ def _bounded(
         {c.name for m in analysis.measurements if m.argument is not None
          for c in m.argument.find_all(exp.Column)}
     )  # fmt: skip
-    row_hash = _keyed_hash(dialect, seed, [unit, *keys, *[exp.column(c, quoted=True) for c in columns]])
+    row_hash = _keyed_hash(
+        dialect, seed, [unit, *keys, *[exp.column(c, quoted=True) for c in columns]]
+    )
     row_rank = exp.Window(
         this=exp.RowNumber(),
         partition_by=[unit.copy(), *[k.copy() for k in keys]],
@@ -144,7 +159,10 @@ def _bounded(
                 partition_by=[unit.copy()],
                 # the keys themselves break hash ties, so distinct groups never share a rank
                 order=exp.Order(
-                    expressions=[exp.Ordered(this=group_hash), *[exp.Ordered(this=k.copy()) for k in keys]]
+                    expressions=[
+                        exp.Ordered(this=group_hash),
+                        *[exp.Ordered(this=k.copy()) for k in keys],
+                    ]
                 ),
             ).as_(_GROUP_RANK, copy=False)
         )
@@ -164,7 +182,9 @@ def _rank_filter(analysis: Analysis) -> exp.Expression:
     if analysis.keys:
         condition = exp.and_(
             condition,
-            exp.LTE(this=exp.column(_GROUP_RANK), expression=exp.convert(table.max_groups_per_unit)),
+            exp.LTE(
+                this=exp.column(_GROUP_RANK), expression=exp.convert(table.max_groups_per_unit)
+            ),
             copy=False,
         )
     return condition
