@@ -19,6 +19,7 @@ scale <= 2^19 + 1/epsilon, which our sampler draws from two random words.
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 
@@ -48,6 +49,7 @@ def _tail_exceeds(scale: Fraction, m: int) -> bool:
     return tail.exceeds(1 - _COVERAGE)
 
 
+@functools.lru_cache(maxsize=256)  # exact, hence slow-ish; the same scales recur query after query
 def interval95_units(scale: Fraction) -> int:
     """The smallest integer m with P(|Z| <= m) >= 0.95 for discrete Laplace of this scale."""
     a = math.exp(-1 / scale)
