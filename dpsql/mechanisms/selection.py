@@ -32,10 +32,12 @@ def threshold(epsilon: float, delta: float, max_partitions: int) -> int:
     per_partition = delta / max_partitions
     rate = epsilon / max_partitions  # -ln(a)
     a = math.exp(-rate)
-    steps = max(1, math.ceil((math.log1p(a) - math.log(per_partition)) / rate))
+    steps = max(1, math.ceil((-math.log(per_partition) - math.log1p(a)) / rate))
     # guard against rounding in the logarithms: the bound must hold, never just nearly
     while math.exp(-rate * steps) / (1 + a) > per_partition:
         steps += 1
+    while steps > 1 and math.exp(-rate * (steps - 1)) / (1 + a) <= per_partition:
+        steps -= 1
     return 1 + steps
 
 
