@@ -1,4 +1,4 @@
-"""Partition selection: the threshold keeps a lone unit's key out with probability >= 1 - delta/k."""
+"""Partition selection: a lone unit's key is released with probability <= delta/k."""
 
 from __future__ import annotations
 
