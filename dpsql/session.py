@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from dpsql.accounting import Cost, round_down, round_up
+from dpsql.accounting import round_down, round_up
 from dpsql.adapters.base import Adapter
 from dpsql.errors import InterfaceError, ProgrammingError, QueryRefused
 from dpsql.ledger import Ledger
@@ -256,4 +256,4 @@ def _decode(payload: str) -> Release:
     )
 
 
-__all__ = ["Budget", "Cost", "Session"]
+__all__ = ["Budget", "Session"]

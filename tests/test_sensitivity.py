@@ -43,7 +43,13 @@ SHAPES = [
 @pytest.fixture(scope="module")
 def database():
     connection = duckdb.connect()
-    load_pums(connection, {"base_dup": "PUMS_dup.csv", "base_null": "PUMS_null.csv"})
+    load_pums(
+        connection,
+        {"base_dup": "PUMS_dup.csv", "base_null": "PUMS_null.csv", "base_pid": "PUMS_pid.csv"},
+    )
+    load_pums(connection, {"base_rows": "PUMS.csv"})
+    connection.execute("CREATE OR REPLACE TABLE base_rows AS SELECT *, row_number() OVER () "
+                       "AS row_id FROM base_rows")  # fmt: skip
     yield connection
     connection.close()
 
@@ -66,31 +72,15 @@ def _l1_change(before, after, keys, columns):
     )
 
 
-@pytest.mark.parametrize("base", ["dup", "null"])
-@pytest.mark.parametrize("bounds", [(1, 1), (2, 2), (3, 1)])
-def test_measurements_change_at_most_by_their_sensitivity(database, base, bounds):
-    max_groups, max_rows = bounds
-    policy_dict = pums_policy()
-    table = policy_dict["tables"]["pums_dup"]
-    table["max_groups_per_unit"], table["max_rows_per_unit"] = max_groups, max_rows
-    policy = load_policy(policy_dict)
-    options = Options(epsilon=1.0, delta=1e-6)
-    plans = []
-    for shape in SHAPES:
-        tree = parse_statement(shape.format(t="pums_dup"), "duckdb").tree
-        plans.append(plan_query(tree, policy, options, "duckdb", seed=11))
-    source = f"base_{base}"
-    heaviest = (
-        f"SELECT pid FROM {source} WHERE pid IS NOT NULL GROUP BY pid "
-        "ORDER BY COUNT(*) DESC, hash(pid) LIMIT 25"
-    )
-    pids = [row[0] for row in database.execute(heaviest).fetchall()]
-    database.execute(f"CREATE OR REPLACE TABLE pums_dup AS SELECT * FROM {source}")
+def _assert_sensitivities(database, plans, table, source, column, removed, max_groups):
+    """Remove each of `removed` (values of `column`) from `source` in turn and check every plan."""
+    database.execute(f"CREATE OR REPLACE TABLE {table} AS SELECT * FROM {source}")
     full = [_measure(database, plan.sql) for plan in plans]
     reached = np.zeros(len(plans), dtype=bool)
-    for pid in pids:
+    for value in removed:
         database.execute(
-            f"CREATE OR REPLACE TABLE pums_dup AS SELECT * FROM {source} WHERE pid <> ?", [pid]
+            f"CREATE OR REPLACE TABLE {table} AS SELECT * FROM {source} WHERE {column} <> ?",
+            [value],
         )
         for index, plan in enumerate(plans):
             rows, width = _measure(database, plan.sql)
@@ -99,7 +89,60 @@ def test_measurements_change_at_most_by_their_sensitivity(database, base, bounds
             limits = [m.noise.sensitivity for m in plan.measures]
             if plan.selection is not None:  # distinct units per group, for key selection
                 limits.append(max_groups)
-            assert np.all(change <= np.array(limits)), (SHAPES[index], pid, change, limits)
+            assert np.all(change <= np.array(limits)), (plan.sql, value, change, limits)
             reached[index] |= bool(change[0] == limits[0])
-    # the bounds are tight for the counts: some person moves a COUNT(*) by its sensitivity
+    # the bounds are tight for the counts: some removal moves a COUNT(*) by its sensitivity
     assert reached[0]
+
+
+def _plans(shapes, table, policy, unique_units=frozenset()):
+    options = Options(epsilon=1.0, delta=1e-6)
+    return [
+        plan_query(
+            parse_statement(shape.format(t=table), "duckdb").tree,
+            policy,
+            options,
+            "duckdb",
+            seed=11,
+            unique_units=unique_units,
+        )
+        for shape in shapes
+    ]
+
+
+@pytest.mark.parametrize("base", ["dup", "null"])
+@pytest.mark.parametrize("bounds", [(1, 1), (2, 2), (3, 1)])
+def test_measurements_change_at_most_by_their_sensitivity(database, base, bounds):
+    max_groups, max_rows = bounds
+    policy_dict = pums_policy()
+    table = policy_dict["tables"]["pums_dup"]
+    table["max_groups_per_unit"], table["max_rows_per_unit"] = max_groups, max_rows
+    plans = _plans(SHAPES, "pums_dup", load_policy(policy_dict))
+    source = f"base_{base}"
+    heaviest = (
+        f"SELECT pid FROM {source} WHERE pid IS NOT NULL GROUP BY pid "
+        "ORDER BY COUNT(*) DESC, hash(pid) LIMIT 25"
+    )
+    pids = [row[0] for row in database.execute(heaviest).fetchall()]
+    _assert_sensitivities(database, plans, "pums_dup", source, "pid", pids, max_groups)
+
+
+def test_row_level_measurements_change_at_most_by_their_sensitivity(database):
+    shapes = [s for s in SHAPES if "pid" not in s]
+    plans = _plans(shapes, "pums", load_policy(pums_policy()))
+    rows = [row[0] for row in database.execute(
+        "SELECT row_id FROM base_rows ORDER BY income DESC, row_id LIMIT 25"
+    ).fetchall()]  # fmt: skip
+    _assert_sensitivities(database, plans, "pums", "base_rows", "row_id", rows, 1)
+
+
+def test_unique_units_need_no_bounding_to_keep_their_sensitivity(database):
+    # PUMS_pid has one row per pid: with the unit declared unique, bounds are 1 and no window
+    policy_dict = pums_policy()
+    policy_dict["tables"]["pums_pid"]["max_rows_per_unit"] = 3
+    plans = _plans(SHAPES, "pums_pid", load_policy(policy_dict), frozenset({"pums_pid"}))
+    assert all("ROW_NUMBER" not in plan.sql for plan in plans)
+    pids = [row[0] for row in database.execute(
+        "SELECT pid FROM base_pid ORDER BY income DESC, pid LIMIT 25"
+    ).fetchall()]  # fmt: skip
+    _assert_sensitivities(database, plans, "pums_pid", "base_pid", "pid", pids, 1)

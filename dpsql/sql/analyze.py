@@ -503,9 +503,6 @@ def _number(node: exp.Expression) -> float | None:
     return None
 
 
-_STEP = 1e-9  # marks a strict inequality; integers round it away, floats keep the bound
-
-
 def _range_of(condition: exp.Expression) -> tuple[str, float, float] | None:
     """(column, lower, upper) for `col op literal`, BETWEEN, IN and =; None otherwise."""
     inf = math.inf

@@ -18,7 +18,6 @@ from typing import Any
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
-from sqlglot.tokens import TokenType
 
 from dpsql.errors import InterfaceError, QueryRefused
 
@@ -186,4 +185,4 @@ def _positional(parameters: Sequence[Any] | Mapping[str, Any], index: int) -> An
     return parameters[index]
 
 
-__all__ = ["Statement", "TokenType", "bind_parameters", "literal", "parse_statement"]
+__all__ = ["Statement", "bind_parameters", "literal", "parse_statement"]
