@@ -1,7 +1,13 @@
-"""Privacy-cost arithmetic: (epsilon, delta) costs and their sequential composition.
+"""Privacy-cost arithmetic: (epsilon, delta) and zCDP costs and their sequential composition.
 
 Costs are exact rationals (fractions.Fraction of the floats the user wrote), so
 sums never drift below the truth; a float shown to a user is rounded up.
+
+A cost has three parts that compose by addition: pure/approximate epsilon,
+delta, and zCDP rho (Bun and Steinke 2016). An analyst's budget is an
+(epsilon, delta) pair; a total with rho > 0 is converted with the conversion of
+Canonne, Kamath and Steinke (2020), spending the delta the (epsilon, delta)
+part left over.
 """
 
 from __future__ import annotations
@@ -36,30 +42,80 @@ def round_down(value: Fraction) -> float:
 
 @dataclass(frozen=True, order=False)
 class Cost:
-    """An (epsilon, delta) privacy cost; composition is addition (basic composition)."""
+    """A privacy cost: (epsilon, delta) plus zCDP rho; composition is addition."""
 
     epsilon: Fraction = Fraction(0)
     delta: Fraction = Fraction(0)
+    rho: Fraction = Fraction(0)
 
     @classmethod
-    def of(cls, epsilon: float | Fraction = 0, delta: float | Fraction = 0) -> Cost:
-        return cls(_exact(epsilon, "epsilon"), _exact(delta, "delta"))
+    def of(
+        cls, epsilon: float | Fraction = 0, delta: float | Fraction = 0, rho: float | Fraction = 0
+    ) -> Cost:
+        return cls(_exact(epsilon, "epsilon"), _exact(delta, "delta"), _exact(rho, "rho"))
 
     def __add__(self, other: Cost) -> Cost:
-        return Cost(self.epsilon + other.epsilon, self.delta + other.delta)
+        return Cost(self.epsilon + other.epsilon, self.delta + other.delta, self.rho + other.rho)
 
     def __sub__(self, other: Cost) -> Cost:
-        return Cost(self.epsilon - other.epsilon, self.delta - other.delta)
+        return Cost(self.epsilon - other.epsilon, self.delta - other.delta, self.rho - other.rho)
 
     def fits_within(self, budget: Cost) -> bool:
-        return self.epsilon <= budget.epsilon and self.delta <= budget.delta
+        """Whether this total is within an (epsilon, delta) budget, rho converted."""
+        if not self.rho:
+            return self.epsilon <= budget.epsilon and self.delta <= budget.delta
+        delta_left = budget.delta - self.delta
+        if delta_left <= 0:
+            return False
+        return self.epsilon + zcdp_epsilon(self.rho, delta_left) <= budget.epsilon
+
+    def approximate(self, delta_budget: Fraction) -> tuple[Fraction, Fraction]:
+        """The (epsilon, delta) this cost amounts to when rho may use the rest of `delta_budget`."""
+        if not self.rho:
+            return self.epsilon, self.delta
+        return self.epsilon + zcdp_epsilon(self.rho, delta_budget - self.delta), delta_budget
 
     def split(self, parts: int) -> Cost:
         """An equal share of this cost for each of `parts` measurements."""
-        return Cost(self.epsilon / parts, self.delta / parts)
+        return Cost(self.epsilon / parts, self.delta / parts, self.rho / parts)
 
     def __str__(self) -> str:
-        return f"epsilon={float(self.epsilon):.10g}, delta={float(self.delta):.4g}"
+        text = f"epsilon={float(self.epsilon):.10g}, delta={float(self.delta):.4g}"
+        return text + (f", rho={float(self.rho):.6g}" if self.rho else "")
+
+
+def zcdp_epsilon(rho: Fraction, delta: Fraction) -> Fraction:
+    """An epsilon such that rho-zCDP implies (epsilon, delta)-DP; never an underestimate.
+
+    Canonne, Kamath and Steinke (2020), Proposition 12: for every alpha > 1,
+    epsilon = alpha*rho + (log(1/delta) + (alpha-1) log(1-1/alpha) - log(alpha)) / (alpha-1).
+    Every alpha gives a valid bound, so an imperfect minimum is only a little
+    conservative; the float result is rounded up by a relative 1e-9 to cover
+    rounding in its evaluation.
+    """
+    if rho <= 0:
+        return Fraction(0)
+    if not 0 < delta < 1:
+        raise ValueError(f"converting zCDP needs 0 < delta < 1, got {float(delta)}")
+    r, log_inv_delta = float(rho), -math.log(float(delta))
+
+    def bound(alpha: float) -> float:
+        return alpha * r + (
+            log_inv_delta + (alpha - 1) * math.log1p(-1 / alpha) - math.log(alpha)
+        ) / (alpha - 1)
+
+    # The classic bound's optimum, alpha = 1 + sqrt(log(1/delta)/rho), is close
+    # to this one's; a golden-section search on log(alpha - 1) refines it.
+    lo, hi = math.log(1e-6), math.log(1e6 + math.sqrt(log_inv_delta / r))
+    golden = (math.sqrt(5) - 1) / 2
+    for _ in range(200):
+        a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
+        if bound(1 + math.exp(a)) <= bound(1 + math.exp(b)):
+            hi = b
+        else:
+            lo = a
+    best = min(bound(1 + math.exp(lo)), r + 2 * math.sqrt(r * log_inv_delta))
+    return Fraction(best * (1 + 1e-9))
 
 
 def total(costs: list[Cost]) -> Cost:

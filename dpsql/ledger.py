@@ -391,6 +391,32 @@ class Ledger:
             ).fetchone()
         return stored
 
+    def stored_releases(self, analyst: str, prefix: str) -> dict[str, str]:
+        """Every stored payload of `analyst` whose fingerprint starts with `prefix`.
+
+        Plans that keep state (a range synopsis, a running stream) store it under
+        fingerprints of their own, e.g. ``synopsis:<table>.<column>:...``.
+        """
+        escaped = _check_text(prefix, "prefix").replace("!", "!!").replace("%", "!%")
+        rows = self._read(
+            "SELECT fingerprint, payload FROM releases WHERE analyst = ? "
+            "AND fingerprint LIKE ? ESCAPE '!' ORDER BY fingerprint",
+            (_check_text(analyst, "analyst"), escaped.replace("_", "!_") + "%"),
+        )
+        return dict(rows)
+
+    def forget_release(self, analyst: str, fingerprint: str) -> bool:
+        """Drop one stored payload (`dpsql synopsis drop`); charges stay. True if it existed."""
+        _check_text(analyst, "analyst")
+        _check_text(fingerprint, "fingerprint")
+        with self._write() as conn:
+            return bool(
+                conn.execute(
+                    "DELETE FROM releases WHERE analyst = ? AND fingerprint = ?",
+                    (analyst, fingerprint),
+                ).rowcount
+            )
+
     def clear_cache(self) -> int:
         """Drop every cached release (the data changed); return how many. Charges stay."""
         with self._write() as conn:

@@ -30,9 +30,42 @@ MECHANISMS = ("laplace",)
 
 _TOP_KEYS = {"version", "defaults", "analysts", "tables", "ledger", "data_version"}
 _DEFAULT_KEYS = {"epsilon_per_query", "delta", "mechanism"}
-_ANALYST_KEYS = {"epsilon", "delta"}
+_ANALYST_KEYS = {"epsilon", "delta", "password"}
 _TABLE_KEYS = {"privacy_unit", "max_groups_per_unit", "max_rows_per_unit", "columns"}
-_COLUMN_KEYS = {"type", "private", "lower", "upper", "values", "public", "nullable"}
+_COLUMN_KEYS = {
+    "type", "private", "lower", "upper", "values", "public", "nullable", "synopsis", "continual",
+}  # fmt: skip
+_SYNOPSIS_KEYS = {"bin", "branching", "epsilon", "delta", "mechanism"}
+_CONTINUAL_KEYS = {"step", "epsilon", "delta", "mechanism"}
+SYNOPSIS_MECHANISMS = ("laplace", "gaussian")
+CONTINUAL_MECHANISMS = ("binary", "factorization")
+_TIME_UNITS = {"day": dt.timedelta(days=1), "hour": dt.timedelta(hours=1)}
+
+
+@dataclass(frozen=True)
+class SynopsisSpec:
+    """A range-count synopsis declared on a column: bins of `bin`, a `branching`-ary tree.
+
+    `bin` is a number for int/float columns and a timedelta for dates and
+    timestamps. `mechanism` is 'laplace' (pure epsilon) or 'gaussian' (zCDP,
+    converted with `delta`).
+    """
+
+    bin: Any
+    epsilon: float
+    branching: int = 16
+    delta: float = 0.0
+    mechanism: str = "laplace"
+
+
+@dataclass(frozen=True)
+class ContinualSpec:
+    """Running totals over a column's domain in steps of `step` (the horizon is the domain)."""
+
+    step: Any
+    epsilon: float
+    delta: float = 0.0
+    mechanism: str = "binary"
 
 
 @dataclass(frozen=True)
@@ -46,6 +79,8 @@ class Column:
     upper: Any = None
     values: tuple[Any, ...] | None = None
     public: bool = False
+    synopsis: SynopsisSpec | None = None
+    continual: ContinualSpec | None = None
 
     @property
     def bounded(self) -> bool:
@@ -95,6 +130,8 @@ class Policy:
     data_version: str = ""
     source: str = "<policy>"
     digest: str = field(default="", compare=False)
+    # analyst -> SCRAM-SHA-256 verifier ("SCRAM-SHA-256$<iterations>:<salt>$<key>:<key>")
+    credentials: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def table(self, name: str) -> Table | None:
         """The table whose (possibly schema-qualified) key is `name`, case-insensitively."""
@@ -212,7 +249,8 @@ def _build(document: dict, source: str) -> Policy:
     if document.get("version", 1) != 1:
         raise read.fail("version", "only policy version 1 exists; write 'version: 1'")
     defaults = _defaults(read, read.mapping(document.get("defaults"), "defaults"))
-    analysts = _analysts(read, read.mapping(document.get("analysts"), "analysts"))
+    raw_analysts = read.mapping(document.get("analysts"), "analysts")
+    analysts = _analysts(read, raw_analysts)
     raw_tables = read.mapping(document.get("tables"), "tables")
     if not raw_tables:
         raise read.fail(
@@ -234,6 +272,7 @@ def _build(document: dict, source: str) -> Policy:
         data_version=str(document.get("data_version", "")),
         source=source,
         digest=digest,
+        credentials=_credentials(read, raw_analysts),
     )
 
 
@@ -275,6 +314,22 @@ def _analysts(read: _Reader, spec: dict) -> dict[str, Cost]:
             read.probability(budget.get("delta", 0.0), f"{key}.delta"),
         )
     return analysts
+
+
+def _credentials(read: _Reader, spec: dict) -> dict[str, str]:
+    credentials = {}
+    for name, entry in spec.items():
+        verifier = entry.get("password")
+        if verifier is None:
+            continue
+        if not isinstance(verifier, str) or not verifier.startswith("SCRAM-SHA-256$"):
+            raise read.fail(
+                f"analysts.{name}.password",
+                "must be a SCRAM-SHA-256 verifier, never a plain password; create one with "
+                "'dpsql passwd <analyst>'",
+            )
+        credentials[str(name)] = verifier
+    return credentials
 
 
 def _table(read: _Reader, name: str, spec: dict) -> Table:
@@ -351,7 +406,88 @@ def _column(read: _Reader, name: str, spec: dict, key: str) -> Column:
         upper=upper,
         values=values,
         public=public,
+        synopsis=_synopsis(read, spec.get("synopsis"), kind, lower, f"{key}.synopsis"),
+        continual=_continual(read, spec.get("continual"), kind, lower, f"{key}.continual"),
     )
+
+
+def _ordered_domain(read: _Reader, kind: str, lower: Any, key: str) -> None:
+    if kind not in ("int", "float", "date", "timestamp"):
+        raise read.fail(key, f"needs an int, float, date or timestamp column, not {kind}")
+    if lower is None:
+        raise read.fail(key, "needs the column's 'lower' and 'upper' (the domain it covers)")
+
+
+def _synopsis(read: _Reader, raw: Any, kind: str, lower: Any, key: str) -> SynopsisSpec | None:
+    if raw is None:
+        return None
+    spec = read.mapping(raw, key)
+    read.known_keys(spec, _SYNOPSIS_KEYS, key)
+    _ordered_domain(read, kind, lower, key)
+    mechanism = _choice(read, spec.get("mechanism", "laplace"), SYNOPSIS_MECHANISMS, key)
+    branching = spec.get("branching", 16)
+    if isinstance(branching, bool) or not isinstance(branching, int) or branching < 2:
+        raise read.fail(f"{key}.branching", f"must be a whole number >= 2, got {branching!r}")
+    return SynopsisSpec(
+        bin=_width(read, spec.get("bin", 1), kind, f"{key}.bin"),
+        epsilon=_required_epsilon(read, spec, key),
+        branching=branching,
+        delta=_mechanism_delta(read, spec, mechanism == "gaussian", key),
+        mechanism=mechanism,
+    )
+
+
+def _continual(read: _Reader, raw: Any, kind: str, lower: Any, key: str) -> ContinualSpec | None:
+    if raw is None:
+        return None
+    spec = read.mapping(raw, key)
+    read.known_keys(spec, _CONTINUAL_KEYS, key)
+    _ordered_domain(read, kind, lower, key)
+    mechanism = _choice(read, spec.get("mechanism", "binary"), CONTINUAL_MECHANISMS, key)
+    return ContinualSpec(
+        step=_width(read, spec.get("step", 1), kind, f"{key}.step"),
+        epsilon=_required_epsilon(read, spec, key),
+        delta=_mechanism_delta(read, spec, mechanism == "factorization", key),
+        mechanism=mechanism,
+    )
+
+
+def _choice(read: _Reader, value: Any, allowed: tuple[str, ...], key: str) -> str:
+    if value not in allowed:
+        raise read.fail(f"{key}.mechanism", f"must be one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
+def _required_epsilon(read: _Reader, spec: dict, key: str) -> float:
+    if "epsilon" not in spec:
+        raise read.fail(key, "missing 'epsilon' (what building it costs), e.g. epsilon: 1.0")
+    return read.positive(spec["epsilon"], f"{key}.epsilon")
+
+
+def _mechanism_delta(read: _Reader, spec: dict, needs_delta: bool, key: str) -> float:
+    if not needs_delta:
+        if "delta" in spec:
+            raise read.fail(f"{key}.delta", "only a zCDP mechanism takes a delta; remove it")
+        return 0.0
+    if "delta" not in spec:
+        raise read.fail(key, "a zCDP mechanism needs 'delta' for the conversion, e.g. 1.0e-9")
+    return read.probability(spec["delta"], f"{key}.delta")
+
+
+def _width(read: _Reader, value: Any, kind: str, key: str) -> Any:
+    """A bin or step width: a positive number, or '<n> day(s)|hour(s)' for dates and times."""
+    if kind in NUMERIC_TYPES:
+        width = read.positive(value, key)
+        if kind == "int" and not float(width).is_integer():
+            raise read.fail(key, f"must be a whole number for an int column, got {value!r}")
+        return int(width) if kind == "int" else width
+    count, _, unit = str(value).strip().partition(" ")
+    unit = unit.strip().lower().removesuffix("s")
+    if not count.isdigit() or int(count) < 1 or unit not in _TIME_UNITS:
+        raise read.fail(key, f"must be like '1 day' or '6 hours', got {value!r}")
+    if kind == "date" and unit == "hour":
+        raise read.fail(key, "a date column has bins of whole days, e.g. '1 day'")
+    return int(count) * _TIME_UNITS[unit]
 
 
 def _bound(read: _Reader, value: Any, kind: str, key: str) -> Any:

@@ -26,7 +26,7 @@ from dpsql.errors import InterfaceError, ProgrammingError, QueryRefused
 from dpsql.ledger import Ledger
 from dpsql.mechanisms.samplers import secure_generator
 from dpsql.policy import MECHANISMS, Policy
-from dpsql.sql import plan_query
+from dpsql.sql import PlanContext, plan_query
 from dpsql.sql.check import refuse_statement
 from dpsql.sql.parse import Statement, parse_statement
 from dpsql.sql.plan import Accuracy, Options, Plan, Release
@@ -96,15 +96,23 @@ class Session:
     def plan(self, tree: Any) -> Plan:
         with self._rng_lock:
             secret = int(self._rng.integers(0, 2**62))
-        return plan_query(
-            tree, self.policy, self.options, self.adapter.dialect, secret, self.unique_units
+        context = PlanContext(
+            self.policy,
+            self.options,
+            self.adapter.dialect,
+            secret,
+            self.unique_units,
+            _AnalystState(self.ledger, self.analyst),
         )
+        return plan_query(tree, context)
 
     def _answer(self, tree: Any) -> Release:
         plan = self.plan(tree)
-        if not plan.cost.epsilon and not plan.cost.delta:
-            columns, rows = self.adapter.execute(plan.sql)
-            return plan.release(columns, rows, self._rng)
+        if not plan.cost.epsilon and not plan.cost.delta and not plan.cost.rho:
+            # Free: a statement without a table, or one answered from stored state.
+            columns, rows = self.adapter.execute(plan.sql) if plan.sql else ([], [])
+            with self._rng_lock:
+                return self._keep_state(plan.release(columns, rows, self._rng))
         fingerprint = self._fingerprint(tree)
         cached = self.ledger.cached_release(self.analyst, fingerprint)
         if cached is not None:
@@ -114,9 +122,15 @@ class Session:
         self.ledger.charge(self.analyst, plan.cost, self.total, fingerprint)
         columns, rows = self.adapter.execute(plan.sql)
         with self._rng_lock:
-            release = plan.release(columns, rows, self._rng)
+            release = self._keep_state(plan.release(columns, rows, self._rng))
         stored = self.ledger.store_release(self.analyst, fingerprint, _encode(release))
         return _decode(stored)
+
+    def _keep_state(self, release: Release) -> Release:
+        """Persist the state a release built (a synopsis, a stream's steps); first writer wins."""
+        for key, payload in release.state.items():
+            self.ledger.store_release(self.analyst, key, payload)
+        return release
 
     def _fingerprint(self, tree: Any) -> str:
         text = json.dumps(
@@ -186,6 +200,20 @@ class Session:
             "only dpsql settings can be shown",
             "write SHOW dpsql.budget, SHOW dpsql.epsilon, SHOW dpsql.delta or SHOW dpsql.mechanism",
         )
+
+
+@dataclass(frozen=True)
+class _AnalystState:
+    """The analyst's stored state in the ledger, as the planners read it."""
+
+    ledger: Ledger
+    analyst: str
+
+    def get(self, key: str) -> str | None:
+        return self.ledger.cached_release(self.analyst, key)
+
+    def find(self, prefix: str) -> dict[str, str]:
+        return self.ledger.stored_releases(self.analyst, prefix)
 
 
 def _number(value: Any, name: str) -> float:

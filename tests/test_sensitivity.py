@@ -15,7 +15,7 @@ import pytest
 from conftest import load_pums, pums_policy
 
 from dpsql.policy import load_policy
-from dpsql.sql import Options, plan_query
+from dpsql.sql import Options, PlanContext, plan_query
 from dpsql.sql.parse import parse_statement
 
 SHAPES = [
@@ -100,11 +100,7 @@ def _plans(shapes, table, policy, unique_units=frozenset()):
     return [
         plan_query(
             parse_statement(shape.format(t=table), "duckdb").tree,
-            policy,
-            options,
-            "duckdb",
-            seed=11,
-            unique_units=unique_units,
+            PlanContext(policy, options, "duckdb", seed=11, unique_units=unique_units),
         )
         for shape in shapes
     ]

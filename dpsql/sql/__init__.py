@@ -2,36 +2,79 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from sqlglot import exp
 
-from dpsql.policy import Policy
+from dpsql.policy import Policy, Table
 from dpsql.sql.analyze import analyze
 from dpsql.sql.check import check_query
 from dpsql.sql.plan import ConstantPlan, DirectPlan, Options, Plan
 
 
-def plan_query(
-    select: exp.Select,
-    policy: Policy,
-    options: Options,
-    dialect: str,
-    seed: int,
-    unique_units: frozenset[str] = frozenset(),
-) -> Plan:
+class StoredState(Protocol):
+    """Read access to what earlier releases stored (the analyst's part of the ledger)."""
+
+    def get(self, key: str) -> str | None: ...
+
+    def find(self, prefix: str) -> dict[str, str]: ...
+
+
+class _NothingStored:
+    def get(self, key: str) -> str | None:
+        return None
+
+    def find(self, prefix: str) -> dict[str, str]:
+        return {}
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """Everything a planner may use besides the query: policy, options, backend, secrets."""
+
+    policy: Policy
+    options: Options
+    dialect: str
+    seed: int  # secret per plan: keys the contribution-bounding hash
+    unique_units: frozenset[str] = frozenset()
+    stored: StoredState = field(default_factory=_NothingStored)
+
+
+# Planners for query shapes that have a plan of their own (range synopses,
+# running totals). Each returns None when the query is not its shape; the
+# first plan returned answers the query, else the direct plan does.
+SPECIAL_PLANNERS: tuple[Callable[[exp.Select, PlanContext], Plan | None], ...] = ()
+
+
+def plan_query(select: exp.Select, context: PlanContext) -> Plan:
     """The plan answering a parsed SELECT; raises QueryRefused when it cannot be protected.
 
-    `unique_units` names the tables (policy keys) whose privacy unit the database
-    keeps unique: there each unit has one row, so the bounds are 1 and the
-    rewrite needs no per-unit window.
+    `context.unique_units` names the tables (policy keys) whose privacy unit the
+    database keeps unique: there each unit has one row, so the bounds are 1 and
+    the rewrite needs no per-unit window.
     """
-    table = check_query(select, policy)
+    for planner in SPECIAL_PLANNERS:
+        plan = planner(select, context)
+        if plan is not None:
+            return plan
+    table = check_query(select, context.policy)
     if table is None:
-        return ConstantPlan(select.sql(dialect=dialect))
-    if table.privacy_unit and table.name.lower() in unique_units:
-        table = replace(table, max_groups_per_unit=1, max_rows_per_unit=1, unique_unit=True)
-    return DirectPlan(analyze(select, table), options, dialect, seed)
+        return ConstantPlan(select.sql(dialect=context.dialect))
+    return DirectPlan(
+        analyze(select, bounded_table(table, context)),
+        context.options,
+        context.dialect,
+        context.seed,
+    )
 
 
-__all__ = ["Options", "Plan", "plan_query"]
+def bounded_table(table: Table, context: PlanContext) -> Table:
+    """`table` with bounds of 1 when the database keeps its privacy unit unique."""
+    if table.privacy_unit and table.name.lower() in context.unique_units:
+        return replace(table, max_groups_per_unit=1, max_rows_per_unit=1, unique_unit=True)
+    return table
+
+
+__all__ = ["Options", "Plan", "PlanContext", "StoredState", "bounded_table", "plan_query"]

@@ -60,6 +60,9 @@ class Release:
     accuracy: dict[str, Accuracy] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     types: list[str] = field(default_factory=list)
+    # payloads for the Session to persist in the ledger under these keys (first
+    # writer wins): the state a stateful plan built, e.g. a range synopsis
+    state: dict[str, str] = field(default_factory=dict)
 
 
 class Plan(Protocol):
