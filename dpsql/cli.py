@@ -9,6 +9,7 @@ dpsql demo ./demo        # writes census.duckdb and policy.yaml to try other too
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -70,13 +71,14 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("directory", type=Path, help="folder to write into")
     demo.set_defaults(run=_run_demo)
 
-    try:
-        from dpsql.ldp.commands import register
-    except ImportError:  # the local-DP commands are optional
-        register = None
-    if register is not None:
-        register(commands)
+    for module in _COMMAND_MODULES:
+        importlib.import_module(module).register(commands)
     return parser
+
+
+# Modules that add commands of their own: each has `register(commands)`, which
+# adds its subparsers, so a feature's command line lives beside the feature.
+_COMMAND_MODULES = ("dpsql.ldp.commands",)
 
 
 def _add_connection_options(parser: argparse.ArgumentParser) -> None:
