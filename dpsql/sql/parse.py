@@ -149,7 +149,8 @@ def bind_parameters(
     tree: exp.Expression, parameters: Sequence[Any] | Mapping[str, Any] | None
 ) -> exp.Expression:
     """Replace `?`, `$1` and `:name` placeholders by literals; refuse leftovers."""
-    placeholders = [node for node in tree.walk() if isinstance(node, exp.Placeholder)]
+    # `$1` is a Placeholder in DuckDB's dialect and a Parameter in PostgreSQL's
+    placeholders = [node for node in tree.walk() if _is_placeholder(node)]
     if not placeholders:
         if parameters:
             raise InterfaceError(
@@ -162,7 +163,7 @@ def bind_parameters(
         )
     positional = 0
     for node in placeholders:
-        key = node.this
+        key = node.this.name if isinstance(node, exp.Parameter) else node.this
         if key is None:
             value, positional = _positional(parameters, positional), positional + 1
         elif str(key).isdigit():
@@ -173,6 +174,12 @@ def bind_parameters(
             value = parameters[key]
         node.replace(literal(value))
     return tree
+
+
+def _is_placeholder(node: exp.Expression) -> bool:
+    if isinstance(node, exp.Parameter):
+        return isinstance(node.this, exp.Literal) and node.this.name.isdigit()
+    return isinstance(node, exp.Placeholder)
 
 
 def _positional(parameters: Sequence[Any] | Mapping[str, Any], index: int) -> Any:

@@ -1,0 +1,12 @@
+"""`dpsql serve`: a PostgreSQL wire-protocol front end, so psql, psycopg, asyncpg,
+SQLAlchemy and pandas get private answers by changing only the connection string.
+
+protocol.py speaks the protocol (on pg-mimic), auth.py decides who gets in,
+statements.py runs each statement through the analyst's Session, values.py
+maps values to PostgreSQL types, introspection.py answers what clients ask
+about the server, sqlstate.py maps errors, runner.py starts it.
+"""
+
+from dpsql.server.runner import BackgroundServer, build, serve_forever
+
+__all__ = ["BackgroundServer", "build", "serve_forever"]

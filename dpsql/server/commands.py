@@ -1,0 +1,118 @@
+"""The `dpsql serve` and `dpsql passwd` commands."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+
+from dpsql.errors import InterfaceError
+
+SERVE_EPILOG = """examples:
+  dpsql serve --demo --trust                  # then: psql -h 127.0.0.1 -p 5433 -U default
+  dpsql passwd alice --users users.txt        # give analyst alice a password
+  dpsql serve --database pums.duckdb --policy policy.yaml --users users.txt \\
+      --host 0.0.0.0 --tls-cert server.crt --tls-key server.key
+
+Every connection authenticates as an analyst of the policy (the PostgreSQL user
+name) and is charged to that analyst's budget. After each noisy result the
+server sends a NOTICE 'dpsql accuracy' with the noise of each column as JSON."""
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    serve = commands.add_parser(
+        "serve", help="answer PostgreSQL clients (psql, psycopg, SQLAlchemy) with private results",
+        description="Speak the PostgreSQL wire protocol so existing tools change only their "
+        "connection string. Analysts log in with SCRAM-SHA-256 passwords from the policy "
+        "('analysts.<name>.password') or a --users file written by 'dpsql passwd'.",
+        epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    source = serve.add_argument_group("what to serve")
+    source.add_argument("--demo", action="store_true",
+                        help="serve the built-in synthetic census table ('census')")  # fmt: skip
+    source.add_argument("--database", help="DuckDB database file")
+    source.add_argument("--policy", help="privacy policy YAML file")
+    source.add_argument("--ledger", help="budget ledger (default: from the policy)")
+    network = serve.add_argument_group("network and security")
+    network.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
+    )
+    network.add_argument("--port", type=int, default=5433, help="port (default: %(default)s)")
+    network.add_argument("--users", help="users file of 'analyst:SCRAM-SHA-256$...' lines")
+    network.add_argument("--tls-cert", help="PEM certificate: clients may then use sslmode=require")
+    network.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    network.add_argument("--trust", action="store_true",
+                         help="no passwords (any analyst of the policy may connect); only "
+                         "allowed on a loopback --host")  # fmt: skip
+    network.add_argument("--workers", type=int, default=8,
+                         help="threads running queries (default: %(default)s)")  # fmt: skip
+    serve.set_defaults(run=_run_serve)
+
+    passwd = commands.add_parser(
+        "passwd", help="set an analyst's password for dpsql serve",
+        description="Ask for a password twice and store its SCRAM-SHA-256 verifier (never the "
+        "password) in a users file, or print it for the policy's 'analysts.<name>.password'.",
+    )  # fmt: skip
+    passwd.add_argument("analyst", help="the analyst's name, as in the policy")
+    passwd.add_argument("--users", help="users file to add to or update (created mode 0600)")
+    passwd.add_argument("--password-stdin", action="store_true",
+                        help="read the password from standard input (for scripts)")  # fmt: skip
+    passwd.set_defaults(run=_run_passwd)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from dpsql.server.auth import read_users
+    from dpsql.server.protocol import tls_context
+    from dpsql.server.runner import build, serve_forever
+
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise SystemExit("dpsql serve: give both --tls-cert and --tls-key, or neither")
+    tls = tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
+    users = read_users(args.users) if args.users else None
+    connection = _open(args)
+    try:
+        server = build(connection, host=args.host, users=users, trust=args.trust, tls=tls,
+                       workers=args.workers)  # fmt: skip
+    except Exception:
+        connection.close()
+        raise
+    serve_forever(server, args.host, args.port, ready=lambda line: print(line, flush=True))
+    return 0
+
+
+def _open(args: argparse.Namespace):
+    import dpsql
+    from dpsql.policy import load_policy
+
+    if args.demo:
+        from dpsql import demo
+
+        policy, database = load_policy(demo.DEMO_POLICY), demo.demo_connection()
+        ledger = args.ledger or demo.demo_ledger_path()
+    elif args.database and args.policy:
+        policy, database, ledger = load_policy(args.policy), args.database, args.ledger
+    else:
+        raise SystemExit(
+            "dpsql serve: give --database and --policy, or --demo for the built-in data"
+        )
+    # the connection's own analyst only opens the session; each client logs in as its own
+    return dpsql.connect(database, policy=policy, analyst=next(iter(policy.analysts)),
+                         ledger=ledger)  # fmt: skip
+
+
+def _run_passwd(args: argparse.Namespace) -> int:
+    from dpsql.server.auth import make_verifier, write_user
+
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        password = getpass.getpass(f"new password for {args.analyst}: ")
+        if getpass.getpass("again: ") != password:
+            raise InterfaceError("the passwords differ; nothing was written")
+    verifier = make_verifier(password)
+    if args.users:
+        write_user(args.users, args.analyst, verifier)
+        print(f"stored the verifier of {args.analyst} in {args.users}")
+    else:
+        print(f"add to the policy:\nanalysts:\n  {args.analyst}:\n    password: '{verifier}'")
+    return 0

@@ -1,0 +1,216 @@
+"""What clients ask a PostgreSQL server about itself, answered without reading data.
+
+pg-mimic's middleware answers `current_setting()`, `current_user`,
+information_schema, pg_catalog (psql's `\\dt`, `\\d pums`), asyncpg's type
+introspection and BEGIN/COMMIT/ROLLBACK; the links here add what it lacks
+for real clients: `version()` (SQLAlchemy reads it on connect), multi-word
+SHOW (`SHOW transaction isolation level`), savepoints, ordinary client SETs
+accepted and ignored, and the catalog of the policy's tables. `SET dpsql.*`
+and `SHOW dpsql.*` pass through to the Session. The schema is public; the
+data is not, and nothing here touches the database.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import sqlglot
+from pg_mimic import ResultColumn, StaticStatement
+from pg_mimic.middleware import (
+    MiddlewareContext,
+    asyncpg_typeinfo,
+    information_schema,
+    pg_catalog,
+    resolve,
+    session_functions,
+    set_show,
+    static_select,
+    transaction_control,
+)
+from pg_mimic.session import Portal, Statement
+from pg_mimic.types import TEXT
+from sqlglot import exp
+
+import dpsql
+from dpsql.policy import Policy
+
+SERVER_VERSION = "15.0"
+VERSION = f"PostgreSQL {SERVER_VERSION} (dpsql {dpsql.__version__}, differentially private)"
+
+# Settings a client may read with SHOW or current_setting(); dpsql is read-only.
+SETTINGS = {
+    "server_version": SERVER_VERSION,
+    "server_version_num": "150000",
+    "server_encoding": "UTF8",
+    "client_encoding": "UTF8",
+    "datestyle": "ISO, MDY",
+    "intervalstyle": "postgres",
+    "timezone": "UTC",
+    "integer_datetimes": "on",
+    "standard_conforming_strings": "on",
+    "search_path": '"$user", public',
+    "transaction_isolation": "read committed",
+    "default_transaction_isolation": "read committed",
+    "transaction_read_only": "on",
+    "default_transaction_read_only": "on",
+    "max_identifier_length": "63",
+    "is_superuser": "off",
+    "lc_collate": "C",
+    "lc_ctype": "C",
+}
+_SHOW_ALIASES = {"transaction_isolation_level": "transaction_isolation", "time_zone": "timezone"}
+
+# sqlglot reads `version()` as an anonymous function, so pg-mimic's session
+# functions miss it; it is replaced by its literal before evaluation.
+_VERSION_CALL = re.compile(r"(?:\bpg_catalog\s*\.\s*)?\bversion\s*\(\s*\)(\s+AS\b)?", re.I)
+_SAVEPOINT = re.compile(r"^\s*(SAVEPOINT|RELEASE|ROLLBACK\s+(?:WORK\s+|TRANSACTION\s+)?TO)\b", re.I)
+_NO_OP = re.compile(r"^\s*(DISCARD|DEALLOCATE|RESET|UNLISTEN|LISTEN|CLOSE)\b", re.IGNORECASE)
+_SET = re.compile(r"^\s*SET\b", re.IGNORECASE)
+_SHOW = re.compile(r"^\s*SHOW\s+(.+?)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
+_DPSQL_OPTION = re.compile(r"^\s*(?:SET|SHOW)\s+(?:SESSION\s+|LOCAL\s+)?\"?dpsql\.", re.I)
+
+_POLICY_TYPES = {
+    "int": "bigint", "float": "double precision", "string": "text", "bool": "boolean",
+    "date": "date", "timestamp": "timestamp",
+}  # fmt: skip
+
+
+def catalog_schema(policy: Policy) -> dict[str, dict[str, str]]:
+    """The policy's tables and column types, as pg-mimic's catalog emulation reads them."""
+    return {
+        table.name: {c.name: _POLICY_TYPES.get(c.type, "text") for c in table.columns.values()}
+        for table in policy.tables.values()
+    }
+
+
+async def savepoints(ctx: MiddlewareContext) -> Statement | None:
+    """SAVEPOINT, RELEASE and ROLLBACK TO are no-ops: dpsql never writes. Rolling back
+    to a savepoint leaves a failed transaction usable again, as in PostgreSQL."""
+    match = _SAVEPOINT.match(ctx.sql)
+    if match is None:
+        return None
+    connection = ctx.connection
+
+    def on_execute() -> None:
+        if connection.tx_status == b"E" and match.group(1).upper().startswith("ROLLBACK"):
+            connection.tx_status = b"T"
+
+    return StaticStatement(ctx.sql, None, [], on_execute)
+
+
+async def no_ops(ctx: MiddlewareContext) -> Statement | None:
+    """Session housekeeping that pools and drivers send (DISCARD ALL, DEALLOCATE, RESET)."""
+    return StaticStatement(ctx.sql, None, []) if _NO_OP.match(ctx.sql) else None
+
+
+async def settings(ctx: MiddlewareContext) -> Statement | None:
+    """SHOW <setting> (also multi-word) and SET of ordinary settings (accepted, ignored);
+    `dpsql.*` options go on to the Session."""
+    if _DPSQL_OPTION.match(ctx.sql):
+        return None
+    show = _SHOW.match(ctx.sql)
+    if show is not None:
+        name = re.sub(r"\s+", "_", show.group(1).strip('"').lower())
+        name = _SHOW_ALIASES.get(name, name)
+        value = ctx.connection.session_vars.get(name, "")
+        return StaticStatement(ctx.sql, [ResultColumn(name, TEXT)], [(value,)])
+    if _SET.match(ctx.sql):
+        return await set_show(ctx) or StaticStatement(ctx.sql, None, [])
+    return None
+
+
+async def server_functions(ctx: MiddlewareContext) -> Statement | None:
+    """Table-less SELECTs of version() (plain or pg_catalog-qualified)."""
+    if ctx.select_without_tables() is None or not _VERSION_CALL.search(ctx.sql):
+        return None
+    literal = "'" + VERSION.replace("'", "''") + "'"
+    sql = _VERSION_CALL.sub(lambda m: literal + (m.group(1) or " AS version"), ctx.sql)
+    return await static_select(MiddlewareContext(ctx.connection, sql, ctx.param_oids))
+
+
+_CATALOG_NAMES = re.compile(r"\b(pg_\w+|information_schema)\b", re.I)
+_PARAMETER = re.compile(r"\$\d+")
+
+
+async def catalog_with_parameters(ctx: MiddlewareContext) -> Statement | None:
+    """Catalog queries with `$n` parameters (SQLAlchemy's get_table_names, pandas' has_table):
+    pg-mimic evaluates catalog SQL when it is parsed, so these wait for their values."""
+    if not (_CATALOG_NAMES.search(ctx.sql) and _PARAMETER.search(ctx.sql)):
+        return None
+    return CatalogStatement(ctx.connection, ctx.sql, ctx.param_oids)
+
+
+class CatalogStatement(Statement):
+    """A catalog query answered once its parameters are bound."""
+
+    def __init__(self, connection: Any, sql: str, declared: list[int | None]):
+        self.connection = connection
+        self.sql = sql
+        self.tree = sqlglot.parse_one(sql, dialect="postgres")
+        count = max(int(p.group()[1:]) for p in _PARAMETER.finditer(sql))
+        self.param_oids = [oid or TEXT for oid in declared] + [TEXT] * (count - len(declared))
+
+    async def describe(self) -> list[ResultColumn] | None:
+        return await CatalogPortal(self, [None] * len(self.param_oids)).run()
+
+    def bind(self, params: list[Any]) -> CatalogPortal:
+        return CatalogPortal(self, params)
+
+
+class CatalogPortal(Portal):
+    def __init__(self, statement: CatalogStatement, params: list[Any]):
+        self.statement = statement
+        self.params = params
+        self.portal: Portal | None = None
+
+    async def run(self) -> list[ResultColumn] | None:
+        """Evaluate the catalog query with the values in place; return its columns."""
+        tree = _in_lists(_bind(self.statement.tree.copy(), self.params))
+        answered = await resolve(
+            self.statement.connection, tree.sql(dialect="postgres"), [], _CATALOG_LINKS
+        )
+        if answered is None:
+            answered = StaticStatement(self.statement.sql, None, [])
+        self.portal = answered.bind([])
+        return await answered.describe()
+
+    async def execute(self, max_rows: int) -> tuple[list[tuple], bool]:
+        if self.portal is None:
+            await self.run()
+        return await self.portal.execute(max_rows)
+
+
+def _bind(tree: exp.Expression, params: list[Any]) -> exp.Expression:
+    for node in list(tree.find_all(exp.Parameter, exp.Placeholder)):
+        text = node.this.name if isinstance(node.this, exp.Expression) else str(node.this or "")
+        if text.isdigit() and int(text) <= len(params):
+            value = params[int(text) - 1]
+            node.replace(exp.null() if value is None else exp.Literal.string(str(value)))
+    return tree
+
+
+def _in_lists(tree: exp.Expression) -> exp.Expression:
+    """`x = ANY (ARRAY[...])` as `x IN (...)`: sqlglot's executor cannot run ANY."""
+    for node in list(tree.find_all(exp.EQ)):
+        right = node.expression
+        array = right.this.this if isinstance(right, exp.Any) else None
+        if isinstance(array, exp.Array):
+            node.replace(exp.In(this=node.this, expressions=array.expressions))
+    return tree
+
+
+_CATALOG_LINKS = (information_schema, pg_catalog)
+
+MIDDLEWARE: tuple[Any, ...] = (
+    savepoints,
+    transaction_control,
+    no_ops,
+    settings,
+    server_functions,
+    catalog_with_parameters,
+    session_functions,
+    information_schema,
+    asyncpg_typeinfo,
+    pg_catalog,
+)

@@ -1,0 +1,109 @@
+"""Starting and stopping a wire server: in the foreground (`dpsql serve`) or on a thread.
+
+`start()` builds the server from a DB-API connection (one adapter, policy and
+ledger for all clients) and binds it; `BackgroundServer` runs it on its own
+event loop in a daemon thread, for tests, benchmarks and notebooks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import ssl
+import threading
+from collections.abc import Mapping
+
+from dpsql.dbapi import Connection
+from dpsql.errors import InterfaceError
+from dpsql.server.auth import Authenticator, is_loopback
+from dpsql.server.protocol import WireServer
+from dpsql.server.statements import Backend
+
+
+def build(
+    connection: Connection,
+    *,
+    host: str = "127.0.0.1",
+    users: Mapping[str, str] | None = None,
+    trust: bool = False,
+    tls: ssl.SSLContext | None = None,
+    workers: int = 8,
+) -> WireServer:
+    """A wire server over `connection`'s database, policy and ledger (not yet listening).
+
+    `users` (analyst -> SCRAM verifier) adds to and overrides the policy's
+    `password` entries; `trust` lets analysts in without a password and is
+    refused unless `host` is a loopback address.
+    """
+    if trust and not is_loopback(host):
+        raise InterfaceError(
+            f"--trust lets anyone connect without a password, so it is refused on {host!r}; "
+            "bind to 127.0.0.1 (or ::1), or give analysts passwords with 'dpsql passwd'"
+        )
+    backend = Backend(connection, workers)
+    policy = backend.policy
+    verifiers = {**policy.credentials, **(users or {})}
+    return WireServer(backend, Authenticator(policy.analysts, verifiers, trust), tls)
+
+
+async def listen(server: WireServer, host: str, port: int) -> int:
+    """Start listening; return the port (useful with port 0)."""
+    listening = await server.start_server(host, port, reuse_address=True)
+    return listening.sockets[0].getsockname()[1]
+
+
+async def shutdown(server: WireServer) -> None:
+    """Stop listening and end every connection's task (each closes its Session)."""
+    tasks = list(server._tasks)  # pg-mimic keeps one task per connection
+    server.close()
+    if tasks:
+        await asyncio.wait(tasks, timeout=5)
+
+
+def serve_forever(server: WireServer, host: str, port: int, ready: callable = print) -> None:
+    """Listen until interrupted (Ctrl-C or SIGTERM), then close connections and the backend."""
+
+    async def main() -> None:
+        bound = await listen(server, host, port)
+        ready(f"dpsql serve: listening on {host}:{bound}")
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+        await shutdown(server)
+
+    try:
+        asyncio.run(main())
+    finally:
+        server.backend.close()
+
+
+class BackgroundServer:
+    """A wire server on its own event loop in a daemon thread; use as a context manager."""
+
+    def __init__(self, server: WireServer, host: str = "127.0.0.1", port: int = 0):
+        self.server = server
+        self.host = host
+        self.loop = asyncio.new_event_loop()
+        self.port = port
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def __enter__(self) -> BackgroundServer:
+        self._thread.start()
+        future = asyncio.run_coroutine_threadsafe(
+            listen(self.server, self.host, self.port), self.loop
+        )
+        self.port = future.result(timeout=30)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        asyncio.run_coroutine_threadsafe(shutdown(self.server), self.loop).result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.server.backend.close()

@@ -1,0 +1,214 @@
+"""One wire connection's statements and portals, run through that analyst's Session.
+
+pg-mimic drives a Statement/Portal interface for both the simple and the
+extended protocol; here a statement that is not introspection becomes a
+`PrivateStatement`, whose portal runs `Session.execute` in the server's
+thread pool (it blocks: planning, the ledger's fsync, the database) so the
+event loop keeps serving other clients. A statement runs once per portal, at
+Bind (or at a parameterless Describe): its columns are only known from the
+release, and the release is what is charged. After a noisy release the
+portal sends a NoticeResponse `dpsql accuracy` whose detail is JSON
+{column: {mechanism, scale, interval95, sensitivity}}; `dpsql shell` reads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import sqlglot
+from pg_mimic import PgError, ResultColumn
+from pg_mimic import Session as MimicSession
+from pg_mimic.messages import make_notice_response
+from pg_mimic.middleware import resolve
+from pg_mimic.session import Portal, Statement, drain_rows
+
+from dpsql.dbapi import Connection as DbapiConnection
+from dpsql.errors import Error, InterfaceError
+from dpsql.mechanisms.samplers import secure_generator
+from dpsql.server import introspection
+from dpsql.server.sqlstate import INTERNAL_ERROR, pg_error
+from dpsql.server.values import (
+    announced_columns,
+    convert,
+    parameter_oids,
+    python_value,
+    released_columns,
+)
+from dpsql.session import Session
+from dpsql.sql.plan import Release
+
+_logger = logging.getLogger(__name__)
+ACCURACY_NOTICE = "dpsql accuracy"
+
+
+class Backend:
+    """What every connection shares: one adapter, policy and ledger, and the thread pool."""
+
+    def __init__(self, connection: DbapiConnection, workers: int = 8):
+        template = connection.session
+        if type(template._rng.bit_generator) is not type(secure_generator().bit_generator):
+            raise InterfaceError(
+                "refused to serve a connection opened with a fixed seed: noise must come "
+                "from the operating system when answers leave the process (DESIGN section 5); "
+                "open it without seed="
+            )
+        self.connection = connection
+        self.adapter, self.policy, self.ledger = template.adapter, template.policy, template.ledger
+        self.schema = introspection.catalog_schema(self.policy)
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="dpsql-wire")
+
+    def open_session(self, analyst: str) -> Session:
+        return Session(self.adapter, self.policy, self.ledger, analyst)
+
+    async def run(self, function: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, function, *args)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.connection.close()
+
+
+class WireSession(MimicSession):
+    """pg-mimic's session for one connection: introspection first, then the analyst's Session."""
+
+    middleware = introspection.MIDDLEWARE
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self.session: Session | None = None
+
+    async def init(self, connection: Any) -> None:
+        await super().init(connection)
+        connection.session_vars.update(introspection.SETTINGS)
+        self.session = await self.backend.run(self.backend.open_session, connection.username)
+
+    async def schema(self) -> dict:
+        return self.backend.schema
+
+    async def prepare(self, sql: str, param_oids: list[int | None]) -> Statement:
+        answered = await resolve(self._connection, sql, param_oids, self.middleware)
+        return answered or PrivateStatement(self, sql, param_oids)
+
+    async def execute(self, sql: str, parameters: list[Any]) -> Release:
+        """Run one statement in the pool; dpsql errors become ErrorResponses."""
+        try:
+            return await self.backend.run(self.session.execute, sql, parameters or None)
+        except Error as exc:
+            raise pg_error(exc) from None
+        except PgError:
+            raise
+        except Exception:
+            # an unexpected error's text could quote a value: log it, send none of it
+            _logger.exception("internal error while running %r", sql[:200])
+            raise PgError(INTERNAL_ERROR, "internal error in dpsql; see the server log") from None
+
+    def notify(self, release: Release) -> None:
+        """Send the accuracy of a noisy release, and its notes, as NoticeResponses."""
+        if not release.accuracy:
+            return
+        detail = {
+            column: {
+                "mechanism": a.mechanism, "scale": a.scale,
+                "interval95": a.interval95, "sensitivity": a.sensitivity,
+            }
+            for column, a in release.accuracy.items()
+        }  # fmt: skip
+        write = self._connection.stream.write
+        write(_notice(ACCURACY_NOTICE, json.dumps(detail)))
+        for note in release.notes:
+            write(_notice(note))
+
+
+def _notice(message: str, detail: str | None = None) -> bytes:
+    fields = {"S": "NOTICE", "V": "NOTICE", "C": "00000", "M": message}
+    return make_notice_response(fields | ({"D": detail} if detail is not None else {}))
+
+
+class PrivateStatement(Statement):
+    """A statement for the Session: its parameters' types and, once known, its columns."""
+
+    def __init__(self, owner: WireSession, sql: str, declared: list[int | None]):
+        self.owner = owner
+        self.sql = sql
+        try:
+            self.tree = sqlglot.parse_one(sql, dialect="postgres")
+        except sqlglot.errors.SqlglotError:
+            self.tree = None  # the Session says what is wrong with it, at Bind
+        self.param_oids = parameter_oids(self.tree, owner.backend.policy, declared)
+        self.columns: list[ResultColumn] | None = None
+        self.described = False
+        self._early: Release | None = None
+
+    async def describe(self) -> list[ResultColumn] | None:
+        if self.described:
+            return self.columns
+        if self.param_oids:
+            # parameters are not bound yet: announce, and convert the release later
+            self.columns = announced_columns(self.tree, self.owner.backend.policy)
+        else:
+            self._early = await self.owner.execute(self.sql, [])
+            self.columns = _columns(self._early)
+        self.described = True
+        return self.columns
+
+    def bind(self, params: list[Any]) -> PrivatePortal:
+        values = [
+            python_value(oid, text) for oid, text in zip(self.param_oids, params, strict=True)
+        ]
+        early, self._early = self._early, None
+        return PrivatePortal(self, values, early)
+
+
+class PrivatePortal(Portal):
+    """A bound statement: runs once, then hands out its rows."""
+
+    def __init__(self, statement: PrivateStatement, values: list[Any], early: Release | None):
+        self.statement = statement
+        self.values = values
+        self.release = early
+        self.columns: list[ResultColumn] | None = None
+        self._rows: Any = None
+
+    async def run(self) -> list[ResultColumn] | None:
+        """Execute (once) and return the columns to describe the result with."""
+        if self._rows is not None:
+            return self.columns
+        owner = self.statement.owner
+        if self.release is None:
+            self.release = await owner.execute(self.statement.sql, self.values)
+        rows = self.release.rows
+        if self.statement.described and self.statement.columns is not None:
+            self.columns = self.statement.columns
+            rows = _converted(rows, self.columns)
+        else:
+            self.columns = _columns(self.release)
+        owner.notify(self.release)
+        self._rows = _iterate(rows)
+        return self.columns
+
+    async def execute(self, max_rows: int) -> tuple[list[tuple], bool]:
+        await self.run()
+        return await drain_rows(self._rows, max_rows)
+
+
+def _columns(release: Release) -> list[ResultColumn] | None:
+    return released_columns(release.columns, release.rows) if release.columns else None
+
+
+def _converted(rows: list[tuple], columns: list[ResultColumn]) -> list[tuple]:
+    if rows and len(rows[0]) != len(columns):
+        raise PgError(
+            INTERNAL_ERROR,
+            f"the statement was described with {len(columns)} columns but released "
+            f"{len(rows[0])}; prepare it again",
+        )
+    return [tuple(convert(v, c.oid) for v, c in zip(row, columns, strict=True)) for row in rows]
+
+
+async def _iterate(rows: list[tuple]) -> Any:
+    for row in rows:
+        yield row

@@ -1,0 +1,148 @@
+"""Real clients against the wire server: psql, psycopg 3, asyncpg, SQLAlchemy 2 and pandas.
+
+These double as the compatibility suite for the pinned pg-mimic: each one
+fails if an upgrade changes what a client sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+
+import pandas
+import psycopg
+import pytest
+import sqlalchemy
+
+QUERY = "SELECT sex, COUNT(*) AS n, AVG(income) AS income FROM pums GROUP BY sex ORDER BY sex"
+
+
+def _psql(served, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PGPASSWORD": "alice-secret", "PGCONNECT_TIMEOUT": "10"}
+    command = ["psql", "-X", "-h", "127.0.0.1", "-p", str(served.port), "-U", "alice", "pums"]
+    return subprocess.run(
+        command + list(args), input=stdin, capture_output=True, text=True, env=env, timeout=60
+    )
+
+
+def test_psql_command(served) -> None:
+    result = _psql(served, "-c", QUERY)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [name.strip() for name in lines[0].split("|")] == ["sex", "n", "income"]
+    assert "(2 rows)" in result.stdout
+    assert "NOTICE:  dpsql accuracy" in result.stderr
+    detail = json.loads(result.stderr.split("DETAIL:", 1)[1].strip().splitlines()[0])
+    assert set(detail) == {"n", "income"}
+    assert set(detail["n"]) == {"mechanism", "scale", "interval95", "sensitivity"}
+
+
+def test_psql_interactive_session(served) -> None:
+    script = "\\dt\n\\d pums\nSELECT COUNT(*) FROM pums WHERE age > 40;\n\\q\n"
+    result = _psql(served, stdin=script)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "List of relations" in out and "pums_pid" in out
+    assert 'Table "public.pums"' in out
+    assert "income  | double precision" in out
+    assert " count \n-------" in out and "(1 row)" in out
+
+
+def test_psql_refusal_exits_with_error(served) -> None:
+    result = _psql(served, "-v", "ON_ERROR_STOP=1", "-c", "SELECT age FROM pums")
+    assert result.returncode != 0
+    assert "ERROR:  refused" in result.stderr and "Instead:" in result.stderr
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_psycopg_with_and_without_parameters(served, binary: bool) -> None:
+    notices = []
+    with psycopg.connect(served.dsn(), autocommit=True) as conn:
+        # a Diagnostic is only valid inside the handler
+        conn.add_notice_handler(lambda n: notices.append((n.message_primary, n.message_detail)))
+        rows = conn.execute(QUERY, binary=binary).fetchall()
+        assert [r[0] for r in rows] == [0, 1]
+        assert all(isinstance(r[1], int) and isinstance(r[2], float) for r in rows)
+        count = conn.execute(
+            "SELECT COUNT(*) FROM pums WHERE age BETWEEN %s AND %s AND sex = %s",
+            (30, 50, 1), binary=binary,
+        ).fetchone()[0]  # fmt: skip
+        assert isinstance(count, int) and 0 < count < 1000
+    accuracy = [detail for message, detail in notices if message == "dpsql accuracy"]
+    assert len(accuracy) == 2
+    assert json.loads(accuracy[0])["n"]["sensitivity"] == 1.0
+
+
+def test_psycopg_errors_carry_sqlstate(served) -> None:
+    with psycopg.connect(served.dsn()) as conn:  # not autocommit: psycopg sends BEGIN
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="refused") as refused:
+            conn.execute("SELECT income FROM pums")
+        assert refused.value.sqlstate == "42501"
+        with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+            conn.execute("SELECT COUNT(*) FROM pums")
+        conn.rollback()
+        with pytest.raises(psycopg.errors.SyntaxError):
+            conn.execute("SELEC COUNT(*) FROM pums")
+        conn.rollback()
+        conn.execute("SAVEPOINT s1")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT * FROM pums")
+        conn.execute("ROLLBACK TO SAVEPOINT s1")
+        assert conn.execute("SELECT COUNT(*) FROM pums").fetchone()[0] > 0
+
+
+def test_psycopg_introspection_and_options(served) -> None:
+    with psycopg.connect(served.dsn(), autocommit=True) as conn:
+        assert conn.execute("SELECT version()").fetchone()[0].startswith("PostgreSQL 15")
+        assert conn.execute("SHOW transaction isolation level").fetchone() == ("read committed",)
+        assert conn.execute("SELECT current_setting('standard_conforming_strings')").fetchone() == (
+            "on",
+        )
+        conn.execute("SET application_name = 'test'")  # accepted and ignored
+        conn.execute("SET dpsql.epsilon = 0.25")
+        assert conn.execute("SHOW dpsql.epsilon").fetchone() == (0.25,)
+        plan = dict(conn.execute("EXPLAIN SELECT COUNT(*) FROM pums").fetchall())
+        assert "0.25" in plan["cost"]
+        budget = conn.execute("SHOW dpsql.budget").fetchone()
+        assert budget[0] == "alice"
+        names = conn.execute(
+            "SELECT table_name FROM information_schema.tables ORDER BY table_name"
+        ).fetchall()
+        assert ("pums",) in names
+
+
+def test_asyncpg(served) -> None:
+    asyncpg = pytest.importorskip("asyncpg")
+
+    async def run() -> tuple:
+        conn = await asyncpg.connect(served.url())
+        try:
+            rows = await conn.fetch(QUERY)
+            count = await conn.fetchval("SELECT COUNT(*) FROM pums WHERE age > $1", 40)
+            statement = await conn.prepare("SELECT AVG(income) AS m FROM pums WHERE sex = $1")
+            mean = await statement.fetchval(1)
+            return rows, count, mean, [p.name for p in statement.get_parameters()]
+        finally:
+            await conn.close()
+
+    rows, count, mean, parameters = asyncio.run(run())
+    assert [r["sex"] for r in rows] == [0, 1] and isinstance(rows[0]["n"], int)
+    assert isinstance(count, int) and isinstance(mean, float)
+    assert parameters == ["int8"]
+
+
+def test_sqlalchemy_and_pandas(served) -> None:
+    engine = sqlalchemy.create_engine(served.url(scheme="postgresql+psycopg"))
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                sqlalchemy.text("SELECT COUNT(*) AS n FROM pums WHERE age > :age"), {"age": 30}
+            ).all()
+            assert rows[0].n > 0
+            assert "pums" in sqlalchemy.inspect(conn).get_table_names()
+        frame = pandas.read_sql(sqlalchemy.text(QUERY), engine)
+        assert list(frame.columns) == ["sex", "n", "income"] and len(frame) == 2
+    finally:
+        engine.dispose()
