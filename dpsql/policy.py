@@ -31,7 +31,8 @@ MECHANISMS = ("laplace",)
 _TOP_KEYS = {"version", "defaults", "analysts", "tables", "ledger", "data_version"}
 _DEFAULT_KEYS = {"epsilon_per_query", "delta", "mechanism"}
 _ANALYST_KEYS = {"epsilon", "delta", "password"}
-_TABLE_KEYS = {"privacy_unit", "max_groups_per_unit", "max_rows_per_unit", "columns"}
+_TABLE_KEYS = {"privacy_unit", "max_groups_per_unit", "max_rows_per_unit", "columns", "local"}
+_LOCAL_KEYS = {"mechanism", "epsilon", "domain", "report", "value", "branching"}
 _COLUMN_KEYS = {
     "type", "private", "lower", "upper", "values", "public", "nullable", "synopsis", "continual",
 }  # fmt: skip
@@ -56,6 +57,23 @@ class SynopsisSpec:
     branching: int = 16
     delta: float = 0.0
     mechanism: str = "laplace"
+
+
+@dataclass(frozen=True)
+class LocalSpec:
+    """A table of local-DP reports: each row is one person's randomised report.
+
+    `report` is the column holding the report text (as `dpsql ldp perturb`
+    writes it); `value` is the name analysts use for the underlying value in
+    SQL (it is not a database column); `domain` is the public list of values.
+    """
+
+    mechanism: str
+    epsilon: float
+    domain: tuple[Any, ...]
+    report: str = "report"
+    value: str = "value"
+    branching: int = 4  # the 'hh' hierarchy only
 
 
 @dataclass(frozen=True)
@@ -106,6 +124,7 @@ class Table:
     max_groups_per_unit: int = 1
     max_rows_per_unit: int = 1
     unique_unit: bool = False  # the database enforces one row per unit (a key)
+    local: LocalSpec | None = None  # a table of local-DP reports
 
     def column(self, name: str) -> Column | None:
         """The declared column called `name`, matched case-insensitively as SQL does."""
@@ -163,6 +182,13 @@ class Policy:
                     "remove the entry",
                     source=self.source,
                     key=f"tables.{table.name}",
+                )
+            if table.local is not None and table.local.report.lower() not in actual:
+                raise PolicyError(
+                    f"report column '{table.local.report}' is not in table '{table.name}' "
+                    f"(it has: {', '.join(sorted(actual))}); name it with 'local: {{report: ...}}'",
+                    source=self.source,
+                    key=f"tables.{table.name}.local.report",
                 )
             for column in table.columns.values():
                 if column.name.lower() not in actual:
@@ -335,6 +361,8 @@ def _credentials(read: _Reader, spec: dict) -> dict[str, str]:
 def _table(read: _Reader, name: str, spec: dict) -> Table:
     key = f"tables.{name}"
     read.known_keys(spec, _TABLE_KEYS, key)
+    if "local" in spec:
+        return _local_table(read, name, spec, key)
     raw_columns = read.mapping(spec.get("columns"), f"{key}.columns")
     if not raw_columns:
         raise read.fail(f"{key}.columns", "declare the columns analysts may use")
@@ -371,6 +399,47 @@ def _table(read: _Reader, name: str, spec: dict) -> Table:
             "row is its own unit and both are 1",
         )
     return Table(name=name, columns=columns, privacy_unit=unit, **bounds)
+
+
+def _local_table(read: _Reader, name: str, spec: dict, key: str) -> Table:
+    # Imported here: the policy only needs the local-DP package to name its mechanisms.
+    from dpsql.ldp import MECHANISMS as LOCAL_MECHANISMS
+
+    extra = sorted(set(spec) - {"local"})
+    if extra:
+        raise read.fail(
+            f"{key}.{extra[0]}",
+            "a table of local reports takes only 'local: {...}': privacy was spent on the "
+            "clients, so it has no privacy unit, bounds or columns",
+        )
+    local = read.mapping(spec["local"], f"{key}.local")
+    read.known_keys(local, _LOCAL_KEYS, f"{key}.local")
+    mechanism = _choice(read, local.get("mechanism"), LOCAL_MECHANISMS, f"{key}.local")
+    domain = local.get("domain")
+    if isinstance(domain, dict) and set(domain) == {"lower", "upper"}:
+        domain = list(range(int(domain["lower"]), int(domain["upper"]) + 1))
+    if not isinstance(domain, list) or len(domain) < 2 or len(set(map(repr, domain))) < len(domain):
+        raise read.fail(
+            f"{key}.local.domain",
+            "must list the distinct values reports may hold (at least two), e.g. "
+            "'domain: [a, b, c]' or 'domain: {lower: 0, upper: 99}'",
+        )
+    names = {}
+    for part in ("report", "value"):
+        names[part] = local.get(part, part)
+        if not isinstance(names[part], str) or not names[part].isidentifier():
+            raise read.fail(f"{key}.local.{part}", f"must be a column name, got {names[part]!r}")
+    branching = local.get("branching", 4)
+    if isinstance(branching, bool) or not isinstance(branching, int) or branching < 2:
+        raise read.fail(f"{key}.local.branching", f"must be a whole number >= 2, got {branching!r}")
+    spec_local = LocalSpec(
+        mechanism=mechanism,
+        epsilon=_required_epsilon(read, local, f"{key}.local"),
+        domain=tuple(domain),
+        branching=branching,
+        **names,
+    )
+    return Table(name=name, columns={}, local=spec_local)
 
 
 def _column(read: _Reader, name: str, spec: dict, key: str) -> Column:

@@ -23,6 +23,7 @@ import numpy as np
 from dpsql.accounting import round_down, round_up
 from dpsql.adapters.base import Adapter
 from dpsql.errors import InterfaceError, ProgrammingError, QueryRefused
+from dpsql.ldp.postprocess import METHODS as LDP_METHODS
 from dpsql.ledger import Ledger
 from dpsql.mechanisms.samplers import secure_generator
 from dpsql.policy import MECHANISMS, Policy
@@ -30,6 +31,8 @@ from dpsql.sql import PlanContext, plan_query
 from dpsql.sql.check import refuse_statement
 from dpsql.sql.parse import Statement, parse_statement
 from dpsql.sql.plan import Accuracy, Options, Plan, Release
+
+_SETTABLE = ("dpsql.epsilon", "dpsql.delta", "dpsql.mechanism", "dpsql.ldp_postprocess")
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,7 @@ class Session:
     # -- options and budget -------------------------------------------------
 
     def set_option(self, name: str, value: Any) -> None:
-        """Set a per-session option: epsilon, delta or mechanism."""
+        """Set a per-session option: epsilon, delta, mechanism or ldp_postprocess."""
         name = name.lower().removeprefix("dpsql.")
         if name in ("epsilon", "delta"):
             number = _number(value, name)
@@ -164,11 +167,15 @@ class Session:
                     f"unknown mechanism {value!r}; choose one of: {', '.join(MECHANISMS)}"
                 )
             self.options = replace(self.options, mechanism=value)
+        elif name == "ldp_postprocess":
+            if value not in LDP_METHODS:
+                raise ProgrammingError(
+                    f"unknown local-DP post-processing {value!r}; choose one of: "
+                    f"{', '.join(LDP_METHODS)}"
+                )
+            self.options = replace(self.options, ldp_postprocess=value)
         else:
-            raise ProgrammingError(
-                f"unknown option dpsql.{name}; settable: dpsql.epsilon, dpsql.delta, "
-                "dpsql.mechanism"
-            )
+            raise ProgrammingError(f"unknown option dpsql.{name}; settable: {', '.join(_SETTABLE)}")
 
     def budget(self) -> Budget:
         spent = self.ledger.spent(self.analyst)
@@ -193,12 +200,12 @@ class Session:
             budget = self.budget()
             return Release(list(asdict(budget)), [tuple(asdict(budget).values())])
         option = key.removeprefix("dpsql.")
-        if key.startswith("dpsql.") and option in ("epsilon", "delta", "mechanism"):
+        if key in _SETTABLE:
             return Release([key], [(getattr(self.options, option),)])
         raise QueryRefused(
             f"SHOW {name}",
             "only dpsql settings can be shown",
-            "write SHOW dpsql.budget, SHOW dpsql.epsilon, SHOW dpsql.delta or SHOW dpsql.mechanism",
+            f"write SHOW dpsql.budget or SHOW one of {', '.join(_SETTABLE)}",
         )
 
 

@@ -11,6 +11,7 @@ from sqlglot import exp
 from dpsql.policy import Policy, Table
 from dpsql.sql.analyze import analyze
 from dpsql.sql.check import check_query
+from dpsql.sql.local import plan_local
 from dpsql.sql.plan import ConstantPlan, DirectPlan, Options, Plan
 
 
@@ -45,7 +46,7 @@ class PlanContext:
 # Planners for query shapes that have a plan of their own (range synopses,
 # running totals). Each returns None when the query is not its shape; the
 # first plan returned answers the query, else the direct plan does.
-SPECIAL_PLANNERS: tuple[Callable[[exp.Select, PlanContext], Plan | None], ...] = ()
+SPECIAL_PLANNERS: tuple[Callable[[exp.Select, PlanContext], Plan | None], ...] = (plan_local,)
 
 
 def plan_query(select: exp.Select, context: PlanContext) -> Plan:

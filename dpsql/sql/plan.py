@@ -38,6 +38,7 @@ class Options:
     epsilon: float
     delta: float
     mechanism: str = "laplace"
+    ldp_postprocess: str = "none"  # for tables of local reports: dpsql.ldp.METHODS
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,7 @@ class DirectPlan:
                 f"distinct units reaches {self.selection.tau}; groups below were suppressed"
             )
         values = [self._aggregate_values(agg, noisy) for agg in analysis.aggregates]
-        order = _key_order(keys)
+        order = key_order(keys)
         keys = [keys[i] for i in order]
         values = [column[order] if len(order) else column for column in values]
         result_columns, result_rows = project(analysis, keys, values)
@@ -312,7 +313,7 @@ def _normal(key: tuple) -> tuple:
     )
 
 
-def _key_order(keys: list[tuple]) -> np.ndarray:
+def key_order(keys: list[tuple]) -> np.ndarray:
     """Groups in ascending key order, NULLs last, so releases read predictably."""
 
     def sort_key(index: int) -> tuple:

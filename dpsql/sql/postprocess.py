@@ -16,7 +16,7 @@ from sqlglot import exp
 
 from dpsql.sql.analyze import KEY_PREFIX, VALUE_PREFIX, Analysis
 
-_RELEASED = "__dpsql_released"
+RELEASED = "__dpsql_released"
 _local = threading.local()
 
 
@@ -49,7 +49,7 @@ def _python_values(column: list | np.ndarray) -> list:
 def _evaluate(analysis: Analysis, columns: dict[str, list | np.ndarray]) -> list[tuple]:
     query = exp.select(
         *[out.expression.copy().as_(f"__dpsql_o{i}") for i, out in enumerate(analysis.outputs)]
-    ).from_(_RELEASED)
+    ).from_(RELEASED)
     if analysis.having is not None:
         query = query.where(analysis.having.copy())
     if analysis.order:
@@ -58,6 +58,11 @@ def _evaluate(analysis: Analysis, columns: dict[str, list | np.ndarray]) -> list
         query = query.limit(analysis.limit)
     if analysis.offset is not None:
         query = query.offset(analysis.offset)
+    return query_released(columns, query)
+
+
+def query_released(columns: dict[str, list | np.ndarray], query: exp.Select) -> list[tuple]:
+    """Run `query` (FROM the table RELEASED) over released or public columns."""
     arrays = {
         name: value if isinstance(value, np.ndarray) else np.array(value, dtype=object)
         for name, value in columns.items()
@@ -66,7 +71,7 @@ def _evaluate(analysis: Analysis, columns: dict[str, list | np.ndarray]) -> list
         return []
     cursor = _connection().cursor()
     try:
-        cursor.register(_RELEASED, arrays)
+        cursor.register(RELEASED, arrays)
         return cursor.execute(query.sql(dialect="duckdb")).fetchall()
     finally:
         cursor.close()

@@ -1,0 +1,228 @@
+"""Plans for tables of local-DP reports: de-biased estimates, no central budget.
+
+Each row of such a table is one person's report, randomised on their device
+with the table's epsilon (DESIGN section 4, `local:`), so every answer is
+post-processing of epsilon-LDP data and is free. The database counts the
+distinct reports (`GROUP BY report`); Python decodes them into one unbiased
+estimate per domain value (`dpsql.ldp`), applies `SET dpsql.ldp_postprocess`,
+and evaluates the query over the public domain: WHERE and GROUP BY may use any
+allowed expression of the value, since the domain is public. COUNT(*) is the
+estimated number of people, SUM(f(value)) is sum_v f(v) * estimate(v), AVG the
+ratio of the two.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+from sqlglot import exp
+
+from dpsql import ldp
+from dpsql.accounting import Cost
+from dpsql.errors import QueryRefused
+from dpsql.policy import Column, LocalSpec, Table
+from dpsql.sql.analyze import KEY_PREFIX, Aggregate, Analysis, Measurement, analyze
+from dpsql.sql.check import check_query
+from dpsql.sql.plan import Accuracy, Release, key_order
+from dpsql.sql.postprocess import RELEASED, project, query_released
+
+if TYPE_CHECKING:
+    from dpsql.sql import PlanContext
+
+Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
+
+
+def plan_local(select: exp.Select, context: PlanContext) -> LocalPlan | None:
+    """The plan for a query over a table of local reports; None for any other table."""
+    if select.args.get("from_") is None:
+        return None
+    table = check_query(select, context.policy)
+    if table is None or table.local is None:
+        return None
+    return LocalPlan(table, analyze(select, _value_table(table)), context)
+
+
+def _value_table(table: Table) -> Table:
+    """The table as analysts see it: one public column, the reported value."""
+    spec = table.local
+    domain = spec.domain
+    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in domain)
+    kind = ("int" if all(isinstance(v, int) for v in domain) else "float") if numeric else "string"
+    bounds = (min(domain), max(domain)) if numeric else (None, None)
+    value = Column(spec.value, kind, lower=bounds[0], upper=bounds[1], values=domain)
+    return replace(table, columns={spec.value.lower(): value})
+
+
+class LocalPlan:
+    """Estimates from local reports: the database counts reports, Python decodes them."""
+
+    cost = Cost()
+
+    def __init__(self, table: Table, analysis: Analysis, context: PlanContext):
+        self.spec: LocalSpec = table.local
+        self.analysis = analysis
+        self.method = context.options.ldp_postprocess
+        for measurement in analysis.measurements:
+            if measurement.kind == "count_units":
+                raise QueryRefused(
+                    "COUNT(DISTINCT ...) over local reports",
+                    "the reports carry no identity to count",
+                    "write COUNT(*): it estimates the number of people",
+                )
+        options = {"branching": self.spec.branching} if self.spec.mechanism == "hh" else {}
+        self.oracle = ldp.mechanism(
+            self.spec.mechanism, self.spec.epsilon, self.spec.domain, **options
+        )
+        report = exp.column(self.spec.report, quoted=True)
+        self.sql = (
+            exp.select(
+                exp.Cast(this=report, to=exp.DataType.build("text")).as_("report"),
+                exp.Count(this=exp.Star()).as_("reports"),
+            )
+            .from_(exp.to_table(table.name))
+            .where(exp.Not(this=exp.Is(this=report.copy(), expression=exp.Null())))
+            .group_by(exp.Literal.number(1))
+            .sql(dialect=context.dialect)
+        )
+
+    def release(self, columns: list[str], rows: list[tuple], rng: np.random.Generator) -> Release:
+        estimate, variance, n = self._estimate(rows)
+        keys, sums, variances = self._measure(estimate, variance)
+        values = [self._aggregate_values(agg, sums) for agg in self.analysis.aggregates]
+        order = key_order(keys)
+        keys = [keys[i] for i in order]
+        values = [v[order] if len(order) else v for v in values]
+        variances = [v[order] if len(order) else v for v in variances]
+        names, result = project(self.analysis, keys, values)
+        return Release(names, result, self._accuracy(variances), self._notes(n))
+
+    def _estimate(self, rows: list[tuple]) -> tuple[np.ndarray, np.ndarray, int]:
+        """Per domain value: the (post-processed) estimate and its variance; n reports."""
+        counts = np.array([int(row[1]) for row in rows], dtype=np.int64)
+        n = int(counts.sum())
+        if n == 0:
+            zeros = np.zeros(self.oracle.d)
+            return zeros, zeros, 0
+        try:
+            distinct = self.oracle.parse_reports([str(row[0]) for row in rows])
+        except (ValueError, IndexError) as exc:
+            raise QueryRefused(
+                f"the reports in column {self.spec.report}",
+                f"they are not {self.spec.mechanism} reports ({exc})",
+                "store the reports exactly as `dpsql ldp perturb` writes them",
+            ) from None
+        # The database counted each distinct report once; expanding by the count
+        # gives the oracle the report multiset its counting step expects.
+        aggregate = self.oracle.aggregate(np.repeat(distinct, counts, axis=0))
+        unbiased = self.oracle.estimate_from_counts(aggregate, n)
+        plug_in = np.clip(unbiased, 0, n)
+        variance = np.array([self.oracle.variance(n, float(c)) for c in plug_in])
+        return ldp.postprocess(unbiased, self.method, n), variance, n
+
+    def _measure(
+        self, estimate: np.ndarray, variance: np.ndarray
+    ) -> tuple[list[tuple], list[np.ndarray], list[np.ndarray]]:
+        """Per group: each measurement's estimate and variance, evaluated over the domain."""
+        analysis = self.analysis
+        value = exp.column(self.spec.value, quoted=True)
+        items = [
+            key.expression.copy().as_(f"{KEY_PREFIX}{i}") for i, key in enumerate(analysis.keys)
+        ]
+        for i, measurement in enumerate(analysis.measurements):
+            weight = _weight(measurement)
+            items.append(exp.func("sum", weight * exp.column("__estimate")).as_(f"__m{i}"))
+            items.append(
+                exp.func("sum", weight.copy() * weight.copy() * exp.column("__variance")).as_(
+                    f"__v{i}"
+                )
+            )
+        query = exp.select(*items).from_(RELEASED)
+        if analysis.where is not None:
+            query = query.where(analysis.where.copy())
+        if analysis.keys:
+            query = query.group_by(*[key.expression.copy() for key in analysis.keys])
+        domain = np.array(self.spec.domain, dtype=object)
+        columns = {value.name: domain, "__estimate": estimate, "__variance": variance}
+        rows = query_released(columns, query)
+        width = len(analysis.keys)
+        if not rows and not width:  # nothing in the domain passes WHERE
+            rows = [(0.0, 0.0) * len(analysis.measurements)]
+        keys = [row[:width] for row in rows]
+        sums = [np.array([row[width + 2 * i] or 0.0 for row in rows], dtype=np.float64)
+                for i in range(len(analysis.measurements))]  # fmt: skip
+        variances = [np.array([row[width + 2 * i + 1] or 0.0 for row in rows], dtype=np.float64)
+                     for i in range(len(analysis.measurements))]  # fmt: skip
+        return keys, sums, variances
+
+    def _aggregate_values(self, aggregate: Aggregate, sums: list[np.ndarray]) -> np.ndarray:
+        first = sums[aggregate.measurements[0]]
+        if aggregate.function != "avg":
+            return first
+        count = sums[aggregate.measurements[1]]
+        mean = first / np.maximum(count, 1.0)
+        return np.clip(mean, aggregate.bounds.lower, aggregate.bounds.upper)
+
+    def _accuracy(self, variances: list[np.ndarray]) -> dict[str, Accuracy]:
+        result = {}
+        for output in self.analysis.outputs:
+            name = output.expression.name if output.expression.key == "column" else ""
+            if not name.startswith("__dpsql_a"):
+                continue
+            aggregate = self.analysis.aggregates[int(name.removeprefix("__dpsql_a"))]
+            if aggregate.function == "avg":
+                result[output.name] = self._describe(math.nan, "a ratio of two estimates")
+                continue
+            spread = variances[aggregate.measurements[0]]
+            worst = math.sqrt(float(spread.max())) if spread.size else 0.0
+            result[output.name] = self._describe(worst, "largest over the released rows")
+        return result
+
+    def _describe(self, sd: float, which: str) -> Accuracy:
+        finite = math.isfinite(sd)
+        return Accuracy(
+            mechanism=f"local {self.spec.mechanism}",
+            scale=sd if finite else 0.0,
+            interval95=Z95 * sd if finite else None,
+            sensitivity=0.0,
+            note=f"local DP (epsilon {self.spec.epsilon:g} spent on the clients); the interval "
+            f"is the normal approximation of the unbiased estimate, {which}"
+            + ("" if self.method == "none" else f", before {self.method} post-processing"),
+        )
+
+    def _notes(self, n: int) -> list[str]:
+        return [
+            f"estimated from {n} local reports ({self.spec.mechanism}, epsilon "
+            f"{self.spec.epsilon:g}); no central budget is charged"
+        ]
+
+    def explain(self) -> list[tuple[str, str]]:
+        return [
+            ("plan", f"local-DP estimate over the reports in {self.spec.report}"),
+            ("sql", self.sql),
+            (
+                "cost",
+                f"none: each report was randomised on its owner's device with epsilon "
+                f"{self.spec.epsilon:g} ({self.spec.mechanism}); estimates are post-processing",
+            ),
+            ("post-processing", self.method),
+        ]
+
+
+def _weight(measurement: Measurement) -> exp.Expression:
+    """What one person holding the value contributes to a measurement."""
+    if measurement.kind == "sum":
+        return exp.func("coalesce", exp.cast(measurement.clamped.copy(), "double"), exp.convert(0))
+    if measurement.argument is None:
+        return exp.convert(1)
+    return exp.Case(
+        ifs=[
+            exp.If(
+                this=exp.Is(this=measurement.argument.copy(), expression=exp.Null()),
+                true=exp.convert(0),
+            )
+        ],
+        default=exp.convert(1),
+    )

@@ -1,0 +1,158 @@
+"""SQL over tables of local-DP reports: estimates, post-processing, no central charge."""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import pytest
+
+import dpsql
+from dpsql import ldp
+from dpsql.errors import PolicyError, QueryRefused
+
+CITIES = [f"city{i}" for i in range(8)]
+PEOPLE = 40_000
+
+
+def _true_values(rng: np.random.Generator) -> np.ndarray:
+    weights = np.array([0.3, 0.2, 0.15, 0.12, 0.1, 0.08, 0.05, 0.0])
+    return rng.choice(CITIES, size=PEOPLE, p=weights)
+
+
+def _report_table(name: str, oracle: ldp.FrequencyOracle, values: np.ndarray, seed: int):
+    reports = oracle.perturb(values, rng=seed)
+    database = duckdb.connect(":memory:")
+    fields = np.array(oracle.format_reports(reports), dtype=object)
+    database.register("fields", {"id": np.arange(len(fields)), "report": fields})
+    database.execute(f"CREATE TABLE {name} AS SELECT id, report::VARCHAR AS report FROM fields")
+    database.unregister("fields")
+    return database, reports
+
+
+def _policy(name: str, mechanism: str, domain: list | dict, **extra: object) -> dict:
+    return {
+        "analysts": {"default": {"epsilon": 1.0, "delta": 1e-6}},
+        "tables": {name: {"local": {"mechanism": mechanism, "epsilon": 2.0, "domain": domain}}}
+        | extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def cities():
+    values = _true_values(np.random.default_rng(1))
+    oracle = ldp.mechanism("oue", 2.0, CITIES)
+    database, reports = _report_table("reports", oracle, values, seed=2)
+    connection = dpsql.connect(database, policy=_policy("reports", "oue", CITIES), seed=3)
+    yield connection, oracle, reports, values
+    connection.close()
+
+
+def test_group_by_value_is_the_oracle_estimate_for_every_domain_value(cities):
+    connection, oracle, reports, values = cities
+    cursor = connection.execute("SELECT value, COUNT(*) AS n FROM reports GROUP BY value")
+    rows = dict(cursor.fetchall())
+    assert list(rows) == sorted(CITIES)  # every public value, the empty one too
+    expected = dict(zip(CITIES, oracle.estimate(reports), strict=True))
+    for city in CITIES:
+        assert rows[city] == pytest.approx(expected[city], rel=1e-12, abs=1e-9)
+        truth = int(np.sum(values == city))
+        # 5 standard deviations of the closed-form variance: fails with probability < 1e-6
+        assert abs(rows[city] - truth) < 5 * np.sqrt(oracle.variance(PEOPLE, truth))
+    accuracy = cursor.accuracy["n"]
+    assert accuracy.mechanism == "local oue"
+    assert accuracy.interval95 == pytest.approx(
+        1.96 * np.sqrt(oracle.variance(PEOPLE, 0.3 * PEOPLE)), rel=0.05
+    )
+
+
+def test_where_in_sums_the_selected_estimates_and_nothing_is_charged(cities):
+    connection, oracle, reports, _ = cities
+    before = connection.budget()
+    (total,) = connection.execute(
+        "SELECT COUNT(*) FROM reports WHERE value IN ('city0', 'city2')"
+    ).fetchone()
+    estimate = oracle.estimate(reports)
+    assert total == pytest.approx(estimate[0] + estimate[2], rel=1e-12)
+    assert connection.budget() == before
+
+
+def test_group_by_an_expression_of_the_value_and_order_limit(cities):
+    connection, oracle, reports, _ = cities
+    rows = connection.execute(
+        "SELECT value LIKE '%0' OR value LIKE '%1' AS top, COUNT(*) AS n "
+        "FROM reports GROUP BY top ORDER BY n DESC LIMIT 1"
+    ).fetchall()
+    estimate = oracle.estimate(reports)
+    assert rows == [(True, pytest.approx(estimate[0] + estimate[1], rel=1e-12))]
+
+
+def test_postprocessing_is_chosen_per_session(cities):
+    connection, _, reports, _ = cities
+    connection.execute("SET dpsql.ldp_postprocess = 'norm-sub'")
+    try:
+        counts = [n for _, n in connection.execute(
+            "SELECT value, COUNT(*) AS n FROM reports GROUP BY value"
+        ).fetchall()]  # fmt: skip
+        assert min(counts) >= 0
+        assert sum(counts) == pytest.approx(len(reports), rel=1e-9)
+        assert connection.execute("SHOW dpsql.ldp_postprocess").fetchone() == ("norm-sub",)
+    finally:
+        connection.execute("SET dpsql.ldp_postprocess = 'none'")
+    with pytest.raises(dpsql.ProgrammingError, match="norm-sub"):
+        connection.execute("SET dpsql.ldp_postprocess = 'magic'")
+
+
+def test_explain_says_no_central_budget_is_charged(cities):
+    connection = cities[0]
+    detail = dict(connection.execute("EXPLAIN SELECT COUNT(*) FROM reports").fetchall())
+    assert detail["cost"].startswith("none")
+    assert "randomised on its owner's device" in detail["cost"]
+
+
+@pytest.mark.parametrize(
+    ("sql", "refused"),
+    [
+        ("SELECT report, COUNT(*) FROM reports GROUP BY report", "report"),
+        ("SELECT COUNT(DISTINCT value) FROM reports", "COUNT(DISTINCT"),
+        ("SELECT value FROM reports", "raw values"),
+        ("SELECT COUNT(*) FROM reports WHERE id = 3", "id"),
+    ],
+)
+def test_raw_reports_and_other_columns_are_refused(cities, sql, refused):
+    with pytest.raises(QueryRefused, match=refused.replace("(", r"\(")):
+        cities[0].execute(sql)
+
+
+def test_range_counts_on_a_local_hierarchy_use_the_consistent_tree():
+    rng = np.random.default_rng(5)
+    ages = np.clip(rng.normal(45, 15, size=PEOPLE).round(), 0, 99).astype(np.int64)
+    oracle = ldp.mechanism("hh", 2.0, range(100), branching=4)
+    database, reports = _report_table("ages", oracle, ages, seed=6)
+    policy = _policy("ages", "hh", {"lower": 0, "upper": 99})
+    with dpsql.connect(database, policy=policy, seed=7) as connection:
+        (count,) = connection.execute(
+            "SELECT COUNT(*) FROM ages WHERE value BETWEEN 30 AND 59"
+        ).fetchone()
+        levels = oracle.consistent(oracle.aggregate(reports), len(reports))
+        assert count == pytest.approx(oracle.range_count(levels, 30, 60), rel=1e-9)
+        truth = int(np.sum((ages >= 30) & (ages <= 59)))
+        assert abs(count - truth) < 0.05 * PEOPLE
+        (mean,) = connection.execute("SELECT AVG(value) FROM ages").fetchone()
+        assert abs(mean - ages.mean()) < 2.0
+
+
+def test_policy_errors_for_local_tables():
+    database = duckdb.connect(":memory:")
+    database.execute("CREATE TABLE reports (report VARCHAR)")
+    with pytest.raises(PolicyError, match="domain"):
+        dpsql.connect(database, policy=_policy("reports", "oue", ["only"]))
+    with pytest.raises(PolicyError, match="mechanism"):
+        dpsql.connect(database, policy=_policy("reports", "magic", CITIES))
+    bad = _policy("reports", "oue", CITIES)
+    bad["tables"]["reports"]["local"]["report"] = "answer"
+    with pytest.raises(PolicyError, match="report column 'answer'"):
+        dpsql.connect(database, policy=bad)
+    bad = _policy("reports", "oue", CITIES)
+    bad["tables"]["reports"]["privacy_unit"] = "id"
+    with pytest.raises(PolicyError, match="only 'local"):
+        dpsql.connect(database, policy=bad)
