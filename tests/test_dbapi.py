@@ -44,7 +44,7 @@ def test_accuracy_reports_mechanism_scale_and_interval(connect):
     connection = connect(epsilon=0.5)
     cursor = connection.execute("SELECT COUNT(*) AS n, SUM(income) AS total FROM pums")
     accuracy = cursor.accuracy
-    assert accuracy["n"].mechanism == "discrete_laplace"
+    assert accuracy["n"].mechanism == "laplace"
     assert accuracy["n"].scale == pytest.approx(4.0)  # two measurements at 0.25 each
     assert accuracy["n"].interval95 > accuracy["n"].scale
     assert accuracy["total"].scale == pytest.approx(500000 / 0.25, rel=1e-5)

@@ -58,7 +58,7 @@ def _fourth_moment(scale: Fraction) -> float:
 def test_discrete_laplace_is_a_noise_mechanism() -> None:
     mech = DiscreteLaplace(2, 0.5)
     assert isinstance(mech, NoiseMechanism)
-    assert mech.name == "discrete_laplace"
+    assert mech.name == "laplace"
     assert mech.cost == Cost.of(0.5, 0)
     assert mech.scale == 4.0
     assert mech.exact_scale == Fraction(4)
@@ -241,5 +241,5 @@ def test_laplace_for_chooses_by_query_type() -> None:
     assert isinstance(laplace_for(1, 1.0, integer=True), DiscreteLaplace)
     grid = laplace_for(2.5, 1.0, integer=False)
     assert isinstance(grid, GridLaplace)
-    assert grid.name == "laplace_grid"
+    assert grid.name == "laplace"
     assert isinstance(grid, NoiseMechanism)

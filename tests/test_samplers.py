@@ -23,6 +23,7 @@ from dpsql.mechanisms.samplers import ExactReal, bernoulli, discrete_laplace, se
 SCALES = [0.5, 1, 3.7, 100, 1e4]
 N = 2_000_000
 SIGMAS = 6
+_MAX = (1 << 64) - 1
 
 
 class ScriptedWords:
@@ -287,3 +288,55 @@ def test_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError):
         discrete_laplace(Fraction(2**60), 3, secure_generator(1))
     assert discrete_laplace(Fraction(2), 0, secure_generator(1)).shape == (0,)
+
+
+# --- few cuts and uniform offsets ---------------------------------------------------------------
+
+
+def test_few_cuts_index_and_tie(digits90: None) -> None:
+    a = ExactReal.exp_neg(Fraction(1, 3))
+    cuts = [a / 4, a / 2, a]
+    level = samplers.FewCuts(cuts)
+    exact = [(-_dec(Fraction(1, 3))).exp() * k for k in (Decimal("0.25"), Decimal("0.5"), 1)]
+    floors = [_floor_bits(c, 63) for c in exact]
+    assert [int(t) for t in level._thr] == floors
+    words = np.array([(f << 1) + s for f in floors for s in (-2, 2)], dtype=np.uint64)
+    index, tie = level.index(words)
+    assert index.tolist() == [0, 1, 1, 2, 2, 3] and not tie.any()
+    # a tie reads the next word, compared with the next 64 bits of the cut
+    digit = _floor_bits(exact[1], 127) & samplers._MASK64
+    tied = np.array([floors[1] << 1], dtype=np.uint64)
+    assert level.index(tied)[1].all()
+    assert level.exact_index(floors[1] << 1, ScriptedWords([digit - 1])) == 1
+    assert level.exact_index(floors[1] << 1, ScriptedWords([digit + 1])) == 2
+    with pytest.raises(samplers.InternalError):
+        samplers.FewCuts([a, a / 2])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 1000, 2**31 - 1, 2**32 - 1])
+def test_uniform_below_is_the_exact_floor(n: int) -> None:
+    words = secure_generator(n % 97).bit_generator.random_raw(20_000)
+    index = samplers.uniform_below(np.full(words.size, n, dtype=np.uint64), words, None)
+    assert index.tolist() == [(int(w) * n) >> 64 for w in words]
+
+
+def test_uniform_below_resolves_a_carry_from_later_words() -> None:
+    n = 3
+    word = (2 * (1 << 64)) // 3  # word * 3 / 2^64 is just below 2: later words decide
+    assert (word * n) % (1 << 64) > (1 << 64) - n
+    below = samplers.uniform_below(
+        np.array([n], np.uint64), np.array([word], np.uint64), ScriptedWords([0])
+    )
+    above = samplers.uniform_below(
+        np.array([n], np.uint64), np.array([word], np.uint64), ScriptedWords([_MAX])
+    )
+    assert below.tolist() == [1] and above.tolist() == [2]
+
+
+def test_uniform_below_is_uniform() -> None:
+    counts = np.bincount(
+        samplers.uniform_below(np.uint64(7), secure_generator(3).bit_generator.random_raw(N), None)
+    )
+    expected = N / 7
+    statistic = float(((counts - expected) ** 2 / expected).sum())
+    assert stats.chi2.sf(statistic, 6) > 1e-6

@@ -2,21 +2,30 @@
 
 A mechanism is built for one sensitivity and one privacy parameter, carries
 its own privacy cost (like an OpenDP measurement carries its privacy map), and
-adds noise to a whole numpy array of true values at once.
+adds noise to a whole numpy array of true values at once. Also here: the one
+search every mechanism's exact 95% interval uses.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from dpsql.accounting import Cost
 
+COVERAGE_MISS = 0.05  # interval95 leaves at most this probability outside
+
 
 @runtime_checkable
 class NoiseMechanism(Protocol):
-    """Adds calibrated noise to an array of exact aggregates."""
+    """Adds calibrated noise to an array of exact aggregates.
+
+    `name` is the family ("laplace", "staircase" or "gaussian"); `cost` is the
+    privacy cost in the family's natural unit: pure epsilon for Laplace and
+    staircase, zCDP rho (Cost(rho=...)) for Gaussian.
+    """
 
     name: str
     sensitivity: float
@@ -24,16 +33,42 @@ class NoiseMechanism(Protocol):
 
     @property
     def scale(self) -> float:
-        """The noise scale parameter (Delta/epsilon for Laplace)."""
+        """The noise scale: Delta/epsilon for Laplace and staircase, sigma for Gaussian."""
 
     def sample(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Noisy copies of `values`, one independent draw per element."""
 
     def interval95(self) -> float:
-        """Exact half-width h with P(|noise| <= h) >= 0.95, the smallest on the output grid."""
+        """Exact half-width w with P(|noise| <= w) >= 0.95, the smallest on the output grid."""
 
     def expected_abs_error(self) -> float:
         """E|noise| in closed form."""
 
     def variance(self) -> float:
         """Var(noise) in closed form."""
+
+
+def smallest_covering(tail_exceeds: Callable[[int], bool], guess: int) -> int:
+    """The smallest m >= 0 with not tail_exceeds(m), for a tail that decreases in m.
+
+    `guess` comes from floating point and is only a starting point: the answer
+    is decided by `tail_exceeds`, which the caller computes exactly.
+    """
+    # gallop from the guess to a bracket low < answer <= high, then bisect; the guess is
+    # usually off by 0 or 1, so this costs two or three exact evaluations
+    high, step = max(0, guess), 1
+    if tail_exceeds(high):
+        low = high
+        while tail_exceeds(high := low + step):
+            low, step = high, step * 2
+    else:
+        low = high - 1
+        while low >= 0 and not tail_exceeds(low):
+            high, low, step = low, low - step, step * 2
+    while high - low > 1:  # low < 0 stands for a tail taken as exceeding
+        middle = (low + high) // 2
+        if tail_exceeds(middle):
+            low = middle
+        else:
+            high = middle
+    return high

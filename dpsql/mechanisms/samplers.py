@@ -41,6 +41,8 @@ _HALF = 1 << 63  # outcome words are 63-bit uniforms in [0, 2^63)
 _PAD = np.uint64(_HALF)  # an empty bucket's threshold: above every 63-bit word, never tied
 _ONE = np.uint64(1)
 _TWO53 = np.uint64(1 << 53)
+_SHIFT32 = np.uint64(32)
+_LOW32 = np.uint64((1 << 32) - 1)
 _CLEAR11 = np.uint64(_MAX64 ^ 2047)
 _CHUNK = 1 << 14  # elements per pass: the temporaries of one pass stay in L2 cache
 _TABLE_PRECISION = 128  # first try for table bounds; doubled when a floor is ambiguous
@@ -267,6 +269,79 @@ def bernoulli(p: ExactReal, size: int, rng: np.random.Generator) -> np.ndarray:
     for index in np.flatnonzero(words == limit):
         out[index] = _resolve_below(p, 64, rng)
     return out
+
+
+def in_chunks(
+    draw: Callable[[int, np.random.Generator], np.ndarray], size: int, rng: np.random.Generator
+) -> np.ndarray:
+    """`size` int64 draws made _CHUNK at a time, so each pass's temporaries stay in cache."""
+    if size <= _CHUNK:
+        return draw(size, rng)
+    out = np.empty(size, dtype=np.int64)
+    for start in range(0, size, _CHUNK):
+        stop = min(size, start + _CHUNK)
+        out[start:stop] = draw(stop - start, rng)
+    return out
+
+
+class FewCuts:
+    """An outcome index #{cut points <= V} for a handful of increasing exact cut points.
+
+    Each 63-bit uniform u (the top bits of a word) is compared with every
+    threshold floor(2^63 * cut), so the work is the same whatever the outcome;
+    unlike a guide table, tiny gaps between cuts cost no memory. The word's low
+    bit is left free for the caller (a sign, say).
+    """
+
+    def __init__(self, cuts: list[ExactReal]) -> None:
+        floors = [cut.floor_scaled(63) for cut in cuts]
+        if not all(a < b for a, b in itertools.pairwise([0, *floors, _HALF])):
+            raise InternalError("cut points must be strictly increasing inside (0, 1)")
+        self._cuts = cuts
+        self._thr = [np.uint64(floor) for floor in floors]
+
+    def index(self, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Outcome indices and the mask of elements tied with a threshold."""
+        u = words >> _ONE
+        index = np.zeros(u.shape, dtype=np.int64)
+        tie = np.zeros(u.shape, dtype=bool)
+        for thr in self._thr:
+            index += u >= thr
+            tie |= u == thr
+        return index, tie
+
+    def exact_index(self, word: int, rng: np.random.Generator) -> int:
+        u = word >> 1
+        below = sum(u > int(thr) for thr in self._thr)  # cuts whose floor is below u
+        if below < len(self._thr) and u == int(self._thr[below]):
+            return below + (not _resolve_below(self._cuts[below], 63, rng))
+        return below
+
+
+def uniform_below(n: np.ndarray, words: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """floor(V * n) for each word, V = 0.word(next words...), n in [1, 2^32): exactly uniform.
+
+    floor(word * n / 2^64) is computed from 32-bit halves (numpy has no 128-bit
+    product). Later words of V can still carry into it only when the low 64 bits
+    of word * n exceed 2^64 - n (probability n / 2^64); those elements read
+    further words in Python until the floor is determined.
+    """
+    n = np.asarray(n, dtype=np.uint64)
+    t = (words >> _SHIFT32) * n + (((words & _LOW32) * n) >> _SHIFT32)
+    index = (t >> _SHIFT32).astype(np.int64)
+    undecided = words * n > np.uint64(0) - n  # wrapping products: the low 64 bits
+    for at in np.flatnonzero(undecided):
+        count = n[at] if n.ndim else n
+        index[at] = _uniform_exact(int(words[at]), int(count), rng)
+    return index
+
+
+def _uniform_exact(word: int, n: int, rng: np.random.Generator) -> int:
+    value, bits = word, 64
+    while (low := (value * n) >> bits) != ((value + 1) * n - 1) >> bits:
+        value = (value << 64) | int(_draw_words(rng, 1)[0])
+        bits += 64
+    return low
 
 
 # ----------------------------------------------------------------------------------------------
@@ -549,13 +624,7 @@ class _Plan:
         return (cuts + (1 << self._top.tail_bits)) / _HALF
 
     def sample(self, size: int, rng: np.random.Generator) -> np.ndarray:
-        if size <= _CHUNK:
-            return self._chunk(size, rng)
-        out = np.empty(size, dtype=np.int64)
-        for start in range(0, size, _CHUNK):
-            stop = min(size, start + _CHUNK)
-            out[start:stop] = self._chunk(stop - start, rng)
-        return out
+        return in_chunks(self._chunk, size, rng)
 
     def _chunk(self, size: int, rng: np.random.Generator) -> np.ndarray:
         words = _draw_words(rng, (self.words_per_sample, size))

@@ -1,0 +1,266 @@
+"""The staircase mechanism (Geng and Viswanath 2016), exact on the integer grid.
+
+For integer sensitivity Delta and b = e^-epsilon, the noise has pmf
+P(Z = i) proportional to b^k * w(j) where |i| = k*Delta + j (0 <= j < Delta),
+w(j) = 1 on the first `r` points of each block (the high step) and b on the
+rest, and i = 0 counted once. The pmf is symmetric, non-increasing in |i| and
+P(i + Delta) = b * P(i) for i >= 0, so P(Z = i) / P(Z = i + d) <= e^epsilon
+for every |d| <= Delta: epsilon-DP, with the bound attained. Drawing a sign and
+a magnitude with the magnitude 0 possible under both signs would give 0 twice
+its weight, P(0) / P(Delta) = 2 e^epsilon; here 0 is its own outcome.
+
+r is the discrete gamma * Delta: gamma = 1/(1 + e^(epsilon/2)) minimises the
+continuous E|X| ("abs"), and the reference's cube-root formula its variance
+("var"); we take the integer r near gamma * Delta whose exact discrete E|X|
+(or variance) is smallest. For Delta = 1 the staircase is the geometric
+mechanism (r = 1, w = 1), so Staircase(1, epsilon) is discrete Laplace and
+uses its sampler.
+
+Sampling (time independent of the value): |Z| = 0 with probability p0, else
+1 + G*Delta + j' with G geometric(b) and j' in 0..Delta-1 of weight w(j'+1)
+(w(Delta) = b), sign fair. One word picks zero/high/low step by comparing
+with exact thresholds (its low bit is the sign), one word picks j' uniformly
+within the step, and G is a folded exact discrete Laplace of scale
+1/epsilon: G = Y if Y >= 0 else -Y - 1 is geometric(b).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from fractions import Fraction
+
+import numpy as np
+
+from dpsql.accounting import Cost
+from dpsql.mechanisms.base import COVERAGE_MISS, smallest_covering
+from dpsql.mechanisms.grid import (
+    GridMechanism,
+    as_integers,
+    integer_sensitivity,
+    positive,
+    power_of_two_exponent,
+    steps_apart,
+)
+from dpsql.mechanisms.laplace import DiscreteLaplace
+from dpsql.mechanisms.samplers import (
+    ExactReal,
+    FewCuts,
+    discrete_laplace,
+    in_chunks,
+    uniform_below,
+)
+
+GRID_STEPS_BITS = 20  # a block of the grid staircase spans about 2^20 grid steps
+_MAX_SENSITIVITY = (1 << 31) - 1  # uniform_below draws offsets below 2^32
+_MISS = Fraction(COVERAGE_MISS).limit_denominator(100)
+_ONE = np.uint64(1)
+_SIGN_SHIFT = np.int64(63)
+
+
+def continuous_gamma(epsilon: float, objective: str) -> float:
+    """The optimal gamma of the continuous staircase, for E|X| ("abs") or variance ("var")."""
+    if objective == "abs":
+        return 1 / (1 + math.exp(epsilon / 2))
+    if objective == "var":
+        b = math.exp(-epsilon)
+        root = (b - 2 * b**2 + 2 * b**4 - b**5) ** (1 / 3)
+        return -b / (1 - b) + root / (2 ** (1 / 3) * (1 - b) ** 2)
+    raise ValueError(
+        f"staircase gamma must be 'abs', 'var' or a number in [0, 1], got {objective!r}"
+    )
+
+
+class _Shape:
+    """Closed forms of the discrete staircase (Delta, r, b), in floating point."""
+
+    def __init__(self, delta: int, r: int, epsilon: float) -> None:
+        self.delta, self.r = delta, r
+        self.b = math.exp(-epsilon)
+        self.one_minus_b = -math.expm1(-epsilon)
+        self.block = r + self.b * (delta - r)  # W: weight of one block
+
+    def _sums(self) -> tuple[float, float]:
+        """S1 = sum j w(j) and S2 = sum j^2 w(j) over one block."""
+        r, d, b = self.r, self.delta, self.b
+        s1 = r * (r - 1) / 2 + b * (d * (d - 1) - r * (r - 1)) / 2
+        s2 = _squares(r) + b * (_squares(d) - _squares(r))
+        return s1, s2
+
+    def _normaliser(self) -> float:
+        """Total weight over Z divided by 2: W/(1-b) - 1/2 (0 counted once)."""
+        return self.block / self.one_minus_b - 0.5
+
+    def expected_abs(self) -> float:
+        s1, _ = self._sums()
+        om, b = self.one_minus_b, self.b
+        return (self.delta * self.block * b / om**2 + s1 / om) / self._normaliser()
+
+    def variance(self) -> float:
+        s1, s2 = self._sums()
+        om, b, d = self.one_minus_b, self.b, self.delta
+        second = d * d * self.block * b * (1 + b) / om**3 + 2 * d * s1 * b / om**2 + s2 / om
+        return second / self._normaliser()
+
+    def tail(self, m: int) -> float:
+        """P(|X| > m) in floating point, for the interval search's first guess."""
+        k, j = divmod(m, self.delta)
+        b, om, w = self.b, self.one_minus_b, self.block
+        covered = min(j + 1, self.r) + b * max(0, j + 1 - self.r)
+        return 2 * b**k * (om * (w - covered) + b * w) / (2 * w - om)
+
+
+def _squares(n: int) -> float:
+    """0^2 + 1^2 + ... + (n-1)^2."""
+    return (n - 1) * n * (2 * n - 1) / 6
+
+
+def _best_steps(delta: int, epsilon: float, gamma: float | str) -> int:
+    """r: the number of grid points in each block's high step."""
+    if not isinstance(gamma, str):
+        if not 0 <= gamma <= 1:
+            raise ValueError(f"staircase gamma must be in [0, 1], got {gamma}")
+        return min(delta, max(1, round(gamma * delta)))
+    centre = math.floor(continuous_gamma(epsilon, gamma) * delta)
+    candidates = {min(delta, max(1, centre + offset)) for offset in range(-2, 4)}
+
+    def objective(r: int) -> float:
+        shape = _Shape(delta, r, epsilon)
+        return shape.expected_abs() if gamma == "abs" else shape.variance()
+
+    return min(sorted(candidates), key=objective)
+
+
+class _Plan:
+    """The exact sampler of one discrete staircase (Delta >= 2, r, epsilon)."""
+
+    def __init__(self, delta: int, r: int, epsilon: Fraction) -> None:
+        b = ExactReal.exp_neg(epsilon)
+        high, low = r - 1, delta - r + 1  # offsets j' with weight 1, with weight b
+        total = (1 - b) + 2 * (high + b * low)
+        cuts = [(1 - b) / total]  # P(0); then P(0) + P(high step), both signs together
+        if high:
+            cuts.append(cuts[0] + 2 * high / total)
+        self._steps = FewCuts(cuts)
+        kinds = [(0, 1)] + ([(0, high)] if high else []) + [(r - 1, low)]
+        self._start = np.array([start for start, _ in kinds], dtype=np.int64)
+        self._count = np.array([count for _, count in kinds], dtype=np.uint64)
+        self._delta = delta
+        self._geometric_scale = 1 / epsilon
+
+    def sample(self, size: int, rng: np.random.Generator) -> np.ndarray:
+        return in_chunks(self._chunk, size, rng)
+
+    def _chunk(self, size: int, rng: np.random.Generator) -> np.ndarray:
+        words = rng.bit_generator.random_raw((2, size))
+        kind, tie = self._steps.index(words[0])
+        for at in np.flatnonzero(tie):
+            kind[at] = self._steps.exact_index(int(words[0, at]), rng)
+        offset = self._start.take(kind) + uniform_below(self._count.take(kind), words[1], rng)
+        folded = discrete_laplace(self._geometric_scale, size, rng)
+        blocks = folded ^ (folded >> _SIGN_SHIFT)  # y >= 0 stays, y < 0 becomes -y - 1
+        magnitude = np.minimum(kind, 1) * (1 + blocks * self._delta + offset)
+        negative = (words[0] & _ONE).view(np.int64)
+        return (magnitude ^ -negative) + negative  # negates where the low bit is set
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(delta: int, r: int, epsilon: Fraction) -> _Plan:
+    return _Plan(delta, r, epsilon)
+
+
+class Staircase:
+    """The staircase mechanism for integer queries: value + Z, Z a discrete staircase.
+
+    gamma: "abs" (least E|X|), "var" (least variance) or a number in [0, 1];
+    `steps` is the resulting r, the number of grid points in each high step.
+    """
+
+    name = "staircase"
+
+    def __init__(
+        self, sensitivity: int, epsilon: float | Fraction, gamma: float | str = "abs"
+    ) -> None:
+        self.sensitivity = integer_sensitivity(sensitivity)
+        if self.sensitivity > _MAX_SENSITIVITY:
+            raise ValueError("staircase sensitivity must be below 2^31; use GridStaircase")
+        self.exact_epsilon = positive(epsilon, "epsilon")
+        self.epsilon = epsilon
+        self.cost = Cost.of(epsilon, 0)
+        self.gamma = gamma
+        self.steps = _best_steps(self.sensitivity, float(epsilon), gamma)
+        self._shape = _Shape(self.sensitivity, self.steps, float(epsilon))
+        # Delta = 1: the staircase is the geometric mechanism, whose sampler is cheaper
+        self._geometric = DiscreteLaplace(1, epsilon) if self.sensitivity == 1 else None
+
+    @property
+    def scale(self) -> float:
+        return self.sensitivity / float(self.exact_epsilon)
+
+    def sample(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        if self._geometric is not None:
+            return self._geometric.sample(values, rng)
+        exact = as_integers(values, "the staircase mechanism")
+        noise = _plan(self.sensitivity, self.steps, self.exact_epsilon).sample(exact.size, rng)
+        return exact + noise.reshape(exact.shape)
+
+    def weight_exponent(self, i: int) -> int:
+        """e with P(Z = i) = P(Z = 0) * e^(-epsilon * e): the exact pmf, up to its constant."""
+        k, j = divmod(abs(i), self.sensitivity)
+        return k + (j >= self.steps)
+
+    def interval95(self) -> float:
+        return _interval95(self.sensitivity, self.steps, self.exact_epsilon)
+
+    def expected_abs_error(self) -> float:
+        return self._shape.expected_abs()
+
+    def variance(self) -> float:
+        return self._shape.variance()
+
+
+@functools.lru_cache(maxsize=256)  # exact, hence slow-ish; the same mechanisms recur
+def _interval95(delta: int, r: int, epsilon: Fraction) -> int:
+    """The smallest m with P(|Z| <= m) >= 0.95, decided with exact arithmetic."""
+    b = ExactReal.exp_neg(epsilon)
+    block = r + b * (delta - r)
+
+    def tail_exceeds(m: int) -> bool:
+        # P(|Z| > m) = 2 b^k ((1-b)(W - C(j)) + b W) / (2W - (1-b)), m = k Delta + j,
+        # C(j) the weight of offsets 0..j of a block
+        k, j = divmod(m, delta)
+        covered = min(j + 1, r) + b * max(0, j + 1 - r)
+        tail = 2 * ExactReal.exp_neg(k * epsilon) * ((1 - b) * (block - covered) + b * block)
+        return (tail / (2 * block - (1 - b))).exceeds(_MISS)
+
+    shape = _Shape(delta, r, float(epsilon))
+    low, high = 0, 1
+    while shape.tail(high) > COVERAGE_MISS:  # a floating-point bracket for the first guess
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if shape.tail(middle) > COVERAGE_MISS else (low, middle)
+    return smallest_covering(tail_exceeds, high)
+
+
+class GridStaircase(GridMechanism):
+    """The staircase on the grid g*Z for real-valued queries (sums).
+
+    g is the smallest power of two >= Delta / 2^20, so a block spans about 2^20
+    grid steps and the discrete staircase is the continuous one to within one
+    part in a million; inputs Delta apart round at most floor(Delta/g) + 1 steps
+    apart, and the integer staircase is calibrated to that.
+    """
+
+    name = "staircase"
+
+    def __init__(
+        self, sensitivity: float | Fraction, epsilon: float | Fraction, gamma: float | str = "abs"
+    ) -> None:
+        delta = positive(sensitivity, "sensitivity")
+        self.sensitivity = float(sensitivity)
+        self.epsilon = epsilon
+        self.cost = Cost.of(epsilon, 0)
+        exponent = power_of_two_exponent(delta / (1 << GRID_STEPS_BITS))
+        steps = Staircase(steps_apart(delta, Fraction(2) ** exponent), epsilon, gamma)
+        self._set_grid(exponent, steps)
