@@ -78,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
 
 # Modules that add commands of their own: each has `register(commands)`, which
 # adds its subparsers, so a feature's command line lives beside the feature.
-_COMMAND_MODULES = ("dpsql.ldp.commands", "dpsql.server.commands")
+_COMMAND_MODULES = ("dpsql.ldp.commands", "dpsql.server.commands", "dpsql.watch")
 
 
 def _add_connection_options(parser: argparse.ArgumentParser) -> None:

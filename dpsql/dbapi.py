@@ -139,6 +139,11 @@ class Connection:
         self._check_open()
         return self.session.budget()
 
+    def watch(self, sql: str, every: float, ticks: int | None = None) -> Iterator[Release]:
+        """Yield the new rows of a running-total query now and every `every` seconds."""
+        self._check_open()
+        return self.session.watch(sql, every, ticks)
+
     def commit(self) -> None:
         self._check_open()  # dpsql never changes data: nothing to commit
 

@@ -15,6 +15,8 @@ import hashlib
 import json
 import math
 import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -22,7 +24,7 @@ import numpy as np
 
 from dpsql.accounting import round_down, round_up
 from dpsql.adapters.base import Adapter
-from dpsql.errors import InterfaceError, ProgrammingError, QueryRefused
+from dpsql.errors import InterfaceError, OperationalError, ProgrammingError, QueryRefused
 from dpsql.ldp.postprocess import METHODS as LDP_METHODS
 from dpsql.ledger import Ledger
 from dpsql.mechanisms.samplers import secure_generator
@@ -31,6 +33,7 @@ from dpsql.sql import PlanContext, plan_query
 from dpsql.sql.check import refuse_statement
 from dpsql.sql.parse import Statement, parse_statement
 from dpsql.sql.plan import Accuracy, Options, Plan, Release
+from dpsql.sql.running import RunningPlan
 
 _SETTABLE = ("dpsql.epsilon", "dpsql.delta", "dpsql.mechanism", "dpsql.ldp_postprocess")
 
@@ -132,7 +135,13 @@ class Session:
     def _keep_state(self, release: Release) -> Release:
         """Persist the state a release built (a synopsis, a stream's steps); first writer wins."""
         for key, payload in release.state.items():
-            self.ledger.store_release(self.analyst, key, payload)
+            if self.ledger.store_release(self.analyst, key, payload) != payload:
+                # A concurrent release stored other state first: this release was
+                # built on the losing state and is withheld (a stream's step may
+                # be released once only, else two releases with one noise leak).
+                raise OperationalError(
+                    f"a concurrent query stored {key.split(':')[0]} state first; run it again"
+                )
         return release
 
     def _fingerprint(self, tree: Any) -> str:
@@ -207,6 +216,37 @@ class Session:
             "only dpsql settings can be shown",
             f"write SHOW dpsql.budget or SHOW one of {', '.join(_SETTABLE)}",
         )
+
+    # -- streams --------------------------------------------------------------
+
+    def watch(
+        self,
+        sql: str,
+        every: float,
+        ticks: int | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> Iterator[Release]:
+        """A standing running-total query: run it now and every `every` seconds.
+
+        Each tick yields the rows of steps that became complete since the last
+        tick (the first tick: every released step). The stream is charged once,
+        on its first run ever; later ticks, and a watch restarted later, are free.
+        """
+        statement = parse_statement(sql, self.adapter.dialect)
+        if statement.kind != "query" or not isinstance(self.plan(statement.tree), RunningPlan):
+            raise ProgrammingError(
+                "watch takes a running-total query, e.g. SELECT day, SUM(COUNT(*)) OVER "
+                "(ORDER BY day) AS so_far FROM events GROUP BY day"
+            )
+        if not every > 0:
+            raise ProgrammingError(f"watch needs a positive interval, got {every!r} seconds")
+        shown, tick = 0, 0
+        while ticks is None or tick < ticks:
+            if tick:
+                sleep(every)
+            release = self.execute(sql)
+            yield replace(release, rows=release.rows[shown:], state={})
+            shown, tick = max(shown, len(release.rows)), tick + 1
 
 
 @dataclass(frozen=True)

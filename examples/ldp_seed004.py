@@ -4,8 +4,11 @@ A skewed 50-value "age" distribution (seed 004's set-up: d = 50), for
 n in 500 .. 20,000 at epsilon = ln 12, and for epsilon in 0.5 .. 5 at
 n = 10,000. Protocols: direct encoding (GRR), optimised unary encoding,
 basic RAPPOR (with the estimator that accounts for both randomisation steps),
-histogram encoding with summation and thresholding, plus OLH and Hadamard
-response. Errors are on frequencies, after norm-sub (so EMD compares two
+histogram encoding with summation and thresholding, seed 004's own
+distance-sensitive encoding (corrected: normalised edges, unbiased channel
+inversion; it needs epsilon >= ln 2, so its smaller-epsilon cells are blank)
+and the random-matrix protocol (with +-1/sqrt(m) entries, m = d), plus OLH
+and Hadamard response. Errors are on frequencies, after norm-sub (so EMD compares two
 distributions of equal mass), averaged over 30 runs. Writes docs/ldp/seed004.md
 and docs/ldp/seed004.png.
 
@@ -27,7 +30,7 @@ from dpsql import ldp
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "ldp"
 D = 50
-PROTOCOLS = ("grr", "oue", "rappor", "she", "the", "olh", "hr")
+PROTOCOLS = ("grr", "oue", "rappor", "she", "the", "dse", "rm", "olh", "hr")
 REPS = 30
 SIZES = (500, 1000, 2000, 5000, 10_000, 20_000)
 EPSILONS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0)
@@ -42,6 +45,8 @@ def ages(n: int, rng) -> np.ndarray:
 
 
 def errors(name, eps, n, rng):
+    if name == "dse" and eps < math.log(2):
+        return np.full(3, np.nan)
     m = ldp.mechanism(name, eps, range(D))
     out = np.zeros(3)
     for _ in range(REPS):

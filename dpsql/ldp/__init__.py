@@ -17,11 +17,13 @@ from typing import Any
 
 from dpsql.ldp.base import Domain, FrequencyOracle, max_privacy_ratio, secure_generator
 from dpsql.ldp.direct import DirectEncoding
+from dpsql.ldp.distance import DistanceSensitiveEncoding
 from dpsql.ldp.hadamard import HadamardMechanism, HadamardResponse, fwht
 from dpsql.ldp.hashing import LocalHashing
 from dpsql.ldp.hierarchy import LocalHierarchy
 from dpsql.ldp.histogram import HistogramEncoding
 from dpsql.ldp.postprocess import METHODS, consistent_tree, postprocess
+from dpsql.ldp.projection import RandomMatrix
 from dpsql.ldp.rappor import Rappor
 from dpsql.ldp.unary import UnaryEncoding
 
@@ -36,6 +38,8 @@ _FACTORIES: dict[str, Callable[..., FrequencyOracle]] = {
     "she": lambda eps, dom, **kw: HistogramEncoding(eps, dom, kind="she", **kw),
     "the": lambda eps, dom, **kw: HistogramEncoding(eps, dom, kind="the", **kw),
     "hh": LocalHierarchy,
+    "dse": DistanceSensitiveEncoding,
+    "rm": RandomMatrix,
 }
 _ALIASES = {"rr": "grr", "de": "grr", "krr": "grr", "ue": "oue", "lh": "olh", "hadamard": "hr"}
 
@@ -56,6 +60,7 @@ __all__ = [
     "MECHANISMS",
     "METHODS",
     "DirectEncoding",
+    "DistanceSensitiveEncoding",
     "Domain",
     "FrequencyOracle",
     "HadamardMechanism",
@@ -63,6 +68,7 @@ __all__ = [
     "HistogramEncoding",
     "LocalHashing",
     "LocalHierarchy",
+    "RandomMatrix",
     "Rappor",
     "UnaryEncoding",
     "consistent_tree",

@@ -13,6 +13,7 @@ from dpsql.sql.analyze import analyze
 from dpsql.sql.check import check_query
 from dpsql.sql.local import plan_local
 from dpsql.sql.plan import ConstantPlan, DirectPlan, Options, Plan
+from dpsql.sql.running import plan_running
 
 
 class StoredState(Protocol):
@@ -46,7 +47,10 @@ class PlanContext:
 # Planners for query shapes that have a plan of their own (range synopses,
 # running totals). Each returns None when the query is not its shape; the
 # first plan returned answers the query, else the direct plan does.
-SPECIAL_PLANNERS: tuple[Callable[[exp.Select, PlanContext], Plan | None], ...] = (plan_local,)
+SPECIAL_PLANNERS: tuple[Callable[[exp.Select, PlanContext], Plan | None], ...] = (
+    plan_running,  # before the others: they refuse window functions
+    plan_local,
+)
 
 
 def plan_query(select: exp.Select, context: PlanContext) -> Plan:

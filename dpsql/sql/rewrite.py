@@ -37,11 +37,20 @@ class SumGrid:
 
 
 def rewrite(
-    analysis: Analysis, grids: dict[int, SumGrid], dialect: str, seed: int, with_units: bool
+    analysis: Analysis,
+    grids: dict[int, SumGrid],
+    dialect: str,
+    seed: int,
+    with_units: bool,
+    *,
+    earliest_groups: bool = False,
 ) -> str:
     """The bounded exact SQL for `analysis`; `grids` gives each SUM measurement its grid.
 
     `with_units` adds the count of distinct units per group, which key selection needs.
+    `earliest_groups` keeps each unit's first groups in key order instead of a
+    keyed-hash choice: a stream released step by step then never lets a later
+    step displace one already counted (dpsql/sql/running.py).
     """
     table = analysis.table
     keys = [key.expression for key in analysis.keys]
@@ -74,7 +83,7 @@ def rewrite(
             owned = exp.Not(this=exp.Is(this=unit.copy(), expression=exp.Null()))
             filters = owned if where is None else exp.and_(owned, where, copy=False)
     else:
-        relation = _bounded(analysis, source, unit, keys, where, seed, dialect)
+        relation = _bounded(analysis, source, unit, keys, where, seed, dialect, earliest_groups)
         filters = _rank_filter(analysis)
     items = [*key_items, *measures, *([units] if with_units else [])]
     query = exp.select(*items, copy=False).from_(relation, copy=False)
@@ -136,6 +145,7 @@ def _bounded(
     where: exp.Expression | None,
     seed: int,
     dialect: str,
+    earliest_groups: bool = False,
 ) -> exp.Expression:
     """The table's rows with each unit's rank of row within group and of group."""
     columns = sorted(
@@ -152,7 +162,9 @@ def _bounded(
     ).as_(_ROW_RANK, copy=False)
     items: list[exp.Expression] = [exp.Star(), row_rank]
     if keys:
-        group_hash = _keyed_hash(dialect, seed + 1, keys)
+        group_hash = (
+            [] if earliest_groups else [exp.Ordered(this=_keyed_hash(dialect, seed + 1, keys))]
+        )
         items.append(
             exp.Window(
                 this=exp.Anonymous(this="DENSE_RANK"),
@@ -160,7 +172,7 @@ def _bounded(
                 # the keys themselves break hash ties, so distinct groups never share a rank
                 order=exp.Order(
                     expressions=[
-                        exp.Ordered(this=group_hash),
+                        *group_hash,
                         *[exp.Ordered(this=k.copy()) for k in keys],
                     ]
                 ),

@@ -1,0 +1,598 @@
+"""Running totals in SQL, answered from a continual counter: the planner and its plan.
+
+Recognised shapes (one running total per query, over a column whose policy
+declares `continual: {step, epsilon[, delta, mechanism]}`):
+
+    SELECT day, SUM(COUNT(*)) OVER (ORDER BY day) AS so_far FROM events GROUP BY day
+    SELECT day, COUNT(*) OVER (ORDER BY day ROWS UNBOUNDED PRECEDING) FROM events
+    SELECT day, SUM(SUM(amount)) OVER (ORDER BY day) FROM events GROUP BY day
+    SELECT day, shop, SUM(COUNT(*)) OVER (PARTITION BY shop ORDER BY day) ... GROUP BY day, shop
+
+A stream's identity is the query without its watermark (`WHERE day < X`,
+which only says up to where to release). Its first run charges the whole
+horizon once and stores a secret noise key; every run releases the steps that
+are complete (before the watermark and, for dates and timestamps, before the
+clock), re-releasing stored past steps unchanged, for free. Each step's exact
+value is read once, when it is first released, through one bounded GROUP BY
+built by analyze/rewrite in which each unit keeps its earliest steps, so a
+unit adds at most max_groups * max_rows rows to the whole stream. Rows that
+arrive later for a step already released are ignored: releases never change.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sqlglot import exp
+
+from dpsql.accounting import Cost
+from dpsql.errors import QueryRefused
+from dpsql.mechanisms.continual import (
+    BinaryTree,
+    ContinualStream,
+    Factorization,
+    laplace_tree,
+    rho_for,
+)
+from dpsql.policy import Column, ContinualSpec, Table
+from dpsql.sql.analyze import _conjuncts, analyze
+from dpsql.sql.check import AGGREGATES, check_query
+from dpsql.sql.plan import Accuracy, Release, _sum_grid
+from dpsql.sql.rewrite import SumGrid, rewrite
+
+MAX_HORIZON = 1 << 22
+STATE_PREFIX = "stream:"
+
+
+def _utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+# The stream's clock: dates and timestamps are released once their step has
+# ended. Any value is safe (it is public and independent of the data); tests
+# set it to replay time.
+clock: Callable[[], dt.datetime] = _utc_now
+
+
+def _refuse(construct: str, reason: str, hint: str) -> QueryRefused:
+    return QueryRefused(construct, reason, hint)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """A running-total query taken apart."""
+
+    window: exp.Window
+    alias: str
+    aggregate: exp.Expression  # COUNT(*), COUNT(col) or SUM(col)
+    order: exp.Column
+    partition: exp.Column | None
+    outputs: list[tuple[str, str]]  # (output name, "order" | "partition" | "total")
+
+
+def plan_running(select: exp.Select, context: Any) -> RunningPlan | None:
+    """The plan for a running-total query, or None when `select` has no window function."""
+    windows = list(select.find_all(exp.Window))
+    if not windows:
+        return None
+    shape = _shape(select, windows)
+    plain = _plain_query(select, shape)
+    table = check_query(plain, context.policy)
+    column = table.column(shape.order.name) if table is not None else None
+    if column is None or column.continual is None:
+        name = shape.order.name
+        raise _refuse(
+            f"a running total ordered by {name}",
+            f"the policy declares no continual stream on {name}",
+            f"ask the data owner for 'continual: {{step: 1 day, epsilon: 1.0}}' on {name}",
+        )
+    from dpsql.sql import bounded_table  # the package imports this module
+
+    stream = _Stream.of(select, shape, bounded_table(table, context), column, context)
+    return RunningPlan(stream, context)
+
+
+def _shape(select: exp.Select, windows: list[exp.Window]) -> _Shape:
+    if len(windows) > 1:
+        raise _refuse(
+            "several window functions",
+            "dpsql releases one running total per query",
+            "run one query per running total",
+        )
+    window = windows[0]
+    inner = window.this
+    if isinstance(inner, exp.Sum) and isinstance(inner.this, AGGREGATES):
+        aggregate = inner.this  # SUM(COUNT(*)) OVER (...) over a GROUP BY
+    elif isinstance(inner, exp.Count | exp.Sum):
+        aggregate = inner  # COUNT(*) OVER (...) straight over the rows
+    else:
+        raise _refuse(
+            f"the window function {inner.sql()}",
+            "only running COUNTs and SUMs are answered",
+            "write SUM(COUNT(*)) OVER (ORDER BY day) with GROUP BY day",
+        )
+    if isinstance(aggregate, exp.Avg) or aggregate.find(exp.Distinct):
+        raise _refuse(
+            f"a running {aggregate.sql()}",
+            "only running COUNT(*), COUNT(col) and SUM(col) are answered",
+            "keep a running SUM and a running COUNT",
+        )
+    _check_frame(window)
+    order = window.args.get("order")
+    keys = order.expressions if order is not None else []
+    if len(keys) != 1 or not isinstance(keys[0].this, exp.Column) or keys[0].args.get("desc"):
+        raise _refuse(
+            "this window's ORDER BY",
+            "a running total is ordered by one column, ascending",
+            "write OVER (ORDER BY day)",
+        )
+    partitions = window.args.get("partition_by") or []
+    if len(partitions) > 1 or any(not isinstance(p, exp.Column) for p in partitions):
+        raise _refuse(
+            "this window's PARTITION BY",
+            "running totals are kept per value of one column",
+            "write OVER (PARTITION BY shop ORDER BY day)",
+        )
+    order_col = keys[0].this
+    partition = partitions[0] if partitions else None
+    outputs = []
+    alias = "running_total"
+    for item in select.expressions:
+        node = item.this if isinstance(item, exp.Alias) else item
+        if node is window:
+            alias = item.alias_or_name if isinstance(item, exp.Alias) else alias
+            outputs.append((alias, "total"))
+        elif isinstance(node, exp.Column) and node.name.lower() == order_col.name.lower():
+            outputs.append((item.alias_or_name, "order"))
+        elif (
+            isinstance(node, exp.Column)
+            and partition is not None
+            and node.name.lower() == partition.name.lower()
+        ):
+            outputs.append((item.alias_or_name, "partition"))
+        else:
+            raise _refuse(
+                f"the select item {item.sql()}",
+                "a running-total query returns the "
+                "ordered column, the partition column and the running total",
+                "remove it, or run it as a separate GROUP BY query",
+            )
+    for key in ("having", "limit", "offset", "distinct"):
+        if select.args.get(key):
+            raise _refuse(
+                f"{key.upper()} in a running-total query",
+                "the stream's steps are released whole",
+                f"remove the {key.upper()}",
+            )
+    _check_group(select, order_col, partition, aggregate is not inner)
+    return _Shape(window, alias, aggregate, order_col, partition, outputs)
+
+
+def _check_frame(window: exp.Window) -> None:
+    spec = window.args.get("spec")
+    if spec is None:
+        return
+    start, end = spec.args.get("start"), spec.args.get("end")
+    unbounded = (
+        str(start).upper() == "UNBOUNDED"
+        and str(spec.args.get("start_side")).upper() == "PRECEDING"
+    )
+    to_current = end is None or str(end).upper() == "CURRENT ROW"
+    if not (unbounded and to_current):
+        raise _refuse(
+            f"the window frame {spec.sql()}",
+            "only running totals from the start of the stream are answered",
+            "write ROWS UNBOUNDED PRECEDING or no frame",
+        )
+
+
+def _check_group(
+    select: exp.Select, order: exp.Column, partition: exp.Column | None, nested: bool
+) -> None:
+    group = select.args.get("group")
+    names = (
+        {e.name.lower() for e in group.expressions if isinstance(e, exp.Column)} if group else set()
+    )
+    wanted = {order.name.lower()} | ({partition.name.lower()} if partition is not None else set())
+    if (nested and names != wanted) or (not nested and group is not None):
+        raise _refuse(
+            "this GROUP BY",
+            "a running total groups by its ordered column and its partition column only",
+            f"write GROUP BY {', '.join(sorted(wanted))}",
+        )
+
+
+def _plain_query(select: exp.Select, shape: _Shape) -> exp.Select:
+    """The per-step GROUP BY the running total sums: what the gate checks."""
+    keys = [shape.order.copy()] + ([shape.partition.copy()] if shape.partition else [])
+    plain = exp.select(*[k.copy() for k in keys], shape.aggregate.copy()).from_(
+        select.args["from_"].copy()
+    )
+    where = select.args.get("where")
+    if where is not None:
+        plain = plain.where(where.this.copy())
+    return plain.group_by(*keys)
+
+
+# -- the stream: domain, watermark, identity ---------------------------------
+
+
+@dataclass(frozen=True)
+class _Domain:
+    """The ordered column's steps: start, width and count (the horizon)."""
+
+    column: Column
+    spec: ContinualSpec
+
+    @property
+    def start(self) -> Any:
+        lower = self.column.lower
+        if self.column.type == "timestamp" and not isinstance(lower, dt.datetime):
+            return dt.datetime.combine(lower, dt.time())
+        return lower
+
+    def steps_before(self, bound: Any) -> int:
+        """How many whole steps end at or before `bound`."""
+        span = bound - self.start
+        if isinstance(span, dt.timedelta):
+            return span // self.spec.step
+        return math.floor(span / self.spec.step)
+
+    @property
+    def horizon(self) -> int:
+        if self.column.type == "date":
+            return self.steps_before(self.column.upper + dt.timedelta(days=1))
+        if self.column.type == "int":
+            return self.steps_before(self.column.upper + 1)
+        return self.steps_before(self._upper) + 1
+
+    @property
+    def _upper(self) -> Any:
+        upper = self.column.upper
+        if self.column.type == "timestamp" and not isinstance(upper, dt.datetime):
+            return dt.datetime.combine(upper, dt.time())
+        return upper
+
+    def label(self, index: int) -> Any:
+        return self.start + index * self.spec.step
+
+    def bucket(self, column: exp.Column) -> exp.Expression:
+        """SQL for the 0-based step of a row."""
+        if self.column.type == "date":
+            offset = exp.Sub(
+                this=column.copy(), expression=exp.cast(exp.convert(str(self.start)), "DATE")
+            )
+            width = self.spec.step.days
+        elif self.column.type == "timestamp":
+            seconds = exp.TimeToUnix(this=column.copy())
+            start = self.start.replace(tzinfo=dt.UTC).timestamp()
+            offset = exp.Sub(this=seconds, expression=exp.convert(start))
+            width = self.spec.step.total_seconds()
+        else:
+            offset = exp.Sub(this=column.copy(), expression=exp.convert(self.start))
+            width = self.spec.step
+        return exp.Floor(this=exp.Div(this=exp.paren(offset), expression=exp.convert(width)))
+
+    def literal(self, value: Any) -> exp.Expression:
+        if isinstance(value, dt.datetime):
+            return exp.cast(exp.convert(value.isoformat(sep=" ")), "TIMESTAMP")
+        if isinstance(value, dt.date):
+            return exp.cast(exp.convert(value.isoformat()), "DATE")
+        return exp.convert(value)
+
+
+def _watermark(
+    where: exp.Expression | None, order: str, domain: _Domain
+) -> tuple[Any, exp.Expression | None]:
+    """Split WHERE into the upper bound on the ordered column and the rest (the stream's filter)."""
+    bound = None
+    rest = []
+    for condition in _conjuncts(where):
+        columns = {c.name.lower() for c in condition.find_all(exp.Column)}
+        if order.lower() not in columns:
+            rest.append(condition)
+            continue
+        value = _upper_bound(condition, order, domain)
+        if value is None:
+            raise _refuse(
+                f"the condition {condition.sql()}",
+                f"a running total covers the stream "
+                f"from its start; {order} may only be bounded above (the watermark)",
+                f"write {order} < X to release the steps before X",
+            )
+        bound = value if bound is None else min(bound, value)
+    filters = exp.and_(*rest) if rest else None
+    return bound, filters
+
+
+def _upper_bound(condition: exp.Expression, order: str, domain: _Domain) -> Any:
+    if not isinstance(condition, exp.LT | exp.LTE):
+        return None
+    left, right = condition.this, condition.expression
+    if not (isinstance(left, exp.Column) and left.name.lower() == order.lower()):
+        return None
+    literal = right.this if isinstance(right, exp.Cast) else right
+    if not isinstance(literal, exp.Literal):
+        return None
+    kind = domain.column.type
+    try:
+        if kind == "date":
+            value: Any = dt.date.fromisoformat(literal.this)
+        elif kind == "timestamp":
+            value = dt.datetime.fromisoformat(literal.this)
+        else:
+            value = float(literal.this) if literal.is_number else None
+    except ValueError:
+        value = None
+    if value is None:
+        raise _refuse(
+            f"the condition {condition.sql()}",
+            f"the bound is not a {kind} literal",
+            f"compare {order} with a {kind} literal",
+        )
+    if isinstance(condition, exp.LTE) and kind in ("int", "date"):
+        value = value + (1 if kind == "int" else dt.timedelta(days=1))
+    return value
+
+
+@dataclass
+class _Stream:
+    """One stream: what is counted, over which steps, with which counter, and its identity."""
+
+    table: Table
+    domain: _Domain
+    shape: _Shape
+    filters: exp.Expression | None
+    watermark: Any
+    partition_values: tuple[Any, ...]
+    identity: str
+    counter: BinaryTree | Factorization
+    cost: Cost
+    grid: SumGrid | None
+    sensitivity: int
+
+    @classmethod
+    def of(
+        cls, select: exp.Select, shape: _Shape, table: Table, column: Column, context: Any
+    ) -> _Stream:
+        spec = column.continual
+        domain = _Domain(column, spec)
+        horizon = domain.horizon
+        if not 1 <= horizon <= MAX_HORIZON:
+            raise _refuse(
+                f"a stream of {horizon:,} steps",
+                f"dpsql keeps streams of 1 to {MAX_HORIZON:,} steps",
+                "ask for a coarser continual step",
+            )
+        where = select.args.get("where")
+        watermark, filters = _watermark(
+            where.this if where is not None else None, shape.order.name, domain
+        )
+        partition_values: tuple[Any, ...] = (None,)
+        if shape.partition is not None:
+            declared = table.column(shape.partition.name)
+            domain_values = declared.public_domain if declared is not None else None
+            if domain_values is None:
+                raise _refuse(
+                    f"PARTITION BY {shape.partition.name}",
+                    "running totals per key need the keys' public domain",
+                    f"declare values: [...] for {shape.partition.name} in the policy",
+                )
+            partition_values = tuple(domain_values)
+        contributions = (
+            table.max_groups_per_unit * table.max_rows_per_unit if table.privacy_unit else 1
+        )
+        grid, sensitivity = None, contributions
+        if isinstance(shape.aggregate, exp.Sum):
+            probe = analyze(_plain_query(select, shape), table)
+            grid, sensitivity = _sum_grid(probe.measurements[0].bounds, contributions, spec.epsilon)
+        counter, cost = _counter(spec, horizon, sensitivity)
+        identity = hashlib.sha256(
+            json.dumps(
+                [
+                    table.name,
+                    shape.order.name.lower(),
+                    shape.partition.name.lower() if shape.partition is not None else None,
+                    shape.aggregate.sql(dialect="duckdb", normalize=True),
+                    filters.sql(dialect="duckdb", normalize=True) if filters is not None else None,
+                    context.policy.digest,
+                    context.policy.data_version,
+                ]
+            ).encode()
+        ).hexdigest()[:32]
+        return cls(
+            table,
+            domain,
+            shape,
+            filters,
+            watermark,
+            partition_values,
+            identity,
+            counter,
+            cost,
+            grid,
+            sensitivity,
+        )
+
+    def complete_steps(self) -> int:
+        """Steps released by now: those ended before the watermark and, for times, the clock."""
+        bounds = [] if self.watermark is None else [self.watermark]
+        now = clock().astimezone(dt.UTC).replace(tzinfo=None)
+        if self.domain.column.type == "date":
+            bounds.append(now.date())
+        elif self.domain.column.type == "timestamp":
+            bounds.append(now)
+        done = min((self.domain.steps_before(b) for b in bounds), default=self.domain.horizon)
+        return max(0, min(done, self.domain.horizon))
+
+    def step_sql(self, steps: int, context: Any) -> str:
+        """One bounded GROUP BY of the per-step values of the first `steps` steps."""
+        order = self.shape.order
+        bucket = self.domain.bucket(order).as_("__step")
+        keys = [bucket] + (
+            [self.shape.partition.copy()] if self.shape.partition is not None else []
+        )
+        inside = exp.and_(
+            exp.GTE(this=order.copy(), expression=self.domain.literal(self.domain.start)),
+            exp.LT(this=order.copy(), expression=self.domain.literal(self.domain.label(steps))),
+        )
+        where = inside if self.filters is None else exp.and_(exp.paren(self.filters.copy()), inside)
+        query = exp.select(*keys, self.shape.aggregate.copy()).from_(self.table.name).where(where)
+        query = query.group_by(*[exp.Literal.number(i + 1) for i in range(len(keys))])
+        analysis = analyze(query, self.table)
+        grids = {0: self.grid} if self.grid is not None else {}
+        return rewrite(analysis, grids, context.dialect, context.seed, False, earliest_groups=True)
+
+
+def _counter(
+    spec: ContinualSpec, horizon: int, sensitivity: int
+) -> tuple[BinaryTree | Factorization, Cost]:
+    if spec.mechanism == "binary":
+        return laplace_tree(horizon, spec.epsilon, sensitivity), Cost.of(spec.epsilon)
+    rho = rho_for(spec.epsilon, spec.delta)
+    return Factorization(horizon, rho, sensitivity, _gaussian_sampler()), Cost.of(
+        spec.epsilon, spec.delta
+    )
+
+
+def _gaussian_sampler() -> Callable[[int, np.random.Generator], np.ndarray]:
+    raise _refuse(
+        "a factorization stream",
+        "its discrete Gaussian sampler is not available yet",
+        "use 'mechanism: binary' for this column's continual stream",
+    )
+
+
+# -- the plan -----------------------------------------------------------------
+
+
+class RunningPlan:
+    """Running totals from a continual counter: charged once per stream, then free."""
+
+    def __init__(self, stream: _Stream, context: Any):
+        self.stream = stream
+        self.prefix = f"{STATE_PREFIX}{stream.identity}:"
+        stored = context.stored.find(self.prefix)
+        meta = stored.pop(f"{self.prefix}meta", None)
+        self.key = json.loads(meta)["key"] if meta is not None else None
+        self.released = _released(stored, len(stream.partition_values))
+        self.steps = stream.complete_steps()
+        self.cost = stream.cost if self.key is None else Cost()
+        self.sql = stream.step_sql(self.steps, context) if self.steps > self.done else None
+
+    @property
+    def done(self) -> int:
+        return self.released.shape[1]
+
+    def release(self, columns: list[str], rows: list[tuple], rng: np.random.Generator) -> Release:
+        state = {}
+        if self.key is None:
+            self.key = int(rng.integers(0, 1 << 63)) << 63 | int(rng.integers(0, 1 << 63))
+            state[f"{self.prefix}meta"] = json.dumps({"key": self.key})
+        values = self.released
+        notes = [
+            f"running totals over {self.stream.domain.horizon} steps from a "
+            f"{self.stream.counter.name}; rows arriving later for a released step are "
+            "ignored, so releases never change"
+        ]
+        if self.steps > self.done:
+            fresh = self._extend(rows)
+            state[f"{self.prefix}{self.steps:08d}"] = json.dumps(fresh.tolist())
+            values = np.concatenate([values, fresh], axis=1)
+        values = values[:, : self.steps]  # a lower watermark shows fewer of the released steps
+        return Release(self._columns(), self._rows(values), self._accuracy(), notes, state=state)
+
+    def _extend(self, rows: list[tuple]) -> np.ndarray:
+        """Noisy running totals for steps done+1..steps, per partition."""
+        width = len(self.stream.partition_values)
+        exact = np.zeros((width, self.steps), dtype=np.int64)
+        where = {_key(v): i for i, v in enumerate(self.stream.partition_values)}
+        for row in rows:
+            step = int(row[0])
+            part = where.get(_key(row[1])) if width > 1 else 0
+            if part is not None and 0 <= step < self.steps:
+                exact[part, step] = int(row[-1] or 0)
+        fresh = np.zeros((width, self.steps - self.done))
+        for part in range(width):
+            stream = ContinualStream(self.stream.counter, self.key, part)
+            if self.done:
+                last = self.released[part, -1]
+                stream.resume(self.done, last - float(stream.noise[self.done - 1]))
+            fresh[part] = stream.extend(exact[part, self.done : self.steps])
+        return fresh
+
+    def _columns(self) -> list[str]:
+        return [name for name, _ in self.stream.shape.outputs]
+
+    def _rows(self, values: np.ndarray) -> list[tuple]:
+        rows = []
+        step = self.stream.grid.step if self.stream.grid is not None else None
+        for index in range(values.shape[1]):
+            label = self.stream.domain.label(index)
+            for part, key in enumerate(self.stream.partition_values):
+                total = values[part, index]
+                shown = round(total) if step is None else float(total) * step
+                cells = {"order": label, "partition": key, "total": shown}
+                rows.append(tuple(cells[kind] for _, kind in self.stream.shape.outputs))
+        return rows
+
+    def _accuracy(self) -> dict[str, Accuracy]:
+        deviation = np.sqrt(self.stream.counter.variance())
+        unit = self.stream.grid.step if self.stream.grid is not None else 1.0
+        note = (
+            f"per-step standard deviation from {deviation[0] * unit:.4g} to "
+            f"{deviation.max() * unit:.4g} (closed form); it varies with the step"
+        )
+        return {
+            self.stream.shape.alias: Accuracy(
+                self.stream.counter.name,
+                float(deviation.max() * unit),
+                None,
+                float(self.stream.sensitivity * unit),
+                note,
+            )
+        }
+
+    def explain(self) -> list[tuple[str, str]]:
+        stream = self.stream
+        deviation = np.sqrt(stream.counter.variance())
+        unit = stream.grid.step if stream.grid is not None else 1.0
+        charged = f"{stream.cost}, once for the whole horizon"
+        return [
+            ("sql", self.sql or "none: every complete step is already released"),
+            ("mechanism", stream.counter.name),
+            (
+                "horizon",
+                f"{stream.domain.horizon} steps of {stream.domain.spec.step} from "
+                f"{stream.domain.start}; {self.steps} complete, {self.done} released before",
+            ),
+            ("cost", charged if self.key is None else f"none: the stream was charged ({charged})"),
+            ("sensitivity", f"{stream.sensitivity * unit:g} per unit over the whole stream"),
+            (
+                "per-step error",
+                f"standard deviation {deviation.mean() * unit:.4g} on average, "
+                f"{deviation.max() * unit:.4g} at most",
+            ),
+        ]
+
+
+def _released(stored: dict[str, str], width: int) -> np.ndarray:
+    """The values released so far, per partition, from the stored ticks in step order."""
+    ticks = [
+        np.array(json.loads(stored[k]), dtype=np.float64).reshape(width, -1) for k in sorted(stored)
+    ]
+    return np.concatenate(ticks, axis=1) if ticks else np.zeros((width, 0))
+
+
+def _key(value: Any) -> Any:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+__all__ = ["RunningPlan", "clock", "plan_running"]

@@ -1,0 +1,183 @@
+"""Running totals in SQL: answered from a continual stream, charged once, never rewritten."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+
+import duckdb
+import pytest
+
+import dpsql
+from dpsql.errors import QueryRefused
+from dpsql.sql import running
+
+DAY0 = dt.date(2024, 1, 1)
+RUNNING = "SELECT day, SUM(COUNT(*)) OVER (ORDER BY day) AS so_far FROM running_events"
+
+
+def _policy(epsilon: float, **continual: object) -> dict:
+    return {
+        "version": 1,
+        "defaults": {"epsilon_per_query": 1.0, "delta": 1e-6},
+        "analysts": {"default": {"epsilon": 1e5, "delta": 1e-5}},
+        "tables": {"running_events": {
+            "privacy_unit": "uid", "max_groups_per_unit": 40, "max_rows_per_unit": 3,
+            "columns": {
+                "uid": {"type": "int", "private": True},
+                "day": {"type": "date", "lower": "2024-01-01", "upper": "2024-02-09",
+                        "continual": {"step": "1 day", "epsilon": epsilon, **continual}},
+                "shop": {"type": "int", "values": [0, 1, 2]},
+                "city": {"type": "int", "lower": 0, "upper": 9},
+                "amount": {"type": "float", "lower": 0, "upper": 10},
+            }}},
+    }  # fmt: skip
+
+
+@pytest.fixture
+def events() -> duckdb.DuckDBPyConnection:
+    db = duckdb.connect()
+    db.execute("CREATE TABLE running_events (uid INT, day DATE, shop INT, city INT, amount DOUBLE)")
+    _add(db, 0, 2000)
+    return db
+
+
+def _add(db: duckdb.DuckDBPyConnection, start: int, stop: int, day: int | None = None) -> None:
+    when = f"{day}" if day is not None else "(i % 20)"
+    db.execute(
+        f"INSERT INTO running_events SELECT i % 1000, DATE '2024-01-01' + {when}::INT, i % 3, "
+        f"i % 10, (i % 11)::DOUBLE FROM range({start}, {stop}) t(i)"
+    )
+
+
+def _connect(db, tmp_path, epsilon: float = 1e4, **continual):
+    # epsilon 1e4: node noise of scale ~1e-3 is zero with probability 1 - 1e-250,
+    # so the released totals are the exact ones and can be compared
+    return dpsql.connect(db, policy=_policy(epsilon, **continual),
+                         ledger=tmp_path / "ledger.sqlite", seed=3)  # fmt: skip
+
+
+def _truth(db, bound: str, extra: str = "") -> list[tuple]:
+    return db.execute(
+        f"SELECT day, SUM(COUNT(*)) OVER (ORDER BY day) FROM running_events WHERE day < DATE "
+        f"'{bound}' {extra} GROUP BY day ORDER BY day"
+    ).fetchall()
+
+
+def test_running_count_is_the_exact_running_count_plus_noise(events, tmp_path):
+    con = _connect(events, tmp_path)
+    rows = con.execute(f"{RUNNING} WHERE day < '2024-01-11' GROUP BY day").fetchall()
+    assert rows == [(d, int(n)) for d, n in _truth(events, "2024-01-11")]
+    window = con.execute(
+        "SELECT day, COUNT(*) OVER (ORDER BY day ROWS UNBOUNDED PRECEDING) AS n "
+        "FROM running_events WHERE day <= '2024-01-10'"
+    ).fetchall()
+    assert window == rows  # the same stream, answered again for free
+    assert con.budget().epsilon_spent == pytest.approx(1e4)
+
+
+def test_budget_is_charged_once_and_past_releases_never_change(events, tmp_path):
+    con = _connect(events, tmp_path, epsilon=2.0)
+    first = con.execute(f"{RUNNING} WHERE day < '2024-01-06' GROUP BY day").fetchall()
+    assert [r[0] for r in first] == [DAY0 + dt.timedelta(days=i) for i in range(5)]
+    _add(events, 2000, 2600)  # new rows for every day, some for days already released
+    later = con.execute(f"{RUNNING} WHERE day < '2024-01-16' GROUP BY day").fetchall()
+    assert later[:5] == first and len(later) == 15
+    assert con.budget().epsilon_spent == pytest.approx(2.0)
+    again = _connect(events, tmp_path, epsilon=2.0)  # a new session: same stream, same noise
+    assert again.execute(f"{RUNNING} WHERE day < '2024-01-16' GROUP BY day").fetchall() == later
+    assert again.budget().epsilon_spent == pytest.approx(2.0)
+
+
+def test_late_rows_for_released_steps_are_ignored(events, tmp_path):
+    con = _connect(events, tmp_path)
+    before = con.execute(f"{RUNNING} WHERE day < '2024-01-06' GROUP BY day").fetchall()
+    _add(events, 5000, 5030, day=2)  # late rows for a released day
+    _add(events, 6000, 6010, day=7)  # rows for a day not released yet
+    after = con.execute(f"{RUNNING} WHERE day < '2024-01-09' GROUP BY day").fetchall()
+    truth = _truth(events, "2024-01-09")
+    assert after[:5] == before
+    late = 30
+    assert [n for _, n in after[5:]] == [int(n) - late for _, n in truth[5:]]
+
+
+def test_partitioned_running_sum(events, tmp_path):
+    con = _connect(events, tmp_path)
+    cur = con.execute(
+        "SELECT day, shop, SUM(SUM(amount)) OVER (PARTITION BY shop ORDER BY day) AS total "
+        "FROM running_events WHERE day < '2024-01-05' AND city < 5 GROUP BY day, shop"
+    )
+    rows = cur.fetchall()
+    truth = events.execute(
+        "SELECT day, shop, SUM(SUM(amount)) OVER (PARTITION BY shop ORDER BY day) "
+        "FROM running_events WHERE day < DATE '2024-01-05' AND city < 5 GROUP BY day, shop "
+        "ORDER BY day, shop"
+    ).fetchall()
+    assert [(d, s) for d, s, _ in rows] == [(d, s) for d, s, _ in truth]
+    # a SUM's sensitivity is 120 rows x 10: its noise is not negligible even at this epsilon
+    bound = 5 * cur.accuracy["total"].scale
+    assert [t for *_, t in rows] == pytest.approx([t for *_, t in truth], abs=bound)
+    assert any(t != int(t) for *_, t in rows)  # released on the SUM's fine grid
+
+
+def test_explain_shows_mechanism_horizon_cost_and_error(events, tmp_path):
+    con = _connect(events, tmp_path, epsilon=1.0)
+    lines = dict(con.execute(f"EXPLAIN {RUNNING} WHERE day < '2024-01-06' GROUP BY day").fetchall())
+    assert "Honaker" in lines["mechanism"]
+    assert lines["horizon"].startswith("40 steps")
+    assert "once for the whole horizon" in lines["cost"]
+    assert "standard deviation" in lines["per-step error"]
+    assert lines["sensitivity"].startswith("120 ")  # 40 days x 3 rows per unit
+    assert con.budget().epsilon_spent == 0
+
+
+def test_watch_releases_new_steps_each_tick(events, tmp_path, monkeypatch):
+    noon = dt.datetime(2024, 1, 3, 12, tzinfo=dt.UTC)
+    times = itertools.chain([noon, noon], itertools.repeat(noon + dt.timedelta(days=3)))
+    monkeypatch.setattr(running, "clock", lambda: next(times))
+    con = _connect(events, tmp_path)
+    ticks = list(con.watch(f"{RUNNING} GROUP BY day", every=0.001, ticks=2))
+    assert [[r[0] for r in t.rows] for t in ticks] == [
+        [DAY0, DAY0 + dt.timedelta(days=1)],
+        [DAY0 + dt.timedelta(days=d) for d in (2, 3, 4)],
+    ]
+    assert [n for t in ticks for _, n in t.rows] == [
+        int(n) for _, n in _truth(events, "2024-01-06")
+    ]
+    assert con.budget().epsilon_spent == pytest.approx(1e4)
+
+
+@pytest.mark.parametrize(
+    ("sql", "match"),
+    [
+        (
+            "SELECT city, SUM(COUNT(*)) OVER (ORDER BY city) FROM running_events GROUP BY city",
+            "no continual stream",
+        ),
+        (
+            "SELECT day, SUM(COUNT(*)) OVER "
+            "(ORDER BY day ROWS BETWEEN 6 PRECEDING AND CURRENT ROW) "
+            "FROM running_events GROUP BY day",
+            "from the start",
+        ),
+        (f"{RUNNING} WHERE day > '2024-01-03' GROUP BY day", "bounded above"),
+        (
+            "SELECT day, city, SUM(COUNT(*)) OVER (PARTITION BY city ORDER BY day) "
+            "FROM running_events GROUP BY day, city",
+            "public domain",
+        ),
+        ("SELECT day, AVG(amount) OVER (ORDER BY day) FROM running_events", "COUNTs and SUMs"),
+        ("SELECT day, uid, COUNT(*) OVER (ORDER BY day) FROM running_events", "select item"),
+    ],
+)
+def test_refusals_say_what_to_write(events, tmp_path, sql, match):
+    con = _connect(events, tmp_path)
+    with pytest.raises(QueryRefused, match=match):
+        con.execute(sql)
+    assert con.budget().epsilon_spent == 0
+
+
+def test_watch_refuses_a_query_without_a_running_total(events, tmp_path):
+    con = _connect(events, tmp_path)
+    with pytest.raises(dpsql.ProgrammingError, match="running-total"):
+        next(con.watch("SELECT shop, COUNT(*) FROM running_events GROUP BY shop", every=1))
