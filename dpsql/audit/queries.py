@@ -1,0 +1,170 @@
+"""Auditing whole queries end to end: one Session plan released on neighbouring databases.
+
+The neighbouring databases are two in-memory DuckDB databases that differ by
+all rows of one privacy unit (pid 0: five rows at the income bound, in a big
+group and alone in a group of its own). The query is planned once through a
+Session; its bounded SQL runs once on each database, since it is
+deterministic given the plan's secret (the key of the contribution bounding);
+and the plan's own `release` turns the exact rows into noisy answers many
+times with fresh randomness, since all the randomness of an answer is there.
+So the audit covers the real release path without paying a query per sample.
+
+By default one `release` call serves all runs: the exact rows are repeated
+once per run, each group key replaced by a tag that says (run, group), and
+the tags are read back from the released rows. DirectPlan draws noise and
+selects keys group by group, so the copies are independent runs of the
+query. `per_release=True` calls `release` once per run instead: slower, and
+the path to use for a plan that treats its groups jointly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import duckdb
+import numpy as np
+
+import dpsql
+from dpsql.audit.events import Finding, audit_outputs, with_low_bits
+from dpsql.mechanisms.samplers import secure_generator
+from dpsql.sql.analyze import KEY_PREFIX
+from dpsql.sql.parse import parse_statement
+
+TABLE = "audit_people"
+QUERIES = {
+    "count": f"SELECT COUNT(*) AS n FROM {TABLE}",
+    "sum": f"SELECT SUM(income) AS total FROM {TABLE}",
+    "avg": f"SELECT AVG(income) AS mean FROM {TABLE}",
+    "group_by": f"SELECT grp, COUNT(*) AS n FROM {TABLE} GROUP BY grp",
+}
+UPPER = 100.0
+POLICY = {
+    "version": 1,
+    "defaults": {"epsilon_per_query": 1.0, "delta": 1e-6},
+    "analysts": {"default": {"epsilon": 1e9, "delta": 0.5}},
+    "tables": {
+        TABLE: {
+            "privacy_unit": "pid",
+            "max_groups_per_unit": 2,
+            "max_rows_per_unit": 2,
+            "columns": {
+                "pid": {"type": "int", "private": True},
+                "grp": {"type": "string"},
+                "income": {"type": "float", "lower": 0.0, "upper": UPPER},
+            },
+        }
+    },
+}
+
+
+def table_rows(with_unit: bool) -> list[tuple[int, str, float]]:
+    """300 background units of 1-3 rows in groups a and b; unit 0 is the one that differs.
+
+    Unit 0 has more rows than the bounds keep, all at the income bound, and is
+    alone in group s: its removal moves COUNT and SUM by their full
+    sensitivity and takes group s out of the data.
+    """
+    rows = [
+        (pid, "a" if pid % 2 else "b", (pid * 37 + r * 11) % 100 + 0.25)
+        for pid in range(1, 301)
+        for r in range(pid % 3 + 1)
+    ]
+    if with_unit:
+        rows += [(0, "a", UPPER)] * 3 + [(0, "s", UPPER)] * 2
+    return rows
+
+
+def _database(with_unit: bool) -> duckdb.DuckDBPyConnection:
+    connection = duckdb.connect()
+    connection.execute(f"CREATE TABLE {TABLE} (pid INTEGER, grp VARCHAR, income DOUBLE)")
+    connection.executemany(f"INSERT INTO {TABLE} VALUES (?, ?, ?)", table_rows(with_unit))
+    return connection
+
+
+def audit_query(
+    sql: str,
+    runs: int,
+    *,
+    epsilon: float = 1.0,
+    confidence: float = 0.999,
+    seed: int | None = None,
+    per_release: bool = False,
+) -> tuple[float, float, Finding]:
+    """(claimed epsilon, claimed delta, finding) for `sql` on the neighbouring audit tables.
+
+    `seed` fixes the plan's secret and the noise (tests); None draws both from the OS.
+    """
+    first = dpsql.connect(_database(True), policy=POLICY, epsilon=epsilon, seed=seed)
+    second = dpsql.connect(_database(False), policy=POLICY, epsilon=epsilon)
+    try:
+        session = first.session
+        plan = session.plan(parse_statement(sql, session.adapter.dialect).tree)
+        rng = secure_generator(None if seed is None else seed + 1)
+        outputs = []
+        for connection in (first, second):
+            columns, rows = connection.session.adapter.execute(plan.sql)
+            outputs.append(_features(plan, columns, rows, runs, rng, per_release))
+        names = set(outputs[0]) | set(outputs[1])
+        missing = np.full(runs, -np.inf)  # a key that one database never releases
+        features = [with_low_bits({n: out.get(n, missing) for n in names}) for out in outputs]
+        delta = float(plan.cost.delta)
+        finding = audit_outputs(features[0], features[1], delta, confidence)
+        return float(plan.cost.epsilon), delta, finding
+    finally:
+        first.close()
+        second.close()
+
+
+def _features(
+    plan: Any, columns: list[str], rows: list[tuple], runs: int, rng: np.random.Generator,
+    per_release: bool,
+) -> dict[str, np.ndarray]:  # fmt: skip
+    """Each released value per run: "column [key]" -> array over runs, -inf where not released."""
+    width = sum(1 for name in columns if name.startswith(KEY_PREFIX))
+    if width > 1:
+        raise ValueError("the auditor follows queries that group by one column")
+    seen: dict[str, tuple[list[int], list[Any]]] = {}
+    for run, key, names, values in _released(plan, columns, rows, runs, rng, width, per_release):
+        for name, value in zip(names, values, strict=True):
+            label = name if key is None else f"{name} [{key}]"
+            found = seen.get(label)
+            if found is None:
+                found = seen[label] = ([], [])
+            found[0].append(run)
+            found[1].append(value)
+    features = {}
+    for label, (released_runs, values) in seen.items():
+        features[label] = np.full(runs, -np.inf)
+        features[label][released_runs] = values
+    return features
+
+
+def _released(
+    plan: Any, columns: list[str], rows: list[tuple], runs: int, rng: np.random.Generator,
+    width: int, per_release: bool,
+) -> Iterator[tuple[int, Any, list[str], tuple]]:  # fmt: skip
+    """(run, group key or None, value column names, values) for each released row."""
+    if per_release:
+        for run in range(runs):
+            release = plan.release(columns, rows, rng)
+            names = release.columns[width:]
+            for row in release.rows:
+                yield run, (row[0] if width else None), names, row[width:]
+        return
+    groups = len(rows)
+    copies = [
+        ((run * groups + g,) if width else ()) + row[width:]
+        for run in range(runs)
+        for g, row in enumerate(rows)
+    ]
+    release = plan.release(columns, copies, rng)
+    names = release.columns[width:]
+    if not width and len(release.rows) != runs:
+        raise RuntimeError("the plan did not release one row per run; use per_release=True")
+    for index, row in enumerate(release.rows):
+        if width:
+            run, g = divmod(row[0], groups)
+            yield run, rows[g][0], names, row[1:]
+        else:
+            yield index, None, names, row
