@@ -66,7 +66,8 @@ def test_discrete_laplace_is_a_noise_mechanism() -> None:
 
 def test_discrete_laplace_takes_epsilon_exactly() -> None:
     mech = DiscreteLaplace(1, 0.1)
-    assert mech.exact_scale == 1 / Fraction(0.1)  # the float 0.1, not 1/10
+    # the decimal 1/10 the ledger charges, not the float 0.1 (which is a little more than 1/10)
+    assert mech.exact_scale == 10
     assert DiscreteLaplace(3, Fraction(1, 3)).exact_scale == 9
 
 
@@ -127,12 +128,12 @@ def test_discrete_laplace_keeps_shape_and_checks_inputs() -> None:
 def test_grid_granularity_is_the_smallest_power_of_two_above_target() -> None:
     for sensitivity, epsilon in ((1.0, 1.0), (0.7, 1.0), (500000.0, 0.25), (1e-3, 3.0)):
         mech = GridLaplace(sensitivity, epsilon)
-        target = Fraction(sensitivity) / Fraction(epsilon) / 2**GRANULARITY_BITS
+        target = Fraction(sensitivity) / Cost.of(epsilon).epsilon / 2**GRANULARITY_BITS
         g = Fraction(mech.granularity)
         assert g == Fraction(2) ** mech.exponent
         assert g >= target > g / 2
-        assert mech.grid_scale == (Fraction(sensitivity) + g) / (Fraction(epsilon) * g)
-        assert mech.scale == float((Fraction(sensitivity) + g) / Fraction(epsilon))
+        assert mech.grid_scale == (Fraction(sensitivity) + g) / (Cost.of(epsilon).epsilon * g)
+        assert mech.scale == float((Fraction(sensitivity) + g) / Cost.of(epsilon).epsilon)
 
 
 def test_grid_outputs_are_multiples_of_g_for_every_input() -> None:
@@ -197,7 +198,7 @@ def test_grid_pmf_ratio_between_neighbours_is_at_most_e_epsilon(
     worst = int(np.abs(high - low).max())
     # P(out = k | n) / P(out = k | n') = a^(|k-n| - |k-n'|) <= a^-|n-n'|, attained for k
     # beyond both; with a = exp(-1/grid_scale) the log-ratio is |n-n'| / grid_scale.
-    assert Fraction(worst) / mech.grid_scale <= Fraction(epsilon)
+    assert Fraction(worst) / mech.grid_scale <= Cost.of(epsilon).epsilon
     if sensitivity == 0.7:
         # the rounding really does widen the gap beyond Delta/g: without the inflated
         # sensitivity the same pair would cost more than epsilon

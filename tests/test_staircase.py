@@ -1,19 +1,19 @@
 """The staircase mechanism: choice of the step, exact privacy ratio, closed forms and the sampler.
 
-Exact checks use 60-digit decimals over the support (the tails beyond it are
+Exact checks use 90-digit decimals over the support (the tails beyond it are
 below 1e-40); sampled checks use fixed seeds and 6-standard-error tolerances
 from the exact moments.
 """
 
 from __future__ import annotations
 
-import decimal
 import math
 from decimal import Decimal
 from fractions import Fraction
 
 import numpy as np
 import pytest
+from test_samplers import digits90  # noqa: F401 (a fixture)
 
 from dpsql.accounting import Cost
 from dpsql.mechanisms import staircase
@@ -26,11 +26,7 @@ N = 1_000_000
 SIGMAS = 6
 
 
-@pytest.fixture(autouse=True)
-def digits60():
-    with decimal.localcontext() as ctx:
-        ctx.prec = 60
-        yield
+pytestmark = pytest.mark.usefixtures("digits90")
 
 
 def _b(epsilon: float) -> Decimal:

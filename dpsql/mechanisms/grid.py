@@ -34,6 +34,13 @@ def positive(value: float | Fraction, name: str) -> Fraction:
     return exact
 
 
+def privacy_parameter(value: float | Fraction, name: str) -> Fraction:
+    """A positive epsilon or rho exactly as the ledger counts it (a float is the decimal it
+    prints as), so that the noise spends precisely the cost that is charged."""
+    positive(value, name)
+    return Cost.of(value).epsilon
+
+
 def integer_sensitivity(sensitivity: int | float) -> int:
     """An integer sensitivity >= 1 (an integral float is accepted), or a ValueError."""
     if isinstance(sensitivity, float) and sensitivity.is_integer():

@@ -29,6 +29,7 @@ from dpsql.mechanisms.grid import (
     integer_sensitivity,
     positive,
     power_of_two_exponent,
+    privacy_parameter,
 )
 from dpsql.mechanisms.samplers import ExactReal, discrete_laplace
 
@@ -71,7 +72,7 @@ class DiscreteLaplace:
         self.sensitivity = integer_sensitivity(sensitivity)
         self.epsilon = epsilon
         self.cost = Cost.of(epsilon, 0)
-        self.exact_scale = Fraction(self.sensitivity) / positive(epsilon, "epsilon")
+        self.exact_scale = Fraction(self.sensitivity) / privacy_parameter(epsilon, "epsilon")
 
     @classmethod
     def with_scale(cls, scale: Fraction, epsilon: float | Fraction) -> DiscreteLaplace:
@@ -111,7 +112,7 @@ class GridLaplace(GridMechanism):
 
     def __init__(self, sensitivity: float | Fraction, epsilon: float | Fraction) -> None:
         delta = positive(sensitivity, "sensitivity")
-        eps = positive(epsilon, "epsilon")
+        eps = privacy_parameter(epsilon, "epsilon")
         self.sensitivity = float(sensitivity)
         self.epsilon = epsilon
         self.cost = Cost.of(epsilon, 0)

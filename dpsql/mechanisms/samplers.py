@@ -252,6 +252,14 @@ def _resolve_below(x: ExactReal, prefix_bits: int, rng: np.random.Generator) -> 
             return word < digit
 
 
+def below(p: ExactReal, word: int, rng: np.random.Generator) -> bool:
+    """Whether V < p for the uniform V whose first 64 bits are `word`, exactly."""
+    threshold = p.floor_scaled(64)
+    if word != threshold:
+        return word < threshold
+    return _resolve_below(p, 64, rng)
+
+
 def bernoulli(p: ExactReal, size: int, rng: np.random.Generator) -> np.ndarray:
     """`size` independent exact Bernoulli(p) decisions, for an irrational p in (0, 1).
 

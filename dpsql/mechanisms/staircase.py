@@ -40,6 +40,7 @@ from dpsql.mechanisms.grid import (
     integer_sensitivity,
     positive,
     power_of_two_exponent,
+    privacy_parameter,
     steps_apart,
 )
 from dpsql.mechanisms.laplace import DiscreteLaplace
@@ -184,7 +185,7 @@ class Staircase:
         self.sensitivity = integer_sensitivity(sensitivity)
         if self.sensitivity > _MAX_SENSITIVITY:
             raise ValueError("staircase sensitivity must be below 2^31; use GridStaircase")
-        self.exact_epsilon = positive(epsilon, "epsilon")
+        self.exact_epsilon = privacy_parameter(epsilon, "epsilon")
         self.epsilon = epsilon
         self.cost = Cost.of(epsilon, 0)
         self.gamma = gamma
