@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -122,3 +124,19 @@ def test_stream_steps_resume_and_never_rewrite_the_past():
     assert np.array_equal(restarted.extend(values[10:]), whole[10:])
     with pytest.raises(ValueError, match="horizon"):
         restarted.step(1)
+
+
+def test_seed003_example_runs_and_matches_its_closed_forms(tmp_path):
+    path = Path(__file__).resolve().parent.parent / "examples" / "seed003_continual.py"
+    spec = importlib.util.spec_from_file_location("seed003_continual", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    rows = example.experiment(range(4, 7, 2), reps=400, seed=1)
+    assert {r["p"] for r in rows} == set(example.PS)
+    for row in rows:
+        # mean over >= 16 steps of a 400-run MSE: relative sd below sqrt(5/400) / 2
+        assert row["mean"] == pytest.approx(row["closed_mean"], rel=5 * math.sqrt(5 / 400) / 2)
+    example.plot(rows, tmp_path / "curve.png")
+    top = example.zipf_histogram(64, 5, 1, tmp_path / "zipf.png")
+    assert (tmp_path / "curve.png").stat().st_size > 0 and (tmp_path / "zipf.png").exists()
+    assert top["top key"] >= 1

@@ -432,15 +432,22 @@ class _Stream:
         done = min((self.domain.steps_before(b) for b in bounds), default=self.domain.horizon)
         return max(0, min(done, self.domain.horizon))
 
-    def step_sql(self, steps: int, context: Any) -> str:
-        """One bounded GROUP BY of the per-step values of the first `steps` steps."""
+    def step_sql(self, done: int, steps: int, context: Any) -> str:
+        """One bounded GROUP BY of the per-step values of the first `steps` steps.
+
+        With a privacy unit, every step from the start is ranked, so that each
+        unit keeps its earliest steps; without one (or a unique unit) nothing is
+        ranked and only the steps after the `done` ones already released are read.
+        """
         order = self.shape.order
+        ranked = self.table.privacy_unit is not None and not self.table.unique_unit
+        first = self.domain.label(0 if ranked else done)
         bucket = self.domain.bucket(order).as_("__step")
         keys = [bucket] + (
             [self.shape.partition.copy()] if self.shape.partition is not None else []
         )
         inside = exp.and_(
-            exp.GTE(this=order.copy(), expression=self.domain.literal(self.domain.start)),
+            exp.GTE(this=order.copy(), expression=self.domain.literal(first)),
             exp.LT(this=order.copy(), expression=self.domain.literal(self.domain.label(steps))),
         )
         where = inside if self.filters is None else exp.and_(exp.paren(self.filters.copy()), inside)
@@ -485,7 +492,9 @@ class RunningPlan:
         self.released = _released(stored, len(stream.partition_values))
         self.steps = stream.complete_steps()
         self.cost = stream.cost if self.key is None else Cost()
-        self.sql = stream.step_sql(self.steps, context) if self.steps > self.done else None
+        self.sql = (
+            stream.step_sql(self.done, self.steps, context) if self.steps > self.done else None
+        )
 
     @property
     def done(self) -> int:
