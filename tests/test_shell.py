@@ -1,0 +1,426 @@
+"""`dpsql shell`: script splitting, formatting of intervals, meta-commands, completion,
+the non-interactive command end to end (demo data and PUMS), and an interactive session
+on prompt_toolkit's pipe input and in a real pseudo-terminal."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from prompt_toolkit.application import create_app_session
+from prompt_toolkit.completion import CompleteEvent
+from prompt_toolkit.document import Document
+from prompt_toolkit.input import create_pipe_input
+from prompt_toolkit.output import DummyOutput
+from rich.console import Console
+
+import dpsql
+from dpsql import demo
+from dpsql.mechanisms.laplace import DiscreteLaplace
+from dpsql.session import Budget
+from dpsql.shell import render
+from dpsql.shell.connection import LocalConnection, parse_accuracy
+from dpsql.shell.engine import Piece, Quit, Shell, split_script, statement_complete
+from dpsql.shell.repl import ShellCompleter, repl
+from dpsql.sql.plan import Accuracy
+from tests.conftest import pums_policy
+
+COUNT_EPS1 = DiscreteLaplace(1, 1.0).interval95()  # COUNT(*) of one unit per row at epsilon 1
+
+
+# -- splitting and formatting --------------------------------------------------
+
+
+def test_split_script_cuts_at_semicolons_outside_quotes_and_comments() -> None:
+    script = (
+        "-- a comment; not a statement\n"
+        "SELECT 'a;b' AS x\n"
+        '  FROM t; SELECT "c;" FROM t /* ; */;\n'
+        "\\budget\n"
+        "\n"
+        "SELECT 1\n"
+    )
+    assert list(split_script(script)) == [
+        Piece("sql", "SELECT 'a;b' AS x\n  FROM t", 2),
+        Piece("sql", 'SELECT "c;" FROM t /* ; */', 3),
+        Piece("meta", "\\budget", 4),
+        Piece("sql", "SELECT 1", 6),
+    ]
+
+
+def test_a_backslash_inside_a_statement_is_not_a_meta_command() -> None:
+    pieces = list(split_script("SELECT COUNT(*)\n\\budget\n;"))
+    assert [p.kind for p in pieces] == ["sql"]
+
+
+def test_enter_runs_only_a_finished_statement() -> None:
+    assert not statement_complete("SELECT COUNT(*)\nFROM t")
+    assert not statement_complete("SELECT ';")  # the quote is still open
+    assert statement_complete("SELECT COUNT(*)\nFROM t;")
+    assert statement_complete("\\budget")
+    assert statement_complete("")
+
+
+def test_noisy_values_carry_their_interval() -> None:
+    count = Accuracy("discrete_laplace", 3.0, 9.0, 1.0)
+    assert render.noisy_cell(24550, count) == "24550 ± 9"
+    total = Accuracy("discrete_laplace", 1.5e6, 4493598.0, 5e5)
+    assert render.noisy_cell(942188990.0, total) == "942,188,990 ± 4,493,598"
+    mean = Accuracy("discrete_laplace", 1.5e6, None, 5e5, "depends on the count")
+    assert render.noisy_cell(38379.91, mean) == "38,379.9"
+    assert render.noisy_cell(None, count) == "NULL"
+    assert render.accuracy_notes({"avg": mean, "n": count}) == [
+        "avg: depends on the count (discrete_laplace, noise scale 1,500,000)"
+    ]
+
+
+def test_csv_puts_each_interval_in_its_own_column() -> None:
+    out = io.StringIO()
+    accuracy = {"n": Accuracy("discrete_laplace", 3.0, 9.0, 1.0)}
+    render.write_csv(out, ["sex", "n"], [(0, 24550), (1, 25454)], accuracy)
+    assert list(csv.reader(io.StringIO(out.getvalue()))) == [
+        ["sex", "n", "n_interval95"],
+        ["0", "24550", "9.0"],
+        ["1", "25454", "9.0"],
+    ]
+
+
+def test_cost_line_is_the_change_in_spent_budget() -> None:
+    before = Budget("ann", 10.0, 1.0, 9.0, 1e-5, 0.0, 1e-5)
+    after = Budget("ann", 10.0, 1.5, 8.5, 1e-5, 1e-6, 9e-6)
+    assert render.cost_line(before, after).startswith("cost: epsilon 0.5, delta 1e-06 · ")
+    assert "nothing charged" in render.cost_line(after, after)
+
+
+def test_accuracy_notice_of_the_wire_server_is_parsed() -> None:
+    detail = (
+        '{"n": {"mechanism": "discrete_laplace", "scale": 3, "interval95": 9, "sensitivity": 1}}'
+    )
+    assert parse_accuracy(detail) == {"n": Accuracy("discrete_laplace", 3.0, 9.0, 1.0)}
+    assert parse_accuracy("not json") == {}
+
+
+# -- the engine on the demo database, in process ------------------------------
+
+
+@pytest.fixture
+def shell(tmp_path: Path):
+    connection = dpsql.connect(
+        demo.demo_connection(), policy=demo.DEMO_POLICY, ledger=tmp_path / "ledger.sqlite", seed=3
+    )
+    out, err = io.StringIO(), io.StringIO()
+    engine = Shell(
+        LocalConnection(connection, "the demo census"),
+        Console(file=out, width=200),
+        Console(file=err, width=200),
+    )
+    engine.start()
+    engine.output = out  # type: ignore[attr-defined]  # for the tests to read
+    engine.errors = err  # type: ignore[attr-defined]
+    yield engine
+    connection.close()
+
+
+def _take(stream: io.StringIO) -> str:
+    text = stream.getvalue()
+    stream.seek(0)
+    stream.truncate()
+    return text
+
+
+def test_a_query_shows_interval_cost_and_remaining_budget(shell: Shell) -> None:
+    assert shell.run_text("SELECT COUNT(*) AS n FROM census;")
+    out = _take(shell.output)
+    assert f"± {COUNT_EPS1}" in out
+    assert "cost: epsilon 1, delta 0" in out
+    assert "epsilon 19 of 20 remaining" in out
+    assert shell.run_text("SELECT COUNT(*) AS n FROM census;")  # the same query again
+    assert "nothing charged" in _take(shell.output)
+    assert shell.connection.budget().epsilon_spent == 1.0
+
+
+def test_meta_set_changes_the_cost_of_the_next_query(shell: Shell) -> None:
+    assert shell.run_text("\\set epsilon 0.25")
+    assert "epsilon 0.25" in _take(shell.output)
+    assert shell.run_text("SELECT COUNT(*) AS n FROM census;")
+    out = _take(shell.output)
+    assert f"± {DiscreteLaplace(1, 0.25).interval95()}" in out
+    assert "cost: epsilon 0.25" in out
+    assert shell.run_text("\\set mechanism laplace")
+    assert shell.settings["mechanism"] == "laplace"
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ("\\set epsilon lots", "epsilon is a number, e.g. \\set epsilon 0.5"),
+        ("\\set epsilon -1", "dpsql.epsilon must be a positive finite number"),
+        ("\\set mechanism 'x'; DROP", "a mechanism is a name"),
+        ("\\set mechanism magic", "unknown mechanism 'magic'; choose one of:"),
+        ("\\set colour red", "give one of epsilon, delta, mechanism"),
+        ("\\frobnicate", "unknown command \\frobnicate; \\help lists the commands"),
+        ("\\explain", "\\explain needs a query"),
+        ("SELECT * FROM census;", "refused SELECT *: it returns raw rows. Instead:"),
+        ("SELECT COUNT(*) FROM nowhere;", "nowhere"),
+        ("SELEC 1;", "refused malformed SQL"),
+    ],
+)
+def test_mistakes_are_messages_that_say_what_to_do(shell: Shell, line: str, says: str) -> None:
+    assert not shell.run_text(line)
+    errors = _take(shell.errors)
+    assert errors.startswith("error (line 1):") and says in errors
+    assert "Traceback" not in errors
+    assert shell.connection.budget().epsilon_spent == 0.0
+
+
+def test_meta_budget_policy_explain_and_help(shell: Shell) -> None:
+    assert shell.run_text("\\explain SELECT COUNT(*) FROM census")
+    out = _take(shell.output)
+    assert "epsilon=1" in out and f"+/-{COUNT_EPS1}" in out
+    assert shell.connection.budget().epsilon_spent == 0.0  # EXPLAIN is free
+    assert shell.run_text("\\budget")
+    out = _take(shell.output)
+    assert "privacy budget of default" in out and "remaining" in out
+    assert shell.run_text("\\policy")
+    out = _take(shell.output)
+    assert "census" in out and "privacy unit pid" in out
+    assert "[0, 100]" in out and "public: 1 .. 16" in out and "public: 0, 1" in out
+    assert "only in COUNT(DISTINCT pid)" in out and "from the data" in out
+    assert shell.run_text("\\help")
+    out = _take(shell.output)
+    assert all(command in out for command in ("\\budget", "\\policy", "\\explain", "\\q"))
+    with pytest.raises(Quit):
+        shell.run(Piece("meta", "\\q", 1))
+
+
+def test_a_script_stops_at_the_first_error_unless_told_to_continue(shell: Shell) -> None:
+    script = "SELECT COUNT(*) FROM census;\nSELECT * FROM census;\nSELECT SUM(age) FROM census;"
+    assert not shell.run_text(script)
+    assert "error (line 2)" in _take(shell.errors)
+    assert shell.connection.budget().epsilon_spent == 1.0  # the third never ran
+    assert not shell.run_text(script, keep_going=True)
+    assert shell.connection.budget().epsilon_spent == 2.0  # the first is cached, the third ran
+
+
+# -- completion ----------------------------------------------------------------
+
+
+def _complete(text: str, requested: bool = False) -> list[str]:
+    schema = LocalConnection(
+        dpsql.connect(demo.demo_connection(), policy=demo.DEMO_POLICY, ledger=":memory:"), ""
+    ).schema()
+    completer = ShellCompleter(schema)
+    event = CompleteEvent(completion_requested=requested)
+    return [c.text for c in completer.get_completions(Document(text), event)]
+
+
+def test_completion_of_columns_tables_keywords_and_meta_commands() -> None:
+    assert _complete("SELECT ag") == ["age"]
+    assert _complete("SELECT COUNT(*) FROM ce") == ["census"]
+    assert _complete("SELECT COUNT(*) FROM census WHERE census.in") == ["census.income"]
+    assert "GROUP BY" in _complete("SELECT sex, COUNT(*) FROM census GR")
+    assert _complete("sel") == ["select"]  # keywords follow the typed case
+    assert "SUM" in _complete("SELECT S")
+    assert _complete("SHOW dpsql.bu") == ["dpsql.budget"]
+    assert _complete("\\bu") == ["\\budget"]
+    assert _complete("\\set mech") == ["mechanism"]
+    assert _complete("\\set mechanism la") == ["laplace"]
+    assert _complete("SELECT ") == []  # not on every space
+    assert "census" in _complete("SELECT COUNT(*) FROM ", requested=True)
+
+
+# -- interactive ---------------------------------------------------------------
+
+
+def test_interactive_session_on_prompt_toolkit_input(shell: Shell, tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    keys = "SELECT COUNT(*) AS n\rFROM census;\r\\budget\rSELECT * FROM census;\r\\q\r"
+    with create_pipe_input() as pipe, create_app_session(input=pipe, output=DummyOutput()):
+        pipe.send_text(keys)
+        assert repl(shell) == 0
+    out = _take(shell.output)
+    assert f"± {COUNT_EPS1}" in out and "privacy budget of default" in out
+    assert "refused SELECT *" in _take(shell.errors)
+    history = (tmp_path / ".dpsql" / "history").read_text()
+    assert "SELECT COUNT(*) AS n\n+FROM census;" in history
+
+
+def test_ctrl_d_leaves_the_shell(shell: Shell, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with create_pipe_input() as pipe, create_app_session(input=pipe, output=DummyOutput()):
+        pipe.send_text("SELECT\x03\x04")  # Ctrl-C drops the line, Ctrl-D quits
+        assert repl(shell) == 0
+
+
+def test_interactive_session_in_a_pseudo_terminal(tmp_path: Path) -> None:
+    """The real `dpsql shell --demo` on a real terminal: prompt, query, answer, quit."""
+    primary, secondary = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dpsql.cli", "shell", "--demo"],
+        stdin=secondary, stdout=secondary, stderr=secondary,
+        env={**os.environ, "HOME": str(tmp_path), "TERM": "xterm", "COLUMNS": "120"},
+    )  # fmt: skip
+    os.close(secondary)
+    try:
+        _expect(primary, b"dpsql>")
+        os.write(primary, b"SELECT COUNT(*) AS n\r")
+        os.write(primary, b"FROM census;\r")
+        answer = _expect(primary, b"remaining")
+        assert f"± {COUNT_EPS1}".encode() in answer
+        os.write(primary, b"\\q\r")
+        assert process.wait(timeout=20) == 0
+    finally:
+        process.kill()
+        os.close(primary)
+
+
+def _expect(fd: int, marker: bytes, timeout: float = 30.0) -> bytes:
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while marker not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {marker!r} from the shell; it printed: {seen[-2000:]!r}"
+        if select.select([fd], [], [], left)[0]:
+            seen += os.read(fd, 65536)
+    return seen
+
+
+# -- the `dpsql shell` command end to end ---------------------------------------
+
+
+def _dpsql(*args: str, stdin: str = "", home: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dpsql.cli", "shell", *args],
+        input=stdin, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "HOME": str(home), "COLUMNS": "200"},
+    )  # fmt: skip
+
+
+def test_command_line_queries_on_the_demo(tmp_path: Path) -> None:
+    done = _dpsql("--demo", "-c", "SELECT COUNT(*) AS n FROM census", "-c", "\\budget",
+                  home=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"± {COUNT_EPS1}" in done.stdout and "privacy budget of default" in done.stdout
+    refused = _dpsql("--demo", "-c", "SELECT age FROM census", "-c", "SELECT 1", home=tmp_path)
+    assert refused.returncode == 1
+    assert "error (command 1, line 1): QueryRefused: refused" in refused.stderr
+    assert "Traceback" not in refused.stderr and "no table is read" not in refused.stdout
+
+
+def test_script_on_standard_input_as_csv(tmp_path: Path) -> None:
+    script = "SELECT sex, COUNT(*) AS n\n  FROM census GROUP BY sex;\nSELECT age FROM census;\n"
+    script += "SELECT educ, COUNT(*) AS n FROM census GROUP BY educ;\n"
+    stopped = _dpsql("--demo", "--csv", stdin=script, home=tmp_path)
+    assert stopped.returncode == 1 and "error (line 3)" in stopped.stderr
+    rows = list(csv.reader(io.StringIO(stopped.stdout)))
+    assert rows[0] == ["sex", "n", "n_interval95"] and len(rows) == 3  # the third never ran
+    go_on = _dpsql("--demo", "--csv", "--continue", "--epsilon", "0.5", stdin=script,
+                   home=tmp_path)  # fmt: skip
+    assert go_on.returncode == 1
+    rows = list(csv.reader(io.StringIO(go_on.stdout)))
+    assert rows[3] == ["educ", "n", "n_interval95"] and len(rows) == 3 + 1 + 16
+    assert "cost: epsilon 0.5" in go_on.stderr
+
+
+def test_pums_through_the_command(pums_db: Path, tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(pums_policy()))
+    done = _dpsql(
+        "--database", str(pums_db), "--policy", str(policy), "--ledger", str(tmp_path / "l.db"),
+        "--csv", "-c", "SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex", home=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    import duckdb
+
+    with duckdb.connect(str(pums_db), read_only=True) as raw:
+        exact = dict(raw.execute("SELECT sex, COUNT(*) FROM pums GROUP BY sex").fetchall())
+    rows = list(csv.DictReader(io.StringIO(done.stdout)))
+    assert [int(row["sex"]) for row in rows] == [0, 1]
+    for row in rows:
+        interval = float(row["n_interval95"])
+        assert interval == DiscreteLaplace(1, 1.0).interval95()
+        # P(|noise| > 10 * interval95) < 1e-12 for discrete Laplace at epsilon 1
+        assert abs(int(row["n"]) - exact[int(row["sex"])]) <= 10 * interval
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--database", "nowhere.duckdb", "--policy", "p.yaml"], "cannot read the policy file"),
+        (["--server", "postgresql://x@127.0.0.1:1/db", "-c", "SELECT 1"], "cannot connect"),
+        (["--demo", "--server", "postgresql://x@127.0.0.1:1/db"], "not both"),
+        (["--demo", "--mechanism", "magic", "-c", "SELECT 1"], "unknown mechanism"),
+    ],
+)
+def test_startup_errors_are_messages(tmp_path: Path, args: list[str], says: str) -> None:
+    done = _dpsql(*args, home=tmp_path)
+    assert done.returncode != 0 and says in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+# -- against a running `dpsql serve` --------------------------------------------
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    from dpsql.server import BackgroundServer, build
+
+    connection = dpsql.connect(
+        demo.demo_connection(), policy=demo.DEMO_POLICY, ledger=tmp_path / "served.sqlite"
+    )
+    with BackgroundServer(build(connection, trust=True)) as running:
+        yield f"postgresql://default@127.0.0.1:{running.port}/census"
+
+
+def test_the_shell_against_a_running_server(server: str, tmp_path: Path) -> None:
+    script = "SELECT COUNT(*) AS n FROM census;\n\\set epsilon 0.5\n"
+    script += (
+        "SELECT sex, COUNT(*) AS n FROM census GROUP BY sex;\n\\policy\nSELECT age FROM census;\n"
+    )
+    done = _dpsql("--server", server, stdin=script, home=tmp_path)
+    assert done.returncode == 1
+    assert f"± {COUNT_EPS1}" in done.stdout  # the accuracy notice reached the table
+    assert f"± {DiscreteLaplace(1, 0.5).interval95()}" in done.stdout
+    assert "cost: epsilon 1, delta 0" in done.stdout and "cost: epsilon 0.5" in done.stdout
+    assert "epsilon 18.5 of 20 remaining" in done.stdout  # SHOW dpsql.budget
+    assert "income" in done.stdout and "kept by the server" in done.stdout  # \policy
+    assert "error (line 5): refused the column age" in done.stderr
+    assert "SQLSTATE" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_completion_over_the_wire_uses_the_servers_catalog(server: str) -> None:
+    from dpsql.shell.connection import WireConnection
+
+    connection = WireConnection(server)
+    try:
+        completer = ShellCompleter(connection.schema())
+    finally:
+        connection.close()
+    document = Document("SELECT COUNT(*) FROM census WHERE census.ed")
+    assert [c.text for c in completer.get_completions(document, CompleteEvent())] == ["census.educ"]
+
+
+def test_the_password_is_asked_for_when_the_server_wants_one(tmp_path: Path) -> None:
+    from dpsql.server import BackgroundServer, build
+    from dpsql.server.auth import make_verifier
+    from dpsql.shell.connection import WireConnection
+
+    connection = dpsql.connect(demo.demo_connection(), policy=demo.DEMO_POLICY, ledger=":memory:")
+    server = build(connection, users={"default": make_verifier("s3cret", iterations=4096)})
+    with BackgroundServer(server) as running:
+        url = f"postgresql://default@127.0.0.1:{running.port}/census"
+        asked = []
+        wire = WireConnection(url, lambda: asked.append(1) or "s3cret")
+        assert asked == [1] and wire.budget().epsilon_total == 20.0
+        wire.close()
+        with pytest.raises(dpsql.OperationalError, match="cannot connect to the dpsql server"):
+            WireConnection(url, lambda: "wrong")
