@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from decimal import Decimal, localcontext
 from fractions import Fraction
 
 
@@ -84,38 +85,54 @@ class Cost:
         return text + (f", rho={float(self.rho):.6g}" if self.rho else "")
 
 
-def zcdp_epsilon(rho: Fraction, delta: Fraction) -> Fraction:
+def zcdp_epsilon(rho: Fraction | float, delta: Fraction | float) -> Fraction:
     """An epsilon such that rho-zCDP implies (epsilon, delta)-DP; never an underestimate.
 
-    Canonne, Kamath and Steinke (2020), Proposition 12: for every alpha > 1,
+    Canonne, Kamath and Steinke (2020), Proposition 12 solved for epsilon: for
+    every alpha > 1,
     epsilon = alpha*rho + (log(1/delta) + (alpha-1) log(1-1/alpha) - log(alpha)) / (alpha-1).
-    Every alpha gives a valid bound, so an imperfect minimum is only a little
-    conservative; the float result is rounded up by a relative 1e-9 to cover
-    rounding in its evaluation.
+    At alpha = 1 + sqrt(log(1/delta)/rho) this is below the classic
+    rho + 2 sqrt(rho log(1/delta)) (the added terms are negative), and any alpha
+    gives a valid epsilon, so the search for the best alpha runs in floating
+    point; the bound at the alpha found (or at the classic alpha, if better) is
+    then evaluated in 50-digit decimals and rounded up by far more than that
+    evaluation's error, so the result is valid whatever the floating point did.
     """
+    rho, delta = Fraction(rho), Fraction(delta)
     if rho <= 0:
         return Fraction(0)
     if not 0 < delta < 1:
         raise ValueError(f"converting zCDP needs 0 < delta < 1, got {float(delta)}")
     r, log_inv_delta = float(rho), -math.log(float(delta))
 
-    def bound(alpha: float) -> float:
+    def approximate(alpha: float) -> float:
         return alpha * r + (
             log_inv_delta + (alpha - 1) * math.log1p(-1 / alpha) - math.log(alpha)
         ) / (alpha - 1)
 
-    # The classic bound's optimum, alpha = 1 + sqrt(log(1/delta)/rho), is close
-    # to this one's; a golden-section search on log(alpha - 1) refines it.
+    # golden-section search on log(alpha - 1): the bound is unimodal there
     lo, hi = math.log(1e-6), math.log(1e6 + math.sqrt(log_inv_delta / r))
     golden = (math.sqrt(5) - 1) / 2
     for _ in range(200):
         a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
-        if bound(1 + math.exp(a)) <= bound(1 + math.exp(b)):
+        if approximate(1 + math.exp(a)) <= approximate(1 + math.exp(b)):
             hi = b
         else:
             lo = a
-    best = min(bound(1 + math.exp(lo)), r + 2 * math.sqrt(r * log_inv_delta))
-    return Fraction(best * (1 + 1e-9))
+    classic = 1 + math.sqrt(log_inv_delta / r)
+    alpha = min(1 + math.exp(lo), classic, key=approximate)
+
+    with localcontext() as ctx:
+        ctx.prec = 50
+        a = +Decimal(alpha)  # rounded to 50 digits: harmless, every alpha > 1 gives a valid bound
+        rate = Decimal(rho.numerator) / Decimal(rho.denominator)
+        log_inv = -(Decimal(delta.numerator) / Decimal(delta.denominator)).ln()
+        loss = (a - 1) * (1 - 1 / a).ln() - a.ln()  # negative
+        epsilon = a * rate + (log_inv + loss) / (a - 1)
+        # 50-digit operations err by a few units in the 50th digit of the largest term
+        margin = (a * rate + (log_inv - loss) / (a - 1)) * Decimal("1e-40")
+    # for delta near 1 the bound can fall below 0, and (0, delta)-DP then holds
+    return max(Fraction(0), Fraction(epsilon) + Fraction(margin))
 
 
 def total(costs: list[Cost]) -> Cost:

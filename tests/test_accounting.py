@@ -1,0 +1,111 @@
+"""The zCDP to (epsilon, delta) conversion: valid, tight, and never worse than the classic bound.
+
+The reference values are computed here independently: the minimum over alpha
+of the Canonne-Kamath-Steinke bound by ternary search in 60-digit decimals,
+and the exact privacy profile of the Gaussian mechanism (Balle and Wang 2018),
+which a valid conversion of its rho must never contradict.
+"""
+
+from __future__ import annotations
+
+import decimal
+import math
+from decimal import Decimal
+from fractions import Fraction
+
+import pytest
+from scipy import stats
+
+from dpsql.accounting import Cost, zcdp_epsilon
+
+CASES = [
+    (Fraction(1, 2), Fraction(1, 10**6)),
+    (Fraction(1, 100), Fraction(1, 10**10)),
+    (Fraction(1, 10**8), Fraction(1, 10**6)),
+    (Fraction(10), Fraction(1, 2)),
+    (Fraction(3, 7), Fraction(1, 10**30)),
+    (Fraction(1, 5000), Fraction(1, 10**5)),
+]
+
+
+def _decimal(value: Fraction) -> Decimal:
+    return Decimal(value.numerator) / Decimal(value.denominator)
+
+
+def _cks_minimum(rho: Fraction, delta: Fraction) -> Decimal:
+    """min over alpha > 1 of the CKS bound, by ternary search on log(alpha - 1)."""
+    with decimal.localcontext() as ctx:
+        ctx.prec = 60
+        r, log_inv = _decimal(rho), -_decimal(delta).ln()
+
+        def bound(t: Decimal) -> Decimal:
+            a = 1 + t.exp()
+            return a * r + (log_inv + (a - 1) * (1 - 1 / a).ln() - a.ln()) / (a - 1)
+
+        low, high = Decimal(-30), Decimal(30)
+        for _ in range(300):
+            left, right = low + (high - low) / 3, high - (high - low) / 3
+            if bound(left) <= bound(right):
+                high = right
+            else:
+                low = left
+        return bound((low + high) / 2)
+
+
+@pytest.mark.parametrize(("rho", "delta"), CASES)
+def test_conversion_is_valid_and_tight(rho: Fraction, delta: Fraction) -> None:
+    epsilon = zcdp_epsilon(rho, delta)
+    optimum = _cks_minimum(rho, delta)
+    # never below the best CKS bound (that would claim more privacy than proven) ...
+    assert _decimal(epsilon) >= optimum
+    # ... and within a relative 1e-9 of it
+    assert _decimal(epsilon) <= optimum * (1 + Decimal("1e-9"))
+
+
+@pytest.mark.parametrize(("rho", "delta"), CASES)
+def test_never_worse_than_the_classic_bound(rho: Fraction, delta: Fraction) -> None:
+    classic = rho + 2 * math.sqrt(rho * -math.log(delta))
+    assert zcdp_epsilon(rho, delta) < Fraction(classic)
+
+
+def _gaussian_delta(epsilon: float, rho: float) -> float:
+    """Exact delta(epsilon) of the Gaussian mechanism with Delta^2 / (2 sigma^2) = rho."""
+    sigma = 1 / math.sqrt(2 * rho)  # Delta = 1
+    low = 1 / (2 * sigma) - epsilon * sigma
+    high = -1 / (2 * sigma) - epsilon * sigma
+    return stats.norm.cdf(low) - math.exp(epsilon) * stats.norm.cdf(high)
+
+
+@pytest.mark.parametrize(("rho", "delta"), [(0.5, 1e-6), (0.01, 1e-10), (2.0, 1e-3), (0.1, 1e-5)])
+def test_gaussian_privacy_profile_agrees(rho: float, delta: float) -> None:
+    """The Gaussian mechanism is exactly rho-zCDP: its true delta at the converted epsilon
+    must be at most delta, and the converted epsilon is close to its true one."""
+    epsilon = float(zcdp_epsilon(Fraction(rho), Fraction(delta)))
+    assert _gaussian_delta(epsilon, rho) <= delta
+    low, high = 0.0, epsilon  # the exact epsilon for this delta, by bisection
+    for _ in range(100):
+        middle = (low + high) / 2
+        low, high = (middle, high) if _gaussian_delta(middle, rho) > delta else (low, middle)
+    assert epsilon <= 1.25 * high  # zCDP loses little against the exact profile
+
+
+def test_monotone_and_edges() -> None:
+    rho = Fraction(1, 4)
+    deltas = [Fraction(1, 10**k) for k in (2, 4, 8, 16)]
+    values = [zcdp_epsilon(rho, d) for d in deltas]
+    assert values == sorted(values) and len(set(values)) == len(values)
+    assert zcdp_epsilon(Fraction(1, 10), Fraction(1, 10**6)) < zcdp_epsilon(rho, Fraction(1, 10**6))
+    assert zcdp_epsilon(Fraction(0), Fraction(1, 10**6)) == 0
+    assert zcdp_epsilon(Fraction(1, 10), Fraction(99, 100)) == 0  # the bound falls below 0
+    for bad in (Fraction(0), Fraction(1), Fraction(3, 2)):
+        with pytest.raises(ValueError):
+            zcdp_epsilon(rho, bad)
+
+
+def test_budget_check_uses_the_conversion() -> None:
+    budget = Cost.of(1.0, 1e-6)
+    rho = Fraction(1, 40)
+    spent = Cost(rho=rho)
+    assert spent.fits_within(budget) == (zcdp_epsilon(rho, Fraction(1, 10**6)) <= 1)
+    assert Cost(rho=Fraction(1, 10)).fits_within(budget) is False
+    assert spent.approximate(budget.delta)[0] == zcdp_epsilon(rho, budget.delta)
