@@ -34,6 +34,9 @@ from dpsql.sql.check import refuse_statement
 from dpsql.sql.parse import Statement, parse_statement
 from dpsql.sql.plan import Accuracy, Options, Plan, Release
 from dpsql.sql.running import RunningPlan
+from dpsql.sql.synopsis import BuildSynopsisPlan, StoredSynopsisPlan, SynopsisStatus
+from dpsql.sql.synopsis import count_query as synopsis_count_query
+from dpsql.sql.synopsis import declared as declared_synopses
 
 _SETTABLE = ("dpsql.epsilon", "dpsql.delta", "dpsql.mechanism", "dpsql.ldp_postprocess")
 
@@ -247,6 +250,36 @@ class Session:
             release = self.execute(sql)
             yield replace(release, rows=release.rows[shown:], state={})
             shown, tick = max(shown, len(release.rows)), tick + 1
+
+    # -- synopses -------------------------------------------------------------
+
+    def synopses(self) -> list[SynopsisStatus]:
+        """Each synopsis the policy declares: its shape, cost, and when this analyst built it."""
+        return [self._synopsis_plan(t, c).status() for t, c in declared_synopses(self.policy)]
+
+    def build_synopsis(self, table: str, column: str) -> SynopsisStatus:
+        """Build the synopsis now, charging its epsilon, unless this analyst has it already."""
+        plan = self._synopsis_plan(table, column)
+        if isinstance(plan, BuildSynopsisPlan):
+            self.ledger.charge(self.analyst, plan.cost, self.total, plan.status().key)
+            columns, rows = self.adapter.execute(plan.sql)
+            with self._rng_lock:
+                self._keep_state(plan.release(columns, rows, self._rng))
+            plan = self._synopsis_plan(table, column)
+        return plan.status()
+
+    def drop_synopsis(self, table: str, column: str) -> bool:
+        """Forget this analyst's synopsis (its charge stays); True if there was one."""
+        key = self._synopsis_plan(table, column).status().key
+        return self.ledger.forget_release(self.analyst, key)
+
+    def _synopsis_plan(self, table: str, column: str) -> BuildSynopsisPlan | StoredSynopsisPlan:
+        plan = self.plan(synopsis_count_query(self.policy, table, column))
+        if not isinstance(plan, BuildSynopsisPlan | StoredSynopsisPlan):
+            raise ProgrammingError(
+                f"the synopsis on {table}.{column} is unavailable: {'; '.join(plan.notes)}"
+            )
+        return plan
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from dpsql.sql.check import check_query
 from dpsql.sql.local import plan_local
 from dpsql.sql.plan import ConstantPlan, DirectPlan, Options, Plan
 from dpsql.sql.running import plan_running
+from dpsql.sql.synopsis import plan_synopsis
 
 
 class StoredState(Protocol):
@@ -50,6 +51,7 @@ class PlanContext:
 SPECIAL_PLANNERS: tuple[Callable[[exp.Select, PlanContext], Plan | None], ...] = (
     plan_running,  # before the others: they refuse window functions
     plan_local,
+    plan_synopsis,  # last: for a query it declines it returns the direct plan with the reason
 )
 
 

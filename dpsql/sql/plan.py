@@ -105,6 +105,7 @@ class DirectPlan:
     def __init__(self, analysis: Analysis, options: Options, dialect: str, seed: int):
         self.analysis = analysis
         self.options = options
+        self.notes: list[str] = []  # why a special planner left the query to this plan
         table = analysis.table
         self.selection = None if analysis.public_keys else self._selection_needed(options)
         parts = len(analysis.measurements) + (self.selection is not None)
@@ -153,7 +154,7 @@ class DirectPlan:
         if analysis.grouped and analysis.public_keys:
             keys, exact = _fill_domain(analysis, keys, exact)
         noisy = [measure.noise.sample(exact[:, i], rng) for i, measure in enumerate(self.measures)]
-        notes = []
+        notes = list(self.notes)
         if self.selection is not None:
             units = np.array([int(row[measured]) for row in rows], dtype=np.int64)
             keep = self.selection.keep(units, rng)
@@ -245,7 +246,7 @@ class DirectPlan:
             lines.append((f"measure {measurement.key}", detail))
         if analysis.grouped:
             lines.append(("group keys", self._keys_explanation()))
-        return lines
+        return lines + [("note", note) for note in self.notes]
 
     def _keys_explanation(self) -> str:
         if self.selection is None:

@@ -1,0 +1,660 @@
+"""Range counts from a column's synopsis: recognise them, build the synopsis once, answer free.
+
+A column whose policy declares `synopsis: {bin, epsilon, branching}` gets a
+noisy hierarchical histogram over its bins (dpsql.mechanisms.tree). This
+module is the SQL side: the planner recognises COUNT(*) / COUNT(col) with
+range predicates on the column (BETWEEN, <, <=, >, >=, =, open ends,
+conjunctions) and histograms whose buckets are unions of bins
+(FLOOR(col / d), col // d, the column itself, date_trunc). The first such
+query gets `BuildSynopsisPlan`: charged the synopsis's epsilon, it runs the
+per-bin GROUP BY (with the usual contribution bounding, from the analyze and
+rewrite passes), builds the noisy tree, hands it to the Session to persist,
+and answers from it. Every later one gets `StoredSynopsisPlan`, which is
+free. A query on the column that the synopsis cannot answer exactly gets the
+direct plan, with a note saying why (EXPLAIN shows it).
+
+Values are clamped to the column's [lower, upper] before binning; rows where
+the column is NULL are in no bin.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from sqlglot import exp
+
+from dpsql.accounting import Cost
+from dpsql.errors import ProgrammingError, QueryRefused
+from dpsql.mechanisms.tree import HierarchicalHistogram, TreeShape
+from dpsql.policy import Column, Policy, Table
+from dpsql.sql.analyze import VALUE_PREFIX, Analysis, Interval, _conjuncts, analyze, clamp
+from dpsql.sql.check import check_query
+from dpsql.sql.plan import Accuracy, DirectPlan, Release
+from dpsql.sql.postprocess import project
+from dpsql.sql.rewrite import rewrite
+
+if TYPE_CHECKING:
+    from dpsql.sql import PlanContext
+
+PREFIX = "synopsis:"
+MAX_BUCKETS = 1_000_000
+_EPOCH = dt.datetime(1970, 1, 1)
+_DAY = 86_400
+_TRUNC_UNITS = ("hour", "day", "week", "month", "quarter", "year")
+
+
+class _Decline(Exception):
+    """The query touches a synopsis column, but the synopsis cannot answer it exactly."""
+
+
+# -- the column's bins --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Domain:
+    """A synopsis column's bins in a numeric coordinate (seconds for dates and timestamps).
+
+    Bin i holds the (clamped) values in [lower + i*width, lower + (i+1)*width).
+    `step` is the spacing of the values themselves: 1 for int, a day for date,
+    None for float and timestamp (continuous).
+    """
+
+    table: Table
+    column: Column
+    lower: Fraction
+    upper: Fraction
+    width: Fraction
+    step: Fraction | None
+
+    @classmethod
+    def of(cls, table: Table, column: Column) -> Domain:
+        spec = column.synopsis
+        timed = column.type in ("date", "timestamp")
+        width = Fraction(int(spec.bin.total_seconds())) if timed else _fraction(spec.bin)
+        step = {"int": Fraction(1), "date": Fraction(_DAY)}.get(column.type)
+        return cls(table, column, _coordinate(column.lower), _coordinate(column.upper), width, step)
+
+    @property
+    def bins(self) -> int:
+        return math.floor((self.upper - self.lower) / self.width) + 1
+
+    @property
+    def timed(self) -> bool:
+        return self.column.type in ("date", "timestamp")
+
+    @property
+    def contributions(self) -> int:
+        """Rows one unit can add to the histogram after bounding (bins are its groups)."""
+        table = self.table
+        if not table.privacy_unit or table.unique_unit:
+            return 1
+        return table.max_groups_per_unit * table.max_rows_per_unit
+
+    @property
+    def key(self) -> str:
+        """Ledger key: changes whenever anything the synopsis depends on changes."""
+        return f"{PREFIX}{self.table.name}.{self.column.name}:{self.digest}"
+
+    @property
+    def digest(self) -> str:
+        spec = self.column.synopsis
+        parts = [self.column.type, str(self.lower), str(self.upper), str(self.width),
+                 spec.branching, str(spec.epsilon), spec.mechanism, str(spec.delta),
+                 self.table.privacy_unit, self.contributions]  # fmt: skip
+        return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
+
+    @property
+    def bin_text(self) -> str:
+        """The bin width as the policy writes it: 1000, 1 day, 6 hours."""
+        width = self.column.synopsis.bin
+        if not isinstance(width, dt.timedelta):
+            return f"{width:g}"
+        hours = int(width.total_seconds()) // 3600
+        count, unit = (hours // 24, "day") if hours % 24 == 0 else (hours, "hour")
+        return f"{count} {unit}{'s' if count != 1 else ''}"
+
+    def describe(self) -> str:
+        spec = self.column.synopsis
+        return (
+            f"{self.bins} bins of {self.bin_text} over [{self.column.lower}, {self.column.upper}], "
+            f"branching {spec.branching}, {TreeShape(self.bins, spec.branching).levels} levels"
+        )
+
+    def bin_sql(self) -> exp.Expression:
+        """The bin of a row: FLOOR((clamped coordinate - lower) / width), as SQL."""
+        column = exp.column(self.column.name, quoted=True)
+        value = (
+            exp.TimeToUnix(this=column)
+            if self.timed
+            else exp.Cast(this=column, to=exp.DataType.build("DOUBLE"))
+        )
+        clamped = clamp(value, Interval(float(self.lower), float(self.upper)))
+        offset = exp.Sub(this=clamped, expression=_literal(self.lower))
+        scaled = exp.Div(this=exp.paren(offset), expression=_literal(self.width))
+        return exp.Cast(this=exp.Floor(this=scaled), to=exp.DataType.build("BIGINT"))
+
+    def grid_at_or_above(self, value: Fraction) -> Fraction:
+        """The smallest possible column value >= `value` (itself when continuous)."""
+        if self.step is None:
+            return value
+        return self.lower + math.ceil((value - self.lower) / self.step) * self.step
+
+    def grid_above(self, value: Fraction) -> Fraction | None:
+        """The smallest possible value > `value`; None when continuous and inside the domain."""
+        if self.step is not None:
+            return self.lower + (math.floor((value - self.lower) / self.step) + 1) * self.step
+        if value >= self.upper:
+            return self.upper + self.width  # beyond every value
+        return self.lower if value < self.lower else None
+
+    def bin_edge(self, boundary: Fraction | float) -> int | None:
+        """The bin starting at `boundary`: 0 below the domain, `bins` above, None inside a bin."""
+        if boundary <= self.lower:
+            return 0
+        if boundary > self.upper:
+            return self.bins
+        index = (boundary - self.lower) / self.width
+        return int(index) if index.denominator == 1 else None
+
+    def value(self, coordinate: Fraction) -> Any:
+        """A coordinate back as a column value (a bucket key)."""
+        if not self.timed:
+            return int(coordinate) if self.column.type == "int" else float(coordinate)
+        moment = _EPOCH + dt.timedelta(seconds=float(coordinate))
+        return moment.date() if self.column.type == "date" else moment
+
+
+def _fraction(value: Any) -> Fraction:
+    return Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
+
+
+def _coordinate(value: Any) -> Fraction:
+    if isinstance(value, dt.datetime):
+        delta = value.replace(tzinfo=None) - _EPOCH
+        return Fraction(delta.days * _DAY * 10**6 + delta.seconds * 10**6 + delta.microseconds,
+                        10**6)  # fmt: skip
+    if isinstance(value, dt.date):
+        return Fraction((value - _EPOCH.date()).days * _DAY)
+    return _fraction(value)
+
+
+def _literal(value: Fraction) -> exp.Expression:
+    if value.denominator == 1:
+        return exp.convert(int(value))
+    return exp.convert(float(value))
+
+
+# -- what the query asks ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """Counts over runs of bins: one run per released row, with its group key (if any)."""
+
+    domain: Domain
+    keys: list[tuple]
+    starts: np.ndarray
+    stops: np.ndarray
+    summary: str
+
+
+def _match(analysis: Analysis, table: Table) -> Request | None:
+    """The request the synopsis answers; None if the query does not touch a synopsis column.
+
+    Raises _Decline with the reason when it touches one but cannot be answered exactly.
+    """
+    touched = _synopsis_columns(analysis, table)
+    if not touched:
+        return None
+    if len(touched) > 1:
+        raise _Decline(f"it involves several synopsis columns ({', '.join(touched)})")
+    column = table.column(touched[0])
+    domain = Domain.of(table, column)
+    _check_measurement(analysis, column)
+    if column.synopsis.mechanism != "laplace":
+        raise _Decline("the Gaussian synopsis is not available in this version")
+    start, stop, constrained = _where_bins(analysis.where, domain)
+    if not analysis.keys:
+        if not constrained and analysis.measurements[0].argument is None:
+            raise _Decline(
+                f"COUNT(*) without a range on {column.name} also counts rows where it is NULL, "
+                f"which the synopsis does not hold; write COUNT({column.name}) or add a range"
+            )
+        return Request(domain, [()], np.array([start]), np.array([stop]),
+                       f"bins [{start}, {stop}) of {domain.bins}")  # fmt: skip
+    if len(analysis.keys) > 1:
+        raise _Decline("it groups by more than one key")
+    keys, starts, stops = _buckets(analysis.keys[0].expression, domain, start, stop)
+    return Request(
+        domain, keys, starts, stops, f"{len(keys)} buckets within bins [{start}, {stop})"
+    )
+
+
+def _synopsis_columns(analysis: Analysis, table: Table) -> list[str]:
+    nodes = [analysis.where] if analysis.where is not None else []
+    nodes += [key.expression for key in analysis.keys]
+    nodes += [m.argument for m in analysis.measurements if m.argument is not None]
+    names = {c.name.lower() for node in nodes for c in node.find_all(exp.Column)}
+    return sorted(name for name in names if (col := table.column(name)) and col.synopsis)
+
+
+def _check_measurement(analysis: Analysis, column: Column) -> None:
+    counts = [m for m in analysis.measurements if m.kind == "count"]
+    if len(analysis.measurements) != 1 or len(counts) != 1:
+        raise _Decline("the synopsis answers one COUNT(*) or COUNT(col), not SUM, AVG or several")
+    argument = counts[0].argument
+    if argument is not None and not (
+        isinstance(argument, exp.Column) and argument.name.lower() == column.name.lower()
+    ):
+        raise _Decline(f"it counts {argument.sql()}, not * or {column.name}")
+
+
+def _where_bins(where: exp.Expression | None, domain: Domain) -> tuple[int, int, bool]:
+    """The run of bins the WHERE selects, and whether it constrains the column at all."""
+    low, high = Fraction(-1) + domain.lower, domain.upper + domain.width
+    for condition in _conjuncts(where):
+        for is_low, boundary in _bounds(condition, domain):
+            low, high = (max(low, boundary), high) if is_low else (low, min(high, boundary))
+    start, stop = domain.bin_edge(low), domain.bin_edge(high)
+    if start is None or stop is None:
+        raise _Decline(
+            f"the range does not start and end on bin edges (bins of {domain.bin_text} "
+            f"from {domain.column.lower})"
+        )
+    return start, max(start, stop), where is not None
+
+
+_FLIP = {exp.GT: exp.LT, exp.GTE: exp.LTE, exp.LT: exp.GT, exp.LTE: exp.GTE, exp.EQ: exp.EQ}
+
+
+def _bounds(condition: exp.Expression, domain: Domain) -> list[tuple[bool, Fraction]]:
+    """(is lower bound, boundary) pairs of a half-open range [low, high) the condition means."""
+    if isinstance(condition, exp.Between) and _is_column(condition.this, domain):
+        low = exp.GTE(this=condition.this, expression=condition.args["low"])
+        high = exp.LTE(this=condition.this, expression=condition.args["high"])
+        return _bounds(low, domain) + _bounds(high, domain)
+    kind = type(condition)
+    if kind not in _FLIP:
+        raise _Decline(f"the condition {condition.sql()} is not a range on {domain.column.name}")
+    left, right = condition.this, condition.expression
+    if _is_column(right, domain):
+        left, right, kind = right, left, _FLIP[kind]
+    value = _constant(right, domain) if _is_column(left, domain) else None
+    if value is None:
+        raise _Decline(
+            f"the condition {condition.sql()} is not a range on {domain.column.name} with a "
+            "constant"
+        )
+    at_or_above, above = domain.grid_at_or_above(value), domain.grid_above(value)
+    if kind in (exp.GT, exp.LTE) and above is None:
+        op = ">" if kind is exp.GT else "<="
+        raise _Decline(
+            f"{domain.column.name} {op} {right.sql()} includes the bin that starts at that value "
+            f"(a continuous column); write {'>=' if op == '>' else '<'} a bin edge instead"
+        )
+    if kind is exp.GTE:
+        return [(True, at_or_above)]
+    if kind is exp.GT:
+        return [(True, above)]
+    if kind is exp.LT:
+        return [(False, at_or_above)]
+    if kind is exp.LTE:
+        return [(False, above)]
+    if domain.step is None or at_or_above != value:
+        raise _Decline(f"equality on {domain.column.name} needs a value of a discrete column")
+    return [(True, value), (False, value + domain.step)]
+
+
+def _is_column(node: exp.Expression, domain: Domain) -> bool:
+    return isinstance(node, exp.Column) and node.name.lower() == domain.column.name.lower()
+
+
+def _constant(node: exp.Expression, domain: Domain) -> Fraction | None:
+    """A literal as a coordinate: numbers for numeric columns, date/time strings for timed."""
+    if isinstance(node, exp.Paren):
+        return _constant(node.this, domain)
+    if isinstance(node, exp.Neg):
+        inner = _constant(node.this, domain)
+        return -inner if inner is not None and not domain.timed else None
+    if isinstance(node, exp.Cast) and domain.timed:
+        return _constant(node.this, domain)
+    if not isinstance(node, exp.Literal):
+        return None
+    try:
+        if domain.timed and node.is_string:
+            return _coordinate(dt.datetime.fromisoformat(node.this))
+        if not domain.timed and not node.is_string:
+            value = Fraction(node.this)
+            return value
+    except ValueError:
+        return None
+    return None
+
+
+def _buckets(
+    key: exp.Expression, domain: Domain, start: int, stop: int
+) -> tuple[list[tuple], np.ndarray, np.ndarray]:
+    """Group keys and their runs of bins, for buckets that are unions of whole bins."""
+    edges, labels = _bucket_edges(key, domain)
+    if len(labels) > MAX_BUCKETS:
+        raise _Decline(f"it has {len(labels):,} buckets (at most {MAX_BUCKETS:,})")
+    bins = []
+    for edge in edges:
+        index = domain.bin_edge(domain.grid_at_or_above(edge))
+        if index is None:
+            raise _Decline(
+                f"the buckets of {key.sql()} do not align with the bins of "
+                f"{domain.bin_text} from {domain.column.lower}"
+            )
+        bins.append(index)
+    bins[0], bins[-1] = 0, domain.bins
+    runs = [(label, max(a, start), min(b, stop)) for label, a, b in
+            zip(labels, bins[:-1], bins[1:], strict=True)]  # fmt: skip
+    runs = [run for run in runs if run[1] < run[2]]
+    return (
+        [(label,) for label, _, _ in runs],
+        np.array([a for _, a, _ in runs], dtype=np.int64),
+        np.array([b for _, _, b in runs], dtype=np.int64),
+    )
+
+
+def _bucket_edges(key: exp.Expression, domain: Domain) -> tuple[list[Fraction], list[Any]]:
+    """Edges e_0 < ... < e_k covering the domain, and the key of each bucket [e_i, e_(i+1))."""
+    if _is_column(key, domain) and domain.step is not None:
+        return _arithmetic_edges(domain, Fraction(0), domain.step, lambda c: domain.value(c))
+    if isinstance(key, exp.Floor | exp.IntDiv) and not domain.timed:
+        found = _floor_division(key, domain)
+        if found is not None:
+            offset, divisor = found
+            label = float if isinstance(key, exp.Floor) else int
+            return _arithmetic_edges(
+                domain, offset, divisor, lambda c: label((c - offset) / divisor)
+            )
+    if isinstance(key, exp.TimestampTrunc | exp.DateTrunc) and domain.timed:
+        unit = key.args.get("unit")
+        name = (unit.name if unit is not None else "").lower()
+        if name in _TRUNC_UNITS and _is_column(key.this, domain):
+            return _calendar_edges(domain, name)
+    raise _Decline(
+        f"GROUP BY {key.sql()} is not a bucket of {domain.column.name} the synopsis knows "
+        f"(FLOOR({domain.column.name} / d), {domain.column.name} // d, the column itself, "
+        "or date_trunc)"
+    )
+
+
+def _floor_division(key: exp.Expression, domain: Domain) -> tuple[Fraction, Fraction] | None:
+    """(c, d) for FLOOR(col / d), FLOOR((col - c) / d) and col // d with d > 0."""
+    division = key.this if isinstance(key, exp.Floor) else key
+    if isinstance(key, exp.Floor) and (
+        key.args.get("decimals") or not isinstance(division, exp.Div)
+    ):
+        return None
+    if isinstance(key, exp.IntDiv) and domain.lower < 0:
+        return None  # // truncates towards zero, not down
+    numerator = division.this.this if isinstance(division.this, exp.Paren) else division.this
+    divisor = _constant(division.expression, domain)
+    offset: Fraction | None = Fraction(0)
+    if isinstance(numerator, exp.Sub) and _is_column(numerator.this, domain):
+        offset = _constant(numerator.expression, domain)
+    elif not _is_column(numerator, domain):
+        return None
+    if divisor is None or divisor <= 0 or offset is None:
+        return None
+    return offset, divisor
+
+
+def _arithmetic_edges(domain: Domain, offset: Fraction, size: Fraction, label) -> tuple:
+    first = offset + math.floor((domain.lower - offset) / size) * size
+    count = math.floor((domain.upper - first) / size) + 1
+    if count > MAX_BUCKETS:
+        raise _Decline(f"it has {count:,} buckets (at most {MAX_BUCKETS:,})")
+    edges = [first + i * size for i in range(count + 1)]
+    return edges, [label(edge) for edge in edges[:-1]]
+
+
+def _calendar_edges(domain: Domain, unit: str) -> tuple[list[Fraction], list[Any]]:
+    start = _EPOCH + dt.timedelta(seconds=float(domain.lower))
+    moment = _truncate(start, unit)
+    end = _EPOCH + dt.timedelta(seconds=float(domain.upper))
+    moments = [moment]
+    while moments[-1] <= end:
+        moments.append(_following(moments[-1], unit))
+        if len(moments) > MAX_BUCKETS:
+            raise _Decline(f"it has more than {MAX_BUCKETS:,} buckets")
+    return [_coordinate(m) for m in moments], moments[:-1]
+
+
+def _truncate(moment: dt.datetime, unit: str) -> dt.datetime:
+    if unit == "hour":
+        return moment.replace(minute=0, second=0, microsecond=0)
+    day = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+    if unit == "day":
+        return day
+    if unit == "week":
+        return day - dt.timedelta(days=day.weekday())  # ISO weeks start on Monday
+    month = {"month": day.month, "quarter": 3 * ((day.month - 1) // 3) + 1, "year": 1}[unit]
+    return day.replace(month=month, day=1)
+
+
+def _following(moment: dt.datetime, unit: str) -> dt.datetime:
+    if unit in ("hour", "day", "week"):
+        return moment + {"hour": dt.timedelta(hours=1), "day": dt.timedelta(days=1),
+                         "week": dt.timedelta(days=7)}[unit]  # fmt: skip
+    months = {"month": 1, "quarter": 3, "year": 12}[unit]
+    index = moment.year * 12 + moment.month - 1 + months
+    return moment.replace(year=index // 12, month=index % 12 + 1)
+
+
+# -- the planner ----------------------------------------------------------------
+
+
+def plan_synopsis(select: exp.Select, context: PlanContext) -> Any:
+    """A synopsis plan for a range count or aligned histogram; None when not one.
+
+    When the query touches a synopsis column but cannot be answered from it
+    exactly, the direct plan is returned carrying the reason as a note.
+    """
+    from dpsql.sql import bounded_table  # the package imports this module: import late
+
+    table = check_query(select, context.policy)
+    if table is None or not any(c.synopsis for c in table.columns.values()):
+        return None
+    analysis = analyze(select, bounded_table(table, context))
+    try:
+        request = _match(analysis, analysis.table)
+    except _Decline as reason:
+        return _direct_with_note(analysis, context, str(reason))
+    if request is None:
+        return None
+    stored = context.stored.get(request.domain.key)
+    if stored is not None:
+        return StoredSynopsisPlan(request, analysis, stored)
+    return BuildSynopsisPlan(request, analysis, context.dialect, context.seed)
+
+
+def _direct_with_note(analysis: Analysis, context: PlanContext, reason: str) -> DirectPlan:
+    note = f"answered directly, not from the synopsis: {reason}"
+    try:
+        plan = DirectPlan(analysis, context.options, context.dialect, context.seed)
+    except QueryRefused as refusal:
+        raise QueryRefused(refusal.construct, f"{refusal.reason} ({note})", refusal.hint) from None
+    plan.notes.append(note)
+    return plan
+
+
+def declared(policy: Policy) -> list[tuple[str, str]]:
+    """(table, column) of every synopsis the policy declares."""
+    return [(table.name, column.name) for table in policy.tables.values()
+            for column in table.columns.values() if column.synopsis]  # fmt: skip
+
+
+def count_query(policy: Policy, table: str, column: str) -> exp.Select:
+    """SELECT COUNT(column) FROM table: the query whose plan builds or reads a synopsis."""
+    found = policy.table(table)
+    spec = found.column(column) if found is not None else None
+    if spec is None or spec.synopsis is None:
+        names = ", ".join(f"{t}.{c}" for t, c in declared(policy)) or "none"
+        raise ProgrammingError(
+            f"the policy declares no synopsis on {table}.{column}; declared: {names}"
+        )
+    return exp.select(exp.Count(this=exp.column(spec.name, quoted=True))).from_(
+        exp.to_table(found.name)
+    )
+
+
+@dataclass(frozen=True)
+class SynopsisStatus:
+    """A declared synopsis as `dpsql synopsis list` shows it."""
+
+    name: str  # table.column
+    key: str  # where the ledger keeps it
+    shape: str
+    cost: Cost
+    built: str | None  # ISO time it was built, None when not built
+
+
+class _SynopsisAnswer:
+    """What both synopsis plans share: answering a request from a tree."""
+
+    request: Request
+    analysis: Analysis
+
+    def _answer(self, tree: HierarchicalHistogram, built: str) -> Release:
+        values, variances, halfwidths = tree.answers(self.request.starts, self.request.stops)
+        counts = np.rint(values).astype(np.int64)  # an integer count: post-processing
+        keys = self.request.keys
+        columns, rows = project(self.analysis, keys, [counts] * len(self.analysis.aggregates))
+        # the true count is an integer: a rounded answer within t + 1/2 is within floor(t + 1/2)
+        interval = math.floor(float(halfwidths.max(initial=0.0)) + 0.5)
+        accuracy = Accuracy(
+            "discrete_laplace tree (consistent)",
+            math.sqrt(float(variances.max(initial=0.0))),
+            float(interval),
+            float(tree.noise.sensitivity),
+            "from the synopsis on "
+            f"{self.request.domain.column.name}; scale is the largest standard deviation and the "
+            "95% interval a guaranteed (conservative) bound, the widest over the rows",
+        )
+        named = {
+            output.name: accuracy
+            for output in self.analysis.outputs
+            if isinstance(output.expression, exp.Column)
+            and output.expression.name.startswith(VALUE_PREFIX)
+        }
+        note = f"answered from the synopsis on {self.request.domain.column.name} built {built}"
+        return Release(columns, rows, named, [note])
+
+    def status(self, built: str | None = None) -> SynopsisStatus:
+        domain = self.request.domain
+        name = f"{domain.table.name}.{domain.column.name}"
+        cost = Cost.of(domain.column.synopsis.epsilon)
+        return SynopsisStatus(name, domain.key, domain.describe(), cost, built)
+
+    def _lines(self, path: str, cost: str) -> list[tuple[str, str]]:
+        domain = self.request.domain
+        spec = domain.column.synopsis
+        levels = TreeShape(domain.bins, spec.branching).levels
+        return [
+            ("path", path),
+            ("cost", cost),
+            ("synopsis", f"{domain.table.name}.{domain.column.name}: {domain.describe()}"),
+            (
+                "noise",
+                f"discrete Laplace per node, sensitivity {levels * domain.contributions} "
+                f"({levels} levels x {domain.contributions} rows per unit), scale "
+                f"{levels * domain.contributions / spec.epsilon:.6g}",
+            ),
+            ("query", self.request.summary),
+        ]
+
+
+class BuildSynopsisPlan(_SynopsisAnswer):
+    """Charges the synopsis's epsilon, measures the per-bin counts, builds and stores the tree."""
+
+    def __init__(self, request: Request, analysis: Analysis, dialect: str, seed: int):
+        self.request = request
+        self.analysis = analysis
+        domain = request.domain
+        self.cost = Cost.of(domain.column.synopsis.epsilon)
+        self.sql = _histogram_sql(domain, dialect, seed)
+
+    def release(self, columns: list[str], rows: list[tuple], rng: np.random.Generator) -> Release:
+        domain = self.request.domain
+        counts = np.zeros(domain.bins, dtype=np.int64)
+        for index, count in ((int(r[0]), int(r[1] or 0)) for r in rows if r[0] is not None):
+            counts[min(max(index, 0), domain.bins - 1)] += count
+        spec = domain.column.synopsis
+        tree = HierarchicalHistogram.build(
+            counts, spec.branching, spec.epsilon, rng, domain.contributions
+        )
+        built = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        payload = json.dumps(
+            {"table": domain.table.name, "column": domain.column.name, "epsilon": spec.epsilon,
+             "built": built, "tree": tree.to_json()}
+        )  # fmt: skip
+        release = self._answer(tree, "now, by this query")
+        release.state = {domain.key: payload}
+        return release
+
+    def explain(self) -> list[tuple[str, str]]:
+        return [
+            *self._lines(
+                "builds the synopsis (first range query on this column): later range counts and "
+                "aligned histograms on it are answered from it for free",
+                f"{self.cost} once, for the synopsis",
+            ),
+            ("sql", self.sql),
+        ]
+
+
+class StoredSynopsisPlan(_SynopsisAnswer):
+    """Answers from a synopsis stored by an earlier release: no database, no charge."""
+
+    sql = None
+
+    def __init__(self, request: Request, analysis: Analysis, payload: str):
+        self.request = request
+        self.analysis = analysis
+        self.payload = payload
+        self.cost = Cost()
+
+    def release(self, columns: list[str], rows: list[tuple], rng: np.random.Generator) -> Release:
+        built, tree = load(self.payload)
+        return self._answer(tree, built)
+
+    def status(self, built: str | None = None) -> SynopsisStatus:
+        return super().status(load(self.payload)[0])
+
+    def explain(self) -> list[tuple[str, str]]:
+        built, _ = load(self.payload)
+        return self._lines(
+            f"answered from the stored synopsis (built {built}); the database is not read",
+            "none: post-processing of the stored synopsis",
+        )
+
+
+@functools.lru_cache(maxsize=8)
+def load(payload: str) -> tuple[str, HierarchicalHistogram]:
+    """(when it was built, the tree) from a stored payload; parsed once per payload."""
+    data = json.loads(payload)
+    return data["built"], HierarchicalHistogram.from_json(data["tree"])
+
+
+def _histogram_sql(domain: Domain, dialect: str, seed: int) -> str:
+    """Exact per-bin counts with contribution bounding, from the analyze and rewrite passes."""
+    column = exp.column(domain.column.name, quoted=True)
+    select = (
+        exp.select(domain.bin_sql(), exp.Count(this=exp.Star()))
+        .from_(exp.to_table(domain.table.name))
+        .where(exp.Not(this=exp.Is(this=column, expression=exp.Null())))
+        .group_by(domain.bin_sql())
+    )
+    return rewrite(analyze(select, domain.table), {}, dialect, seed, with_units=False)

@@ -1,0 +1,100 @@
+"""The `dpsql synopsis` command: list, build and drop an analyst's range-count synopses.
+
+    dpsql synopsis list  --database visits.duckdb --policy policy.yaml
+    dpsql synopsis build --database visits.duckdb --policy policy.yaml visits.day
+    dpsql synopsis drop  --database visits.duckdb --policy policy.yaml visits.day
+
+A synopsis is per analyst (budgets are). `build` charges its epsilon once;
+`drop` forgets the stored synopsis, but the charge stays in the ledger, and
+the next range query on the column builds (and charges) a new one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def register(subparsers: Any) -> None:
+    """Add `synopsis list | build | drop` to the main parser."""
+    from dpsql.cli import _add_connection_options
+
+    synopsis = subparsers.add_parser(
+        "synopsis", help="list, build or drop range-count synopses",
+        description="Range counts on a column with a synopsis in the policy are answered from "
+        "one noisy hierarchical histogram, charged once per analyst.",
+    )  # fmt: skip
+    actions = synopsis.add_subparsers(title="actions", metavar="ACTION", required=True)
+    for name, run, text in (
+        ("list", _run_list, "show each declared synopsis, its cost and age"),
+        ("build", _run_build, "build a synopsis now (charges its epsilon once)"),
+        ("drop", _run_drop, "forget a synopsis (its charge stays)"),
+    ):
+        action = actions.add_parser(name, help=text, description=text)
+        _add_connection_options(action)
+        if name != "list":
+            action.add_argument("name", help="table.column, e.g. visits.day")
+        action.set_defaults(run=run)
+
+
+def _target(name: str) -> tuple[str, str]:
+    table, dot, column = name.rpartition(".")
+    if not dot or not table or not column:
+        raise SystemExit(f"dpsql synopsis: give the synopsis as table.column, got {name!r}")
+    return table, column
+
+
+def _age(built: str | None) -> str:
+    if built is None:
+        return "not built"
+    seconds = (dt.datetime.now(dt.UTC) - dt.datetime.fromisoformat(built)).total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{max(seconds, 0):.0f} s"
+
+
+def _run_list(args: argparse.Namespace) -> int:
+    from dpsql.cli import _connect
+
+    with _connect(args) as connection:
+        statuses = connection.session.synopses()
+    table = Table(title=f"synopses of {args.analyst}", header_style="bold")
+    for column in ("synopsis", "shape", "cost", "age"):
+        table.add_column(column)
+    for status in statuses:
+        cost = f"epsilon {float(status.cost.epsilon):g}" + (" (paid)" if status.built else "")
+        table.add_row(status.name, status.shape, cost, _age(status.built))
+    Console().print(table)
+    if not statuses:
+        Console().print("[dim]the policy declares no synopsis (add 'synopsis:' to a column)[/]")
+    return 0
+
+
+def _run_build(args: argparse.Namespace) -> int:
+    from dpsql.cli import _connect
+
+    with _connect(args) as connection:
+        before = connection.budget().epsilon_spent
+        status = connection.session.build_synopsis(*_target(args.name))
+        spent = connection.budget().epsilon_spent - before
+    verb = "built" if spent > 0 else "already built"
+    print(f"{status.name}: {verb} {status.built}, {status.shape}; charged epsilon {spent:g}")
+    return 0
+
+
+def _run_drop(args: argparse.Namespace) -> int:
+    from dpsql.cli import _connect
+
+    with _connect(args) as connection:
+        dropped = connection.session.drop_synopsis(*_target(args.name))
+    print(
+        f"{args.name}: dropped (its charge stays; the next range query builds a new one)"
+        if dropped
+        else f"{args.name}: was not built"
+    )
+    return 0

@@ -1,0 +1,252 @@
+"""Range counts answered from synopses through the whole pipeline (DuckDB, DB-API, CLI)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+
+import dpsql
+from dpsql.cli import main
+from tests.conftest import pums_policy
+
+START = dt.date(2014, 1, 1)
+DAYS = 2191  # 2014-01-01 .. 2019-12-31
+
+
+@pytest.fixture(scope="module")
+def visits_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A synthetic visitor table: one row per visit, a few visits per visitor."""
+    path = tmp_path_factory.mktemp("synopsis") / "visits.duckdb"
+    rng = np.random.default_rng(0)
+    rows = 30_000
+    with duckdb.connect(str(path)) as con:
+        con.execute(
+            "CREATE TABLE synopsis_visits (visitor INT, day DATE, age INT, income DOUBLE, sex INT)"
+        )
+        frame = {
+            "visitor": rng.integers(0, 12_000, rows),
+            "shift": rng.integers(0, DAYS, rows),
+            "age": rng.integers(0, 101, rows),
+            "income": np.round(rng.gamma(2.0, 20_000, rows), 2),
+            "sex": rng.integers(0, 2, rows),
+        }
+        con.register("frame", frame)
+        con.execute(
+            "INSERT INTO synopsis_visits SELECT visitor, DATE '2014-01-01' + shift::INT, age, "
+            "income, sex FROM frame"
+        )
+    return path
+
+
+def visits_policy(max_rows: int = 1, unit: bool = True, **synopsis: object) -> dict:
+    policy = {
+        "version": 1,
+        "analysts": {"default": {"epsilon": 10.0, "delta": 1e-6}},
+        "tables": {
+            "synopsis_visits": {
+                "privacy_unit": "visitor",
+                "max_groups_per_unit": 1,
+                "max_rows_per_unit": max_rows,
+                "columns": {
+                    "visitor": {"type": "int", "private": True},
+                    "day": {"type": "date", "lower": "2014-01-01", "upper": "2019-12-31",
+                            "synopsis": {"bin": "1 day", "epsilon": 1.0, **synopsis}},
+                    "age": {"type": "int", "lower": 0, "upper": 100,
+                            "synopsis": {"bin": 1, "epsilon": 0.5}},
+                    "income": {"type": "float", "lower": 0, "upper": 500_000,
+                               "synopsis": {"bin": 1000, "epsilon": 0.5, "branching": 8}},
+                    "sex": {"type": "int", "values": [0, 1]},
+                },
+            }
+        },
+    }  # fmt: skip
+    if not unit:
+        table = policy["tables"]["synopsis_visits"]
+        for key in ("privacy_unit", "max_groups_per_unit", "max_rows_per_unit"):
+            del table[key]
+    return policy
+
+
+def _connect(db: Path, ledger: Path, policy: dict | None = None, seed: int = 3):
+    return dpsql.connect(str(db), policy=policy or visits_policy(), ledger=ledger, seed=seed)
+
+
+def _one(connection, sql: str):
+    cursor = connection.execute(sql)
+    return cursor.fetchall(), cursor
+
+
+def test_date_ranges_build_once_then_answer_free(visits_db: Path, tmp_path: Path) -> None:
+    with _connect(visits_db, tmp_path / "ledger.sqlite") as con:
+        explain = dict(_one(con, "EXPLAIN SELECT COUNT(*) FROM synopsis_visits "
+                                 "WHERE day BETWEEN '2016-03-01' AND '2016-08-31'")[0])  # fmt: skip
+        assert explain["path"].startswith("builds the synopsis")
+        assert "bins [790, 974) of 2191" in explain["query"]
+        assert "sensitivity 4 (4 levels x 1 rows per unit)" in explain["noise"]
+        rows, cursor = _one(con, "SELECT COUNT(*) FROM synopsis_visits "
+                                 "WHERE day BETWEEN '2016-03-01' AND '2016-08-31'")  # fmt: skip
+        assert con.budget().epsilon_spent == pytest.approx(1.0)
+        # the same range written with < and an open end, and a monthly histogram: free
+        same, _ = _one(con, "SELECT COUNT(*) FROM synopsis_visits "
+                            "WHERE day >= DATE '2016-03-01' AND '2016-09-01' > day")  # fmt: skip
+        assert same == rows
+        months, cursor = _one(con, "SELECT date_trunc('month', day) AS m, COUNT(*) AS n "
+                                   "FROM synopsis_visits GROUP BY 1 ORDER BY 1")  # fmt: skip
+        assert len(months) == 72 and months[0][0] == dt.datetime(2014, 1, 1)
+        assert cursor.accuracy["n"].interval95 > 0
+        explain = dict(_one(con, "EXPLAIN SELECT COUNT(*) FROM synopsis_visits "
+                                 "WHERE day < '2015-01-01'")[0])  # fmt: skip
+        assert explain["path"].startswith("answered from the stored synopsis")
+        assert con.budget().epsilon_spent == pytest.approx(1.0)
+    # monthly counts of the consistent tree add up to the tree's total (consistency)
+    total = _one(_connect(visits_db, tmp_path / "ledger.sqlite"),
+                 "SELECT COUNT(day) FROM synopsis_visits")[0][0][0]  # fmt: skip
+    assert abs(sum(n for _, n in months) - total) <= 72  # each month rounded by <= 1/2
+
+
+def test_thousand_queries_cost_exactly_the_synopsis_epsilon(
+    visits_db: Path, tmp_path: Path
+) -> None:
+    ledger = tmp_path / "ledger.sqlite"
+    rng = np.random.default_rng(8)
+    with _connect(visits_db, ledger) as con:
+        for _ in range(1000):
+            low = int(rng.integers(0, 100))
+            high = int(rng.integers(low, 101))
+            con.execute(f"SELECT COUNT(*) FROM synopsis_visits WHERE age BETWEEN {low} AND {high}")
+        assert con.budget().epsilon_spent == 0.5
+        assert len(con.session.ledger.charges("default")) == 1
+        first, _ = _one(con, "SELECT COUNT(*) FROM synopsis_visits WHERE age >= 18")
+    # a new connection on the same ledger (a restart) answers from the stored synopsis
+    with _connect(visits_db, ledger, seed=99) as con:
+        again, _ = _one(con, "SELECT COUNT(*) FROM synopsis_visits WHERE age > 17")
+        assert again == first
+        assert con.budget().epsilon_spent == 0.5
+
+
+def test_answers_are_accurate_for_ints_floats_and_dates(visits_db: Path, tmp_path: Path) -> None:
+    cases = [
+        ("age BETWEEN 20 AND 39", "age >= 20 AND age <= 39"),
+        ("income >= 10000 AND income < 50000", "income >= 10000 AND income < 50000"),
+        ("day >= '2017-06-01'", "day >= DATE '2017-06-01'"),
+    ]
+    with duckdb.connect(str(visits_db), read_only=True) as raw:
+        truths = [raw.execute(f"SELECT COUNT(*) FROM synopsis_visits WHERE {exact}").fetchone()[0]
+                  for _, exact in cases]  # fmt: skip
+    # row-level privacy: no bounding, so the exact count is known
+    with _connect(visits_db, tmp_path / "l.sqlite", visits_policy(unit=False)) as con:
+        for (where, _), truth in zip(cases, truths, strict=True):
+            rows, cursor = _one(con, f"SELECT COUNT(*) AS n FROM synopsis_visits WHERE {where}")
+            assert abs(rows[0][0] - truth) <= cursor.accuracy["n"].interval95
+
+
+def test_histograms_align_with_bins(visits_db: Path, tmp_path: Path) -> None:
+    with _connect(visits_db, tmp_path / "l.sqlite") as con:
+        decades, _ = _one(con, "SELECT FLOOR(age / 10) AS d, COUNT(*) FROM synopsis_visits "
+                               "WHERE age < 100 GROUP BY 1")  # fmt: skip
+        assert [d for d, _ in decades] == [float(d) for d in range(10)]
+        brackets, _ = _one(con, "SELECT income // 50000 AS b, COUNT(income) FROM "
+                                "synopsis_visits GROUP BY 1")  # fmt: skip
+        assert [b for b, _ in brackets] == list(range(11))
+        assert con.budget().epsilon_spent == pytest.approx(1.0)  # age and income, once each
+
+
+@pytest.mark.parametrize(
+    ("query", "reason"),
+    [
+        ("SELECT FLOOR(income / 1500), COUNT(*) FROM synopsis_visits GROUP BY 1",
+         "do not align with the bins of 1000"),
+        ("SELECT COUNT(*) FROM synopsis_visits WHERE income >= 1500", "bin edges"),
+        ("SELECT COUNT(*) FROM synopsis_visits WHERE income <= 2000", "continuous column"),
+        ("SELECT COUNT(*) FROM synopsis_visits WHERE age > 30 AND sex = 1",
+         "is not a range on age"),
+        ("SELECT COUNT(*) FROM synopsis_visits WHERE age > 30 AND income >= 0",
+         "several synopsis columns"),
+        ("SELECT SUM(sex) FROM synopsis_visits WHERE age > 30", "not SUM, AVG"),
+        ("SELECT COUNT(*) FROM synopsis_visits WHERE age > 30 OR age < 5", "is not a range"),
+    ],
+)  # fmt: skip
+def test_fallbacks_go_direct_and_explain_why(
+    visits_db: Path, tmp_path: Path, query: str, reason: str
+) -> None:
+    with _connect(visits_db, tmp_path / "l.sqlite") as con:
+        lines = _one(con, f"EXPLAIN {query}")[0]
+        notes = [detail for item, detail in lines if item == "note"]
+        assert notes and notes[0].startswith("answered directly, not from the synopsis")
+        assert reason in notes[0]
+        _, cursor = _one(con, query)
+        assert any(reason in note for note in cursor.notes)
+        assert con.session.ledger.stored_releases("default", "synopsis:") == {}
+
+
+def test_contribution_bound_multiplies_the_sensitivity(visits_db: Path, tmp_path: Path) -> None:
+    with _connect(visits_db, tmp_path / "l.sqlite", visits_policy(max_rows=3)) as con:
+        lines = dict(_one(con, "EXPLAIN SELECT COUNT(*) FROM synopsis_visits WHERE age < 50")[0])
+        assert "sensitivity 9 (3 levels x 3 rows per unit)" in lines["noise"]
+        assert "__dpsql_row_rank" in lines["sql"]  # bounded by the shared rewrite
+
+
+def test_gaussian_synopsis_falls_back_until_available(visits_db: Path, tmp_path: Path) -> None:
+    policy = visits_policy(mechanism="gaussian", delta=1e-9)
+    with _connect(visits_db, tmp_path / "l.sqlite", policy) as con:
+        lines = _one(con, "EXPLAIN SELECT COUNT(*) FROM synopsis_visits WHERE day < '2016-01-01'")
+        assert any("Gaussian" in detail for item, detail in lines[0] if item == "note")
+
+
+def test_session_build_list_drop(visits_db: Path, tmp_path: Path) -> None:
+    with _connect(visits_db, tmp_path / "l.sqlite") as con:
+        session = con.session
+        assert [s.built for s in session.synopses()] == [None, None, None]
+        built = session.build_synopsis("synopsis_visits", "age")
+        assert built.built is not None and con.budget().epsilon_spent == 0.5
+        assert session.build_synopsis("synopsis_visits", "age") == built  # no second charge
+        assert con.budget().epsilon_spent == 0.5
+        assert session.drop_synopsis("synopsis_visits", "age")
+        assert not session.drop_synopsis("synopsis_visits", "age")
+        con.execute("SELECT COUNT(*) FROM synopsis_visits WHERE age < 10")  # rebuilds: charged
+        assert con.budget().epsilon_spent == 1.0
+        with pytest.raises(dpsql.ProgrammingError, match="declares no synopsis"):
+            session.build_synopsis("synopsis_visits", "sex")
+
+
+def test_cli_synopsis_commands(
+    visits_db: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    import yaml
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(visits_policy()))
+    where = ["--database", str(visits_db), "--policy", str(policy), "--ledger",
+             str(tmp_path / "l.sqlite")]  # fmt: skip
+    assert main(["synopsis", "build", "synopsis_visits.day", *where]) == 0
+    assert "charged epsilon 1" in capsys.readouterr().out
+    assert main(["synopsis", "list", *where]) == 0
+    listing = capsys.readouterr().out
+    assert "synopsis_visits.day" in listing and "(paid)" in listing and "not built" in listing
+    assert main(["synopsis", "drop", "synopsis_visits.day", *where]) == 0
+    assert "charge stays" in capsys.readouterr().out
+
+
+def test_pums_age_and_income(pums_db: Path, tmp_path: Path) -> None:
+    policy = pums_policy()
+    columns = policy["tables"]["pums"]["columns"]
+    columns["age"]["synopsis"] = {"bin": 1, "epsilon": 1.0}
+    columns["income"]["synopsis"] = {"bin": 10_000, "epsilon": 1.0}
+    with duckdb.connect(str(pums_db), read_only=True) as raw:
+        truth = dict(raw.execute(
+            "SELECT 'age', COUNT(*) FROM pums WHERE age BETWEEN 30 AND 49 UNION ALL "
+            "SELECT 'income', COUNT(*) FROM pums WHERE income >= 20000 AND income < 60000"
+        ).fetchall())  # fmt: skip
+    with dpsql.connect(str(pums_db), policy=policy, ledger=tmp_path / "l.sqlite", seed=5) as con:
+        for column, where in (("age", "age BETWEEN 30 AND 49"),
+                              ("income", "income >= 20000 AND income < 60000")):  # fmt: skip
+            rows, cursor = _one(con, f"SELECT COUNT(*) FROM pums WHERE {where}")
+            assert abs(rows[0][0] - truth[column]) <= cursor.accuracy["count"].interval95
+        histogram, _ = _one(con, "SELECT FLOOR(income / 100000) AS k, COUNT(*) FROM pums "
+                                 "GROUP BY 1")  # fmt: skip
+        assert len(histogram) == 6
+        assert con.budget().epsilon_spent == pytest.approx(2.0)
