@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from dpsql.errors import Error
+from dpsql.shell import render
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,14 +79,13 @@ def _parser() -> argparse.ArgumentParser:
 # Modules that add commands of their own: each has `register(commands)`, which
 # adds its subparsers, so a feature's command line lives beside the feature.
 _COMMAND_MODULES = (
-    "dpsql.ldp.commands",
-    "dpsql.server.commands",
-    "dpsql.watch",
+    "dpsql.ldp.commands", "dpsql.shell", "dpsql.server.commands", "dpsql.watch",
     "dpsql.synopsis_commands",
-)
+)  # fmt: skip
 
 
-def _add_connection_options(parser: argparse.ArgumentParser) -> None:
+def _add_connection_options(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The options naming the database, policy, analyst and ledger; returns their group."""
     source = parser.add_argument_group("what to connect to")
     source.add_argument(
         "--demo", action="store_true",
@@ -96,6 +95,7 @@ def _add_connection_options(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--policy", help="privacy policy YAML file")
     source.add_argument("--analyst", default="default", help="whose budget to charge")
     source.add_argument("--ledger", help="budget ledger file (default: from the policy)")
+    return source
 
 
 def _connect(args: argparse.Namespace, **options: Any) -> Any:
@@ -131,53 +131,18 @@ def _run_query(args: argparse.Namespace) -> int:
             return 0
         console = Console()
         if cursor.description:
-            console.print(_table(cursor, rows))
+            names = [d[0] for d in cursor.description]
+            console.print(render.result_table(names, rows, cursor.accuracy))
         for note in cursor.notes:
             console.print(f"[dim]note: {note}[/]", highlight=False)
-        console.print(
-            f"[dim]budget of {budget.analyst}: epsilon {budget.epsilon_remaining:.4g} of "
-            f"{budget.epsilon_total:.4g} remaining, delta {budget.delta_remaining:.3g} of "
-            f"{budget.delta_total:.3g}[/]",
-            highlight=False,
-        )
+        console.print(f"[dim]{render.budget_line(budget)}[/]", highlight=False)
     return 0
-
-
-def _table(cursor: Any, rows: list[tuple]) -> Table:
-    names = [d[0] for d in cursor.description]
-    accuracy = cursor.accuracy
-    table = Table(show_header=True, header_style="bold")
-    for name in names:
-        table.add_column(name, justify="right")
-    for row in rows:
-        cells = []
-        for name, value in zip(names, row, strict=True):
-            cell = _format(value)
-            interval = accuracy.get(name)
-            if interval is not None and interval.interval95 is not None:
-                cell += f" ± {_format(interval.interval95)}"
-            cells.append(cell)
-        table.add_row(*cells)
-    return table
-
-
-def _format(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:,.6g}" if abs(value) < 1e6 else f"{value:,.0f}"
-    return "NULL" if value is None else str(value)
 
 
 def _run_budget(args: argparse.Namespace) -> int:
     with _connect(args) as connection:
         budget = connection.budget()
-    table = Table(title=f"privacy budget of {budget.analyst}", header_style="bold")
-    for column in ("", "total", "spent", "remaining"):
-        table.add_column(column, justify="right")
-    table.add_row("epsilon", f"{budget.epsilon_total:.6g}", f"{budget.epsilon_spent:.6g}",
-                  f"{budget.epsilon_remaining:.6g}")  # fmt: skip
-    table.add_row("delta", f"{budget.delta_total:.3g}", f"{budget.delta_spent:.3g}",
-                  f"{budget.delta_remaining:.3g}")  # fmt: skip
-    Console().print(table)
+    Console().print(render.budget_table(budget))
     return 0
 
 
