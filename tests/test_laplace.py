@@ -112,6 +112,8 @@ def test_discrete_laplace_keeps_shape_and_checks_inputs() -> None:
         mech.sample(np.array([2.5]), rng)
     with pytest.raises(ValueError):
         mech.sample(np.array(["a"]), rng)
+    with pytest.raises(ValueError):  # an integral float beyond int64 must not wrap around
+        mech.sample(np.array([1e30]), rng)
     with pytest.raises(ValueError):
         DiscreteLaplace(0, 1.0)
     with pytest.raises(ValueError):

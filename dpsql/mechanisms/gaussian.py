@@ -40,7 +40,7 @@ from dpsql.mechanisms.grid import (
     power_of_two_exponent,
     privacy_parameter,
 )
-from dpsql.mechanisms.samplers import ExactReal, below, discrete_laplace, in_chunks
+from dpsql.mechanisms.samplers import ExactReal, below, in_chunks, laplace_sampler
 
 GRANULARITY_BITS = 19  # the grid version runs at sigma ~ 2^19 grid steps, as grid Laplace does
 _MAX_SIGMA2 = Fraction(1 << 80)  # t <= 2^40 + 1: candidates and their squares stay exact in float64
@@ -66,6 +66,7 @@ class _Plan:
         self._shift = float(self.shift)
         self._half_inverse = float(1 / (2 * sigma2))
         self.acceptance = self._acceptance()
+        self._laplace = laplace_sampler(self.t)
 
     def _acceptance(self) -> float:
         """P(a candidate is accepted), in floating point: it only sizes the batches."""
@@ -93,9 +94,7 @@ class _Plan:
         while filled < size:
             need = size - filled
             # 5% and 16 candidates to spare: a second pass is rare even for a single value
-            candidates = discrete_laplace(
-                self.t, math.ceil(need / self.acceptance * 1.05) + 16, rng
-            )
+            candidates = self._laplace(math.ceil(need / self.acceptance * 1.05) + 16, rng)
             kept = candidates[self._accept(candidates, rng)][:need]
             out[filled : filled + kept.size] = kept
             filled += kept.size

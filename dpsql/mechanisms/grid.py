@@ -62,10 +62,13 @@ def as_integers(values: np.ndarray, mechanism: str) -> np.ndarray:
                 f"{mechanism} adds integer noise to integer values only; "
                 "use its grid version for real values"
             )
+        # just beyond the limit: the cast stays inside int64 and the check below refuses it
+        array = np.clip(array, -(2.0**62 + 1024), 2.0**62 + 1024)
     elif array.dtype.kind not in "iub":
         raise ValueError(f"{mechanism} needs integer values, got dtype {array.dtype}")
-    exact = array.astype(np.int64)
-    if exact.size and np.abs(exact).max() > GRID_LIMIT:
+    exact = array if array.dtype == np.int64 else array.astype(np.int64)
+    # INT64_MIN, the only value abs leaves negative, is far beyond the limit too
+    if exact.size and not 0 <= np.abs(exact).max() <= GRID_LIMIT:
         raise ValueError("value too large for exact int64 noise addition (limit 2^62)")
     return exact
 

@@ -295,9 +295,10 @@ def in_chunks(
 class FewCuts:
     """An outcome index #{cut points <= V} for a handful of increasing exact cut points.
 
-    Each 63-bit uniform u (the top bits of a word) is compared with every
-    threshold floor(2^63 * cut), so the work is the same whatever the outcome;
-    unlike a guide table, tiny gaps between cuts cost no memory. The word's low
+    Each 63-bit uniform u (the top bits of a word) is placed among the
+    thresholds floor(2^63 * cut) by a fixed-depth bisection, so the work is the
+    same whatever the outcome; unlike a guide table, tiny gaps between cuts cost
+    no memory. The word's low
     bit is left free for the caller (a sign, say).
     """
 
@@ -306,24 +307,25 @@ class FewCuts:
         if not all(a < b for a, b in itertools.pairwise([0, *floors, _HALF])):
             raise InternalError("cut points must be strictly increasing inside (0, 1)")
         self._cuts = cuts
-        self._thr = [np.uint64(floor) for floor in floors]
+        self._thr = np.array(floors, dtype=np.uint64)
+        self._below = np.array([_MAX64, *floors], dtype=np.uint64)  # thr[index - 1], or none
 
     def index(self, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Outcome indices and the mask of elements tied with a threshold."""
+        """Outcome indices and the mask of elements tied with a threshold.
+
+        searchsorted runs the same number of bisection steps for every element,
+        as the table has a fixed size.
+        """
         u = words >> _ONE
-        index = np.zeros(u.shape, dtype=np.int64)
-        tie = np.zeros(u.shape, dtype=bool)
-        for thr in self._thr:
-            index += u >= thr
-            tie |= u == thr
-        return index, tie
+        index = np.searchsorted(self._thr, u, side="right")
+        return index, self._below.take(index) == u
 
     def exact_index(self, word: int, rng: np.random.Generator) -> int:
         u = word >> 1
-        below = sum(u > int(thr) for thr in self._thr)  # cuts whose floor is below u
-        if below < len(self._thr) and u == int(self._thr[below]):
-            return below + (not _resolve_below(self._cuts[below], 63, rng))
-        return below
+        index = int(np.searchsorted(self._thr, np.uint64(u), side="right"))
+        if index and u == int(self._thr[index - 1]):  # V may still be below that cut
+            return index - _resolve_below(self._cuts[index - 1], 63, rng)
+        return index
 
 
 def uniform_below(n: np.ndarray, words: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -672,8 +674,9 @@ def _plan(scale: Fraction) -> _Plan:
     return _Plan(scale)
 
 
-def discrete_laplace(scale: int | Fraction, size: int, rng: np.random.Generator) -> np.ndarray:
-    """`size` exact draws of discrete Laplace noise: P(k) proportional to exp(-|k|/scale).
+def laplace_sampler(scale: int | Fraction) -> Callable[[int, np.random.Generator], np.ndarray]:
+    """The exact discrete Laplace sampler of one scale, as draw(size, rng), for callers
+    that sample it again and again (a single value then skips the checks and the lookup).
 
     The scale is taken as an exact rational (pass Fraction(float) for a float).
     Tables for a scale are built once (tens of milliseconds) and cached.
@@ -681,9 +684,14 @@ def discrete_laplace(scale: int | Fraction, size: int, rng: np.random.Generator)
     exact = Fraction(scale)
     if not 0 < exact <= _MAX_SCALE:
         raise ValueError(f"discrete Laplace scale must be in (0, 2^48], got {scale}")
+    return _plan(exact).sample
+
+
+def discrete_laplace(scale: int | Fraction, size: int, rng: np.random.Generator) -> np.ndarray:
+    """`size` exact draws of discrete Laplace noise: P(k) proportional to exp(-|k|/scale)."""
     if size < 0:
         raise ValueError("size must be >= 0")
-    return _plan(exact).sample(size, rng)
+    return laplace_sampler(scale)(size, rng)
 
 
 def slow_path_probability(scale: int | Fraction) -> float:

@@ -47,8 +47,8 @@ from dpsql.mechanisms.laplace import DiscreteLaplace
 from dpsql.mechanisms.samplers import (
     ExactReal,
     FewCuts,
-    discrete_laplace,
     in_chunks,
+    laplace_sampler,
     uniform_below,
 )
 
@@ -147,7 +147,7 @@ class _Plan:
         self._start = np.array([start for start, _ in kinds], dtype=np.int64)
         self._count = np.array([count for _, count in kinds], dtype=np.uint64)
         self._delta = delta
-        self._geometric_scale = 1 / epsilon
+        self._laplace = laplace_sampler(1 / epsilon)
 
     def sample(self, size: int, rng: np.random.Generator) -> np.ndarray:
         return in_chunks(self._chunk, size, rng)
@@ -158,7 +158,7 @@ class _Plan:
         for at in np.flatnonzero(tie):
             kind[at] = self._steps.exact_index(int(words[0, at]), rng)
         offset = self._start.take(kind) + uniform_below(self._count.take(kind), words[1], rng)
-        folded = discrete_laplace(self._geometric_scale, size, rng)
+        folded = self._laplace(size, rng)
         blocks = folded ^ (folded >> _SIGN_SHIFT)  # y >= 0 stays, y < 0 becomes -y - 1
         magnitude = np.minimum(kind, 1) * (1 + blocks * self._delta + offset)
         negative = (words[0] & _ONE).view(np.int64)
