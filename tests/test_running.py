@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import math
 
 import duckdb
+import numpy as np
 import pytest
 
 import dpsql
@@ -181,3 +183,27 @@ def test_watch_refuses_a_query_without_a_running_total(events, tmp_path):
     con = _connect(events, tmp_path)
     with pytest.raises(dpsql.ProgrammingError, match="running-total"):
         next(con.watch("SELECT shop, COUNT(*) FROM running_events GROUP BY shop", every=1))
+
+
+def test_factorization_stream_is_exact_at_a_huge_budget_and_charged_as_epsilon_delta(
+    events, tmp_path
+):
+    con = _connect(events, tmp_path, delta=1e-9, mechanism="factorization")
+    cur = con.execute(f"{RUNNING} WHERE day < '2024-01-08' GROUP BY day")
+    rows, truth = cur.fetchall(), _truth(events, "2024-01-08")
+    assert [d for d, _ in rows] == [d for d, _ in truth]
+    # 120 rows per unit keep sigma ~0.3 even at epsilon 1e4; counts are rounded
+    bound = 5 * cur.accuracy["so_far"].scale + 0.5
+    assert [n for _, n in rows] == pytest.approx([int(n) for _, n in truth], abs=bound)
+    assert "factorization" in cur.accuracy["so_far"].mechanism
+    budget = con.budget()
+    assert budget.epsilon_spent == pytest.approx(1e4) and budget.delta_spent == pytest.approx(1e-9)
+
+
+def test_factorization_noise_has_its_closed_form_variance():
+    from dpsql.mechanisms.continual import Factorization, keyed_generator
+
+    counter = Factorization(16, 0.5, 1.0, running._gaussian_sampler())
+    draws = np.stack([counter.noise(keyed_generator(k)) for k in range(1, 1501)])
+    ratio = draws.var(axis=0, ddof=1) / counter.variance()
+    assert np.abs(ratio - 1).max() < 5 * math.sqrt(2 / 1500)

@@ -27,6 +27,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,7 @@ from dpsql.mechanisms.continual import (
     laplace_tree,
     rho_for,
 )
+from dpsql.mechanisms.gaussian import discrete_gaussian
 from dpsql.policy import Column, ContinualSpec, Table
 from dpsql.sql.analyze import _conjuncts, analyze
 from dpsql.sql.check import AGGREGATES, check_query
@@ -469,12 +471,21 @@ def _counter(
     )
 
 
-def _gaussian_sampler() -> Callable[[int, np.random.Generator], np.ndarray]:
-    raise _refuse(
-        "a factorization stream",
-        "its discrete Gaussian sampler is not available yet",
-        "use 'mechanism: binary' for this column's continual stream",
-    )
+def _gaussian_sampler() -> Callable[[int, float, np.random.Generator], np.ndarray]:
+    """Exact discrete Gaussian noise on a power-of-two lattice 2^-20 of its standard deviation.
+
+    The factorization adds L z, a real combination, so z must not sit on the
+    integers (a lattice aligned with the counts would make the fractional
+    parts of the releases reveal the data); on a lattice this fine, z is the
+    continuous Gaussian up to a relative 2^-20.
+    """
+
+    def sample(size: int, sigma: float, rng: np.random.Generator) -> np.ndarray:
+        lattice = math.ldexp(1.0, math.floor(math.log2(sigma)) - 20)
+        units = Fraction(sigma) / Fraction(lattice)
+        return discrete_gaussian(units * units, size, rng).astype(np.float64) * lattice
+
+    return sample
 
 
 # -- the plan -----------------------------------------------------------------
