@@ -7,9 +7,11 @@ from the exact moments.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from decimal import Decimal
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -253,3 +255,19 @@ def test_grid_staircase_samples_on_the_grid() -> None:
     assert abs(np.abs(noise).mean() - abs_mean) <= SIGMAS * math.sqrt((variance - abs_mean**2) / N)
     # neighbours Delta apart round at most floor(Delta/g) + 1 steps apart
     assert mech.steps.sensitivity == math.floor(2.5 / g) + 1
+
+
+# --- the seed-002 example stays runnable ---------------------------------------------------------
+
+
+def test_seed002_example_runs_at_a_tiny_size(tmp_path, capsys) -> None:
+    path = Path(__file__).resolve().parent.parent / "examples" / "seed002_staircase.py"
+    spec = importlib.util.spec_from_file_location("seed002_staircase", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    text = example.main(["--samples", "2000", "--out", str(tmp_path / "plot.png")])
+    assert (tmp_path / "plot.png").stat().st_size > 10_000
+    # the closed-form ratios land on the reference values, whatever the sample size
+    for ratio in ("0.960 (0.96)", "0.851 (0.85)", "0.413 (0.41)", "0.067 (0.067)"):
+        assert ratio in text
+    assert "grid staircase (exact)" in capsys.readouterr().out
