@@ -69,17 +69,21 @@ def main() -> None:
     args = parser.parse_args()
     path = build(args.rows)
     raw = duckdb.connect(str(path), read_only=True, config=LOCKED)
-    adapter = DuckDBAdapter(str(path))
+    compare(lambda sql: raw.execute(sql).fetchall(), DuckDBAdapter(str(path)), args)
+
+
+def compare(run_raw, adapter, args: argparse.Namespace) -> None:
+    """Print raw and dpsql times of QUERIES on `adapter`, row-level then user-level."""
     with tempfile.TemporaryDirectory() as folder:
         for user_level in (False, True):
             ledger = Ledger(Path(folder) / f"ledger{user_level}.sqlite")
             session = Session(adapter, load_policy(policy(user_level)), ledger)
             label = "user-level (pid, 1 row, 1 group)" if user_level else "row-level"
-            print(f"\n{label}, {args.rows:,} rows")
+            print(f"\n{label}, {args.rows:,} rows, {adapter.dialect}")
             print(f"{'query':<75} {'raw s':>8} {'dpsql s':>8} {'ratio':>6}")
             ratios = []
             for sql in QUERIES:
-                raw_time = timed(lambda sql=sql: raw.execute(sql).fetchall(), args.repeat)
+                raw_time = timed(lambda sql=sql: run_raw(sql), args.repeat)
 
                 def private(sql: str = sql, ledger=ledger, session=session) -> None:
                     ledger.clear_cache()

@@ -13,8 +13,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dpsql.adapters import is_url, open_adapter
 from dpsql.errors import InterfaceError, NotSupportedError
-from dpsql.ledger import Ledger
+from dpsql.ledger import Ledger, open_ledger
 from dpsql.policy import Policy, load_policy
 from dpsql.session import Budget, Session
 from dpsql.sql.plan import Accuracy, Release
@@ -73,22 +74,23 @@ def connect(
 ) -> Connection:
     """Open a private connection to `database` under `policy` for `analyst`.
 
-    `database` is a DuckDB file path, ":memory:" or an open DuckDB connection.
-    `ledger` defaults to the policy's `ledger:` entry, else a file beside the
-    database (`<database>.ledger.sqlite`). `seed` makes noise reproducible and
-    is for tests only.
+    `database` is a DuckDB file path, ":memory:", an open DuckDB connection,
+    a `postgresql://` URL or any SQLAlchemy URL. `ledger` defaults to the
+    policy's `ledger:` entry, else a file beside a DuckDB file
+    (`<database>.ledger.sqlite`); a database named by URL needs one of the two,
+    since a budget kept in memory would silently reset. `seed` makes noise
+    reproducible and is for tests only.
     """
     if policy is None:
         raise InterfaceError(
             "connect() needs a policy: dpsql.connect(database, policy='policy.yaml')"
         )
     loaded = policy if isinstance(policy, Policy) else load_policy(policy)
-    adapter = _adapter(database)
+    path = None if isinstance(ledger, Ledger) else _ledger_path(ledger, loaded, database)
+    adapter = open_adapter(database)
     try:
         loaded.check_schema({key: adapter.table_columns(key) for key in loaded.tables})
-        book = (
-            ledger if isinstance(ledger, Ledger) else Ledger(_ledger_path(ledger, loaded, database))
-        )
+        book = ledger if isinstance(ledger, Ledger) else open_ledger(path)
         session = Session(
             adapter, loaded, book, analyst, epsilon=epsilon, mechanism=mechanism, seed=seed
         )
@@ -98,22 +100,20 @@ def connect(
     return Connection(session)
 
 
-def _adapter(database: Any) -> Any:
-    if isinstance(database, str) and "://" in database:
-        raise NotSupportedError(
-            f"backend {database.split('://', 1)[0]!r} is not supported yet; use a DuckDB file"
-        )
-    from dpsql.adapters.duckdb import DuckDBAdapter
-
-    return DuckDBAdapter(os.fspath(database) if isinstance(database, os.PathLike) else database)
-
-
 def _ledger_path(ledger: str | os.PathLike | None, policy: Policy, database: Any) -> str:
     if ledger is not None:
         return os.fspath(ledger)
+    if policy.ledger and is_url(policy.ledger):
+        return policy.ledger
     if policy.ledger:
         base = Path(policy.source).parent if Path(policy.source).exists() else Path.cwd()
         return str(base / policy.ledger)
+    if is_url(database):
+        raise InterfaceError(
+            "a database named by URL needs a persistent budget ledger, or the budget would "
+            "reset with every connection: pass ledger='budget.sqlite' to connect() or write "
+            "'ledger: budget.sqlite' in the policy"
+        )
     if isinstance(database, str | os.PathLike) and os.fspath(database) != ":memory:":
         return f"{os.fspath(database)}.ledger.sqlite"
     return ":memory:"

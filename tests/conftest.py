@@ -1,18 +1,31 @@
-"""Shared fixtures: the PUMS sample loaded into DuckDB files, and policies for it.
+"""Shared fixtures: the PUMS sample loaded into each backend, and policies for it.
 
 The PUMS CSV files are read from DPSQL_PUMS_DIR (default: ../shared/data/pums
 beside the repository); tests that need them are skipped, saying why, when
 the folder is absent. Nothing from it is copied into the repository.
+
+Backends: DuckDB always; PostgreSQL on the server DPSQL_TEST_POSTGRES_URL
+names, else on one pytest-postgresql starts, else skipped with the reason.
+The PUMS tables are loaded once per session into a DuckDB file and into a
+PostgreSQL schema of their own (dropped at the end). Tests that run on every
+backend take the `backend` fixture and carry `@on_every_backend`.
 """
 
 from __future__ import annotations
 
 import copy
+import decimal
 import os
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
+
+from dpsql.adapters.duckdb import LOCKED as _LOCKED
 
 REPO = Path(__file__).resolve().parent.parent
 PUMS_DIR = Path(os.environ.get("DPSQL_PUMS_DIR", REPO.parent / "shared" / "data" / "pums"))
@@ -83,14 +96,165 @@ def pums_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+# -- backends ------------------------------------------------------------------
+
+BACKENDS = ["duckdb", "postgres"]
+on_every_backend = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+# DuckDB's types of the loaded CSV columns, in PostgreSQL's words
+_PG_TYPES = {"BIGINT": "bigint", "INTEGER": "integer", "DOUBLE": "double precision",
+             "VARCHAR": "text", "BOOLEAN": "boolean", "DATE": "date"}  # fmt: skip
+
+
+class RawDatabase:
+    """Direct access to a backend's tables, for the truth a test compares against."""
+
+    def __init__(self, connection: Any, close: Any = None):
+        self._connection = connection
+        self._close = close or connection.close
+
+    def rows(self, sql: str) -> list[tuple]:
+        """The rows of `sql`, with DECIMAL values as floats (PostgreSQL returns them for SUM)."""
+        rows = self._connection.execute(sql).fetchall()
+        return [tuple(float(v) if isinstance(v, decimal.Decimal) else v for v in r) for r in rows]
+
+    def replace_table(self, name: str, select: str) -> None:
+        if isinstance(self._connection, duckdb.DuckDBPyConnection):
+            self._connection.execute(f"CREATE OR REPLACE TABLE {name} AS {select}")
+        else:
+            self._connection.execute(f"DROP TABLE IF EXISTS {name}")
+            self._connection.execute(f"CREATE TABLE {name} AS {select}")
+
+    def close(self) -> None:
+        self._close()
+
+
+@dataclass
+class Backend:
+    """One backend holding the PUMS tables: what dpsql.connect takes, and raw access."""
+
+    name: str
+    dialect: str
+    database: str  # a DuckDB path or a postgresql:// URL
+    admin_url: str | None = None  # PostgreSQL: a URL with rights to create schemas
+
+    def raw(self) -> RawDatabase:
+        if self.name == "duckdb":
+            return RawDatabase(duckdb.connect(self.database, read_only=True, config=_LOCKED))
+        import psycopg
+
+        return RawDatabase(psycopg.connect(self.database, autocommit=True))
+
+    def scratch(self, tables: dict[str, str]) -> RawDatabase:
+        """A writable database of its own holding copies of PUMS tables (new name -> table)."""
+        if self.name == "duckdb":
+            connection = duckdb.connect()
+            load_pums(connection, {new: PUMS_TABLES[old] for new, old in tables.items()})
+            return RawDatabase(connection)
+        import psycopg
+
+        schema = _fresh_schema()
+        main = _schema_of(self.database)
+        admin = psycopg.connect(self.admin_url, autocommit=True)
+        admin.execute(f"CREATE SCHEMA {schema}")
+        for new, old in tables.items():
+            admin.execute(f"CREATE TABLE {schema}.{new} AS SELECT * FROM {main}.{old}")
+        admin.execute(f"SET search_path = {schema}")
+
+        def drop() -> None:
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+            admin.close()
+
+        return RawDatabase(admin, drop)
+
+
+def _fresh_schema() -> str:
+    # one schema per test session: several sessions may share the server
+    return f"dpsql_test_{secrets.token_hex(4)}"
+
+
+def _schema_of(url: str) -> str:
+    return url.rsplit("search_path%3D", 1)[1]
+
+
+def _with_search_path(url: str, schema: str) -> str:
+    return f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
+
+
+@pytest.fixture(scope="session")
+def duckdb_backend(pums_db: Path) -> Backend:
+    return Backend("duckdb", "duckdb", str(pums_db))
+
+
+@pytest.fixture(scope="session")
+def postgres_url(request: pytest.FixtureRequest) -> str:
+    """A PostgreSQL server: DPSQL_TEST_POSTGRES_URL, else one pytest-postgresql starts."""
+    url = os.environ.get("DPSQL_TEST_POSTGRES_URL")
+    if url:
+        return url
+    if not (PG_BIN / "pg_ctl").exists():
+        pytest.skip(f"no PostgreSQL: set DPSQL_TEST_POSTGRES_URL (no pg_ctl in {PG_BIN})")
+    try:
+        proc = request.getfixturevalue("started_postgres")
+    except Exception as exc:  # e.g. initdb refuses to run as root
+        pytest.skip(f"no PostgreSQL: set DPSQL_TEST_POSTGRES_URL (pytest-postgresql: {exc})")
+    return f"postgresql://{proc.user}@{proc.host}:{proc.port}/postgres"
+
+
+try:
+    from pytest_postgresql import factories
+
+    started_postgres = factories.postgresql_proc(executable=str(PG_BIN / "pg_ctl"), port=None)
+except ImportError:  # the fallback server is optional
+    pass
+
+
+@pytest.fixture(scope="session")
+def postgres_backend(postgres_url: str, pums_db: Path) -> Iterator[Backend]:
+    import psycopg
+
+    try:
+        admin = psycopg.connect(postgres_url, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        pytest.skip(f"PostgreSQL at DPSQL_TEST_POSTGRES_URL is unreachable: {exc}")
+    schema = _fresh_schema()
+    admin.execute(f"CREATE SCHEMA {schema}")
+    try:
+        _load_pums_postgres(admin, schema, pums_db)
+        yield Backend("postgres", "postgres", _with_search_path(postgres_url, schema), postgres_url)
+    finally:
+        admin.execute(f"DROP SCHEMA {schema} CASCADE")
+        admin.close()
+
+
+def _load_pums_postgres(admin: Any, schema: str, pums_db: Path) -> None:
+    """The PUMS tables with the column types DuckDB gave them, filled by COPY."""
+    folder = require_pums()
+    with duckdb.connect(str(pums_db), read_only=True, config=_LOCKED) as source:
+        for table, name in PUMS_TABLES.items():
+            columns = source.execute(f"DESCRIBE {table}").fetchall()
+            spec = ", ".join(f"{c[0]} {_PG_TYPES[c[1]]}" for c in columns)
+            admin.execute(f"CREATE TABLE {schema}.{table} ({spec})")
+            with admin.cursor().copy(
+                f"COPY {schema}.{table} FROM STDIN WITH (FORMAT csv, HEADER true)"
+            ) as copy_in:
+                copy_in.write((folder / name).read_bytes())
+
+
+@pytest.fixture(scope="session")
+def backend(request: pytest.FixtureRequest) -> Backend:
+    """The backend a test runs on: DuckDB unless parametrised by `@on_every_backend`."""
+    return request.getfixturevalue(f"{getattr(request, 'param', 'duckdb')}_backend")
+
+
 @pytest.fixture
 def policy() -> dict:
     return pums_policy()
 
 
 @pytest.fixture
-def connect(pums_db: Path, tmp_path: Path):
-    """dpsql.connect to the PUMS database with a fresh ledger per test."""
+def connect(backend: Backend, tmp_path: Path):
+    """dpsql.connect to the PUMS tables on `backend` with a fresh ledger per test."""
     import dpsql
 
     opened = []
@@ -98,7 +262,7 @@ def connect(pums_db: Path, tmp_path: Path):
     def _connect(policy: dict | None = None, **options: object) -> dpsql.Connection:
         options.setdefault("ledger", tmp_path / "ledger.sqlite")
         options.setdefault("seed", 7)
-        connection = dpsql.connect(str(pums_db), policy=policy or pums_policy(), **options)
+        connection = dpsql.connect(backend.database, policy=policy or pums_policy(), **options)
         opened.append(connection)
         return connection
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import pums_policy
+from conftest import on_every_backend, pums_policy
 
 import dpsql
 
@@ -25,6 +25,7 @@ def small_budget(epsilon: float, per_query: float = 1.0) -> dict:
     )
 
 
+@on_every_backend
 def test_exhausted_budget_is_refused_and_says_what_remains(connect):
     connection = connect(small_budget(2.5))
     connection.execute("SELECT COUNT(*) FROM pums")
@@ -39,6 +40,7 @@ def test_exhausted_budget_is_refused_and_says_what_remains(connect):
     assert budget.epsilon_spent == pytest.approx(2.5) and budget.epsilon_remaining == 0
 
 
+@on_every_backend
 def test_identical_repeat_is_identical_and_free_also_after_restart(connect, tmp_path):
     first = connect(small_budget(3.0))
     query = "SELECT sex, COUNT(*), AVG(income) FROM pums GROUP BY sex"
@@ -59,6 +61,7 @@ def test_identical_repeat_is_identical_and_free_also_after_restart(connect, tmp_
     assert again.budget().epsilon_spent == pytest.approx(1.5)
 
 
+@on_every_backend
 def test_data_version_invalidates_the_cache(connect):
     query = "SELECT COUNT(*) FROM pums"
     connect(small_budget(3.0)).execute(query).fetchall()

@@ -7,10 +7,9 @@ import math
 import duckdb
 import numpy as np
 import pytest
-from conftest import pums_policy
+from conftest import on_every_backend, pums_policy
 
 import dpsql
-from dpsql.adapters.duckdb import LOCKED
 
 # Each query is compared with the same SQL on the raw data; noisy values must lie
 # within 6 noise scales of the truth plus the clamping bias, which is zero here.
@@ -35,18 +34,19 @@ ACCEPTED = [
 ]
 
 
-@pytest.fixture(scope="module")
-def raw(pums_db):
-    connection = duckdb.connect(str(pums_db), read_only=True, config=LOCKED)
+@pytest.fixture
+def raw(backend):
+    connection = backend.raw()
     yield connection
     connection.close()
 
 
+@on_every_backend
 @pytest.mark.parametrize("sql", ACCEPTED)
 def test_answer_is_near_the_truth(connect, raw, sql):
     cursor = connect(epsilon=2.0).execute(sql)
     noisy = cursor.fetchall()
-    truth = raw.execute(sql + (" ORDER BY ALL" if "GROUP BY" in sql else "")).fetchall()
+    truth = raw.rows(sql)
     names = [d[0] for d in cursor.description]
     keys = sum(1 for name in names if name not in cursor.accuracy)
     exact_by_key = {row[:keys]: row for row in truth}
@@ -63,6 +63,7 @@ def test_answer_is_near_the_truth(connect, raw, sql):
                 assert value == pytest.approx(exact, rel=0.2)
 
 
+@on_every_backend
 def test_user_level_counts_people_not_rows(connect):
     # PUMS_dup holds 1,948 rows of 1,000 people; with one row per person kept, the
     # noisy row count estimates people, and the distinct count too.
@@ -76,6 +77,7 @@ def test_user_level_counts_people_not_rows(connect):
     assert abs(rows - 1000) <= 6 * cursor.accuracy["n"].scale
 
 
+@on_every_backend
 def test_having_order_by_and_limit_act_on_the_noisy_release(connect):
     cursor = connect().execute(
         "SELECT educ, COUNT(*) AS n FROM pums GROUP BY educ HAVING COUNT(*) > 50 "
@@ -87,6 +89,7 @@ def test_having_order_by_and_limit_act_on_the_noisy_release(connect):
     assert counts == sorted(counts, reverse=True) and min(counts) > 50
 
 
+@on_every_backend
 def test_expressions_over_aggregates_are_post_processing(connect):
     connection = connect(epsilon=3.0)
     rows = connection.execute(
@@ -98,7 +101,8 @@ def test_expressions_over_aggregates_are_post_processing(connect):
     assert connection.budget().epsilon_spent == pytest.approx(3.0)
 
 
-def test_group_by_expression_keys_pass_the_threshold(connect, raw):
+@on_every_backend
+def test_group_by_expression_keys_pass_the_threshold(connect):
     cursor = connect().execute(
         "SELECT CASE WHEN age < 30 THEN 'young' WHEN age < 60 THEN 'middle' ELSE 'old' END "
         "AS band, COUNT(*) FROM pums GROUP BY band"
@@ -107,16 +111,18 @@ def test_group_by_expression_keys_pass_the_threshold(connect, raw):
     assert any("suppressed" in note for note in cursor.notes)
 
 
+@on_every_backend
 def test_rare_keys_from_the_data_are_suppressed(connect, raw):
-    # ages held by very few people must not appear: their existence is private
+    # incomes held by very few people must not appear: their existence is private
     cursor = connect().execute("SELECT income, COUNT(*) FROM pums_pid GROUP BY income")
     released = {row[0] for row in cursor.fetchall()}
-    rare = {r[0] for r in raw.execute(
+    rare = {r[0] for r in raw.rows(
         "SELECT income FROM pums_pid GROUP BY income HAVING COUNT(*) <= 2"
-    ).fetchall()}  # fmt: skip
+    )}  # fmt: skip
     assert rare and not released & rare
 
 
+@on_every_backend
 def test_public_domain_releases_empty_groups(connect):
     rows = (
         connect()
@@ -126,19 +132,22 @@ def test_public_domain_releases_empty_groups(connect):
     assert [r[0] for r in rows] == list(range(1, 17))
 
 
+@on_every_backend
 def test_keys_from_data_need_delta(connect):
     policy = pums_policy(defaults={"epsilon_per_query": 1.0, "delta": 0.0})
     with pytest.raises(dpsql.QueryRefused, match="delta > 0"):
         connect(policy).execute("SELECT age, COUNT(*) FROM pums GROUP BY age")
 
 
-def test_nulls_are_skipped_by_sum_and_avg(connect, raw):
+@on_every_backend
+def test_nulls_are_skipped_by_sum_and_avg(connect):
     cursor = connect(epsilon=4.0).execute("SELECT AVG(income), COUNT(income) FROM pums_null")
     mean, count = cursor.fetchone()
     assert count == pytest.approx(980 - 45, abs=60)  # one row per pid kept; some NULL
     assert 0 <= mean <= 500000
 
 
+@on_every_backend
 def test_range_predicate_tightens_the_clamp(connect):
     cursor = connect().execute("SELECT SUM(income) AS s FROM pums WHERE income <= 20000")
     assert cursor.accuracy["s"].sensitivity == pytest.approx(20000)

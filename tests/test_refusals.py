@@ -7,9 +7,10 @@ test asserts that no statement reached the database and no budget was spent.
 from __future__ import annotations
 
 import pytest
+from conftest import on_every_backend
 
 import dpsql
-from dpsql.adapters.duckdb import DuckDBAdapter
+from dpsql.adapters import open_adapter
 
 HOSTILE = [
     # raw rows
@@ -103,20 +104,27 @@ HOSTILE = [
 ]
 
 
-class RecordingAdapter(DuckDBAdapter):
-    """The real DuckDB adapter, remembering every statement it was asked to run."""
+class RecordingAdapter:
+    """A real backend's adapter, remembering every statement it was asked to run."""
 
     def __init__(self, database: str):
-        super().__init__(database)
+        self.adapter = open_adapter(database)
+        self.dialect = self.adapter.dialect
         self.statements: list[str] = []
 
     def execute(self, sql: str) -> tuple[list[str], list[tuple]]:
         self.statements.append(sql)
-        return super().execute(sql)
+        return self.adapter.execute(sql)
+
+    def unique_columns(self, name: str) -> set[str]:
+        return self.adapter.unique_columns(name)
+
+    def close(self) -> None:
+        self.adapter.close()
 
 
 @pytest.fixture
-def recorded(pums_db, tmp_path):
+def recorded(backend, tmp_path):
     from conftest import pums_policy
 
     from dpsql.dbapi import Connection
@@ -124,7 +132,7 @@ def recorded(pums_db, tmp_path):
     from dpsql.policy import load_policy
     from dpsql.session import Session
 
-    adapter = RecordingAdapter(str(pums_db))
+    adapter = RecordingAdapter(backend.database)
     session = Session(adapter, load_policy(pums_policy()), Ledger(tmp_path / "l.sqlite"), seed=1)
     connection = Connection(session)
     yield connection, adapter
@@ -135,6 +143,7 @@ def test_corpus_is_large_enough():
     assert len(HOSTILE) >= 40
 
 
+@on_every_backend
 @pytest.mark.parametrize("sql", HOSTILE)
 def test_hostile_statement_is_refused_before_the_database(recorded, sql):
     connection, adapter = recorded
@@ -166,6 +175,7 @@ def test_private_column_refusal_suggests_distinct_count(recorded):
     assert "COUNT(DISTINCT pid)" in raised.value.hint
 
 
+@on_every_backend
 def test_parameters_cannot_inject_sql(recorded):
     connection, adapter = recorded
     cursor = connection.cursor()

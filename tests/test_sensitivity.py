@@ -9,10 +9,9 @@ key selection must not exceed max_groups_per_unit.
 
 from __future__ import annotations
 
-import duckdb
 import numpy as np
 import pytest
-from conftest import load_pums, pums_policy
+from conftest import on_every_backend, pums_policy
 
 from dpsql.policy import load_policy
 from dpsql.sql import Options, PlanContext, plan_query
@@ -41,23 +40,18 @@ SHAPES = [
 
 
 @pytest.fixture(scope="module")
-def database():
-    connection = duckdb.connect()
-    load_pums(
-        connection,
-        {"base_dup": "PUMS_dup.csv", "base_null": "PUMS_null.csv", "base_pid": "PUMS_pid.csv"},
+def database(backend):
+    """A writable copy of the PUMS tables on the backend, named base_*."""
+    scratch = backend.scratch(
+        {"base_dup": "pums_dup", "base_null": "pums_null", "base_pid": "pums_pid",
+         "base_numbered": "pums"}
+    )  # fmt: skip
+    scratch.replace_table(
+        "base_rows", "SELECT *, row_number() OVER () AS row_id FROM base_numbered"
     )
-    load_pums(connection, {"base_rows": "PUMS.csv"})
-    connection.execute("CREATE OR REPLACE TABLE base_rows AS SELECT *, row_number() OVER () "
-                       "AS row_id FROM base_rows")  # fmt: skip
-    yield connection
-    connection.close()
-
-
-def _measure(connection, sql):
-    cursor = connection.execute(sql)
-    width = len(cursor.description)
-    return cursor.fetchall(), width
+    scratch.dialect = backend.dialect
+    yield scratch
+    scratch.close()
 
 
 def _by_key(rows, keys):
@@ -74,18 +68,15 @@ def _l1_change(before, after, keys, columns):
 
 def _assert_sensitivities(database, plans, table, source, column, removed, max_groups):
     """Remove each of `removed` (values of `column`) from `source` in turn and check every plan."""
-    database.execute(f"CREATE OR REPLACE TABLE {table} AS SELECT * FROM {source}")
-    full = [_measure(database, plan.sql) for plan in plans]
+    database.replace_table(table, f"SELECT * FROM {source}")
+    full = [database.rows(plan.sql) for plan in plans]
     reached = np.zeros(len(plans), dtype=bool)
     for value in removed:
-        database.execute(
-            f"CREATE OR REPLACE TABLE {table} AS SELECT * FROM {source} WHERE {column} <> ?",
-            [value],
-        )
+        database.replace_table(table, f"SELECT * FROM {source} WHERE {column} <> {int(value)}")
         for index, plan in enumerate(plans):
-            rows, width = _measure(database, plan.sql)
             keys = len(plan.analysis.keys)
-            change = _l1_change(full[index][0], rows, keys, width - keys)
+            width = keys + len(plan.measures) + (plan.selection is not None)
+            change = _l1_change(full[index], database.rows(plan.sql), keys, width - keys)
             limits = [m.noise.sensitivity for m in plan.measures]
             if plan.selection is not None:  # distinct units per group, for key selection
                 limits.append(max_groups)
@@ -95,17 +86,18 @@ def _assert_sensitivities(database, plans, table, source, column, removed, max_g
     assert reached[0]
 
 
-def _plans(shapes, table, policy, unique_units=frozenset()):
+def _plans(shapes, table, policy, dialect, unique_units=frozenset()):
     options = Options(epsilon=1.0, delta=1e-6)
     return [
         plan_query(
-            parse_statement(shape.format(t=table), "duckdb").tree,
-            PlanContext(policy, options, "duckdb", seed=11, unique_units=unique_units),
+            parse_statement(shape.format(t=table), dialect).tree,
+            PlanContext(policy, options, dialect, seed=11, unique_units=unique_units),
         )
         for shape in shapes
     ]
 
 
+@on_every_backend
 @pytest.mark.parametrize("base", ["dup", "null"])
 @pytest.mark.parametrize("bounds", [(1, 1), (2, 2), (3, 1)])
 def test_measurements_change_at_most_by_their_sensitivity(database, base, bounds):
@@ -113,32 +105,36 @@ def test_measurements_change_at_most_by_their_sensitivity(database, base, bounds
     policy_dict = pums_policy()
     table = policy_dict["tables"]["pums_dup"]
     table["max_groups_per_unit"], table["max_rows_per_unit"] = max_groups, max_rows
-    plans = _plans(SHAPES, "pums_dup", load_policy(policy_dict))
+    plans = _plans(SHAPES, "pums_dup", load_policy(policy_dict), database.dialect)
     source = f"base_{base}"
     heaviest = (
         f"SELECT pid FROM {source} WHERE pid IS NOT NULL GROUP BY pid "
-        "ORDER BY COUNT(*) DESC, hash(pid) LIMIT 25"
+        "ORDER BY COUNT(*) DESC, pid LIMIT 25"
     )
-    pids = [row[0] for row in database.execute(heaviest).fetchall()]
+    pids = [row[0] for row in database.rows(heaviest)]
     _assert_sensitivities(database, plans, "pums_dup", source, "pid", pids, max_groups)
 
 
+@on_every_backend
 def test_row_level_measurements_change_at_most_by_their_sensitivity(database):
     shapes = [s for s in SHAPES if "pid" not in s]
-    plans = _plans(shapes, "pums", load_policy(pums_policy()))
-    rows = [row[0] for row in database.execute(
+    plans = _plans(shapes, "pums", load_policy(pums_policy()), database.dialect)
+    rows = [row[0] for row in database.rows(
         "SELECT row_id FROM base_rows ORDER BY income DESC, row_id LIMIT 25"
-    ).fetchall()]  # fmt: skip
+    )]  # fmt: skip
     _assert_sensitivities(database, plans, "pums", "base_rows", "row_id", rows, 1)
 
 
+@on_every_backend
 def test_unique_units_need_no_bounding_to_keep_their_sensitivity(database):
     # PUMS_pid has one row per pid: with the unit declared unique, bounds are 1 and no window
     policy_dict = pums_policy()
     policy_dict["tables"]["pums_pid"]["max_rows_per_unit"] = 3
-    plans = _plans(SHAPES, "pums_pid", load_policy(policy_dict), frozenset({"pums_pid"}))
+    plans = _plans(
+        SHAPES, "pums_pid", load_policy(policy_dict), database.dialect, frozenset({"pums_pid"})
+    )
     assert all("ROW_NUMBER" not in plan.sql for plan in plans)
-    pids = [row[0] for row in database.execute(
+    pids = [row[0] for row in database.rows(
         "SELECT pid FROM base_pid ORDER BY income DESC, pid LIMIT 25"
-    ).fetchall()]  # fmt: skip
+    )]  # fmt: skip
     _assert_sensitivities(database, plans, "pums_pid", "base_pid", "pid", pids, 1)

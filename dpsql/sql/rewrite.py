@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sqlglot import exp
+from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 
 from dpsql.sql.analyze import KEY_PREFIX, Analysis, Interval, Measurement, clamp
 
@@ -91,7 +92,19 @@ def rewrite(
         query = query.where(filters, copy=False)
     if keys:
         query = query.group_by(*[key.copy() for key in keys], copy=False)
-    return query.sql(dialect=dialect)
+    return _in_dialect(query, dialect)
+
+
+def _in_dialect(query: exp.Select, dialect: str) -> str:
+    """The query's text in `dialect`, with names under the backend's case rules.
+
+    Policy names are case-insensitive, like unquoted SQL names: each is folded
+    as the backend folds unquoted names (lower case in PostgreSQL, upper case
+    in Snowflake) and then quoted, so a name that is also a keyword still works.
+    """
+    for identifier in query.find_all(exp.Identifier):
+        identifier.set("quoted", False)
+    return normalize_identifiers(query, dialect=dialect).sql(dialect=dialect, identify=True)
 
 
 def _where(analysis: Analysis) -> exp.Expression | None:
@@ -124,17 +137,26 @@ def _measure_sql(
 
 
 def _keyed_hash(dialect: str, seed: int, values: list[exp.Expression]) -> exp.Expression:
-    """A hash keyed by a per-release secret: which rows a unit keeps is unpredictable."""
-    if dialect == "postgres":
-        text = exp.Anonymous(
-            this="concat_ws",
-            expressions=[
-                exp.convert("|"),
-                *[exp.Cast(this=v.copy(), to=_TEXT.copy()) for v in values],
-            ],
+    """A hash keyed by a per-release secret: which rows a unit keeps is unpredictable.
+
+    DuckDB's `hash` and PostgreSQL's `hashtextextended` take a seed and are
+    fast; elsewhere the secret is prefixed to the text of the values under MD5,
+    which every common SQL dialect has (sqlglot spells it for each).
+    """
+    if dialect == "duckdb":
+        return exp.Anonymous(
+            this="hash", expressions=[exp.convert(seed), *[v.copy() for v in values]]
         )
+    texts = [exp.Cast(this=v.copy(), to=_TEXT.copy()) for v in values]
+    if dialect == "postgres":
+        text = exp.Anonymous(this="concat_ws", expressions=[exp.convert("|"), *texts])
         return exp.Anonymous(this="hashtextextended", expressions=[text, exp.convert(seed)])
-    return exp.Anonymous(this="hash", expressions=[exp.convert(seed), *[v.copy() for v in values]])
+    keyed: exp.Expression = exp.convert(str(seed))
+    for text in texts:
+        # the separator and COALESCE keep NULL and adjacent values apart
+        part = exp.Coalesce(this=text, expressions=[exp.convert("")])
+        keyed = exp.DPipe(this=exp.DPipe(this=keyed, expression=exp.convert("|")), expression=part)
+    return exp.MD5(this=keyed)
 
 
 def _bounded(

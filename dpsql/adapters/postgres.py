@@ -1,0 +1,154 @@
+"""PostgreSQL adapter: runs rewritten queries on a PostgreSQL server through a pool.
+
+Why psycopg 3: it is the maintained PostgreSQL driver (libpq underneath, so
+every conninfo and URL option, TLS and `.pgpass` work as in psql), it speaks
+the extended protocol, and its companion psycopg_pool gives a thread-safe
+pool, which the wire server needs to share one adapter across many sessions
+and threads.
+
+Every statement runs in a READ ONLY transaction that is rolled back, under a
+statement timeout, one statement per call (the extended protocol), so even a
+statement that slipped past the SQL gate could neither change data nor hold
+the server. Server messages can quote stored
+values (a failed cast, say): only the SQLSTATE and the kind of error leave
+the adapter.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from dpsql.errors import BackendError
+
+_QUERY_CANCELED = "57014"
+
+# Columns of a table, view or materialised view; `to_regclass` resolves the name
+# by PostgreSQL's rules: search_path, schema qualification, unquoted names folded.
+_COLUMNS = """
+SELECT lower(a.attname) FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
+  AND c.relkind IN ('r', 'v', 'm', 'p', 'f')
+"""
+
+# Single-column unique indexes (PRIMARY KEY and UNIQUE constraints create one)
+# over all rows: a partial or expression index does not make the column unique.
+_UNIQUE = """
+SELECT lower(a.attname) FROM pg_index i
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indnkeyatts = 1
+  AND i.indpred IS NULL AND i.indexprs IS NULL
+"""
+
+
+class PostgresAdapter:
+    """A PostgreSQL database, named by a `postgresql://` URL or a libpq conninfo string."""
+
+    dialect = "postgres"
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        pool_size: int = 4,
+        statement_timeout: float = 300.0,
+        connect_timeout: float = 10.0,
+    ):
+        self._where = _describe(conninfo)
+        self._timeout = statement_timeout
+        self._pool = ConnectionPool(
+            make_conninfo(conninfo, connect_timeout=max(1, int(connect_timeout))),
+            min_size=1,
+            max_size=pool_size,
+            configure=self._configure,
+            name="dpsql",
+            open=False,
+        )
+        try:
+            self._pool.open(wait=True, timeout=connect_timeout)
+        except PoolTimeout:
+            self._pool.close()
+            raise BackendError(
+                f"cannot connect to PostgreSQL at {self._where} within {connect_timeout:g} s; "
+                "check the URL, that the server runs, and the credentials"
+            ) from None
+
+    def _configure(self, connection: psycopg.Connection) -> None:
+        connection.autocommit = True
+        connection.execute(
+            "SELECT set_config('statement_timeout', %s, false)",
+            [f"{int(self._timeout * 1000)}ms"],
+        )
+        connection.autocommit = False
+        connection.read_only = True  # every transaction starts BEGIN READ ONLY
+
+    def _run(self, sql: str, parameters: list | None = None) -> tuple[list[str], list[tuple]]:
+        try:
+            with self._pool.connection() as connection:
+                try:
+                    # Binary results make psycopg use the extended protocol, which
+                    # runs one statement per call: "SET TRANSACTION READ WRITE;
+                    # DELETE ..." cannot get out of the read-only transaction.
+                    cursor = connection.execute(sql, parameters, prepare=False, binary=True)
+                    rows = cursor.fetchall() if cursor.description else []
+                    return [d.name for d in cursor.description or []], rows
+                finally:
+                    connection.rollback()  # nothing a statement did may stay
+        except PoolTimeout:
+            raise BackendError(
+                f"no PostgreSQL connection to {self._where} came free in time; the server "
+                "may be down or every pooled connection busy: retry, or raise pool_size"
+            ) from None
+        except psycopg.Error as exc:
+            raise _sanitised(exc, self._timeout) from None
+
+    def execute(self, sql: str) -> tuple[list[str], list[tuple]]:
+        return self._run(sql)
+
+    def table_columns(self, name: str) -> set[str] | None:
+        try:
+            _, rows = self._run(_COLUMNS, [name])
+        except BackendError:
+            return None  # not a name PostgreSQL can parse, e.g. too many dots
+        return {row[0] for row in rows} or None
+
+    def unique_columns(self, name: str) -> set[str]:
+        try:
+            _, rows = self._run(_UNIQUE, [name])
+        except BackendError:
+            return set()
+        return {row[0] for row in rows}
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def _describe(conninfo: str) -> str:
+    """host:port/dbname of a conninfo, never its password."""
+    try:
+        parts = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        raise BackendError(
+            "not a valid PostgreSQL URL or conninfo; write e.g. postgresql://user@host:5432/dbname"
+        ) from None
+    host = parts.get("host") or "localhost"
+    return f"{host}:{parts.get('port') or 5432}/{parts.get('dbname') or parts.get('user') or ''}"
+
+
+def _sanitised(exc: psycopg.Error, timeout: float) -> BackendError:
+    state = exc.sqlstate or "none"
+    if state == _QUERY_CANCELED:
+        return BackendError(
+            f"PostgreSQL cancelled the rewritten query after the statement timeout of "
+            f"{timeout:g} s; narrow the query (fewer groups, a WHERE) or raise statement_timeout"
+        )
+    if isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None:
+        return BackendError(
+            "the connection to PostgreSQL failed while running the query; check that the "
+            "server is up and retry"
+        )
+    return BackendError(
+        f"PostgreSQL could not run the rewritten query (SQLSTATE {state}, "
+        f"{type(exc).__name__}); check the types of literals and columns in the query"
+    )

@@ -1,0 +1,236 @@
+"""Adapter-specific behaviour: PostgreSQL (psycopg pool), SQLAlchemy URLs, and which
+adapter a database argument opens. The query suite itself runs on every backend
+in test_queries, test_refusals, test_sensitivity and test_budget."""
+
+from __future__ import annotations
+
+import csv
+import sqlite3
+import threading
+
+import pytest
+from conftest import PUMS_TABLES, pums_policy, require_pums
+
+import dpsql
+from dpsql.adapters import open_adapter
+from dpsql.adapters.duckdb import DuckDBAdapter
+from dpsql.adapters.postgres import PostgresAdapter
+from dpsql.adapters.sqlalchemy import SQLAlchemyAdapter, sqlglot_dialect
+from dpsql.errors import BackendError
+
+
+@pytest.fixture(scope="module")
+def pg(postgres_backend):
+    """A schema of this module's own with keyed tables, and an adapter reading it."""
+    import psycopg
+
+    admin = psycopg.connect(postgres_backend.admin_url, autocommit=True)
+    schema = "dpsql_backends_" + postgres_backend.database.rsplit("_", 1)[1]
+    admin.execute(f"CREATE SCHEMA {schema}")
+    admin.execute(
+        f"CREATE TABLE {schema}.people (pid int PRIMARY KEY, email text UNIQUE, "
+        "team int, badge int, secret text)"
+    )
+    admin.execute(f"CREATE UNIQUE INDEX ON {schema}.people (badge) WHERE badge > 0")
+    admin.execute(f"CREATE UNIQUE INDEX ON {schema}.people (team, badge)")
+    admin.execute(f'CREATE TABLE {schema}."Mixed" ("Value" int)')
+    admin.execute(
+        f"INSERT INTO {schema}.people SELECT i, 'p' || i || '@x', i % 3, i, 'hush' || i "
+        "FROM generate_series(1, 50) AS i"
+    )
+    adapter = PostgresAdapter(postgres_backend.database, pool_size=2)
+    yield adapter, schema, admin
+    adapter.close()
+    admin.execute(f"DROP SCHEMA {schema} CASCADE")
+    admin.close()
+
+
+def test_postgres_catalog_follows_postgresql_name_rules(pg):
+    adapter, schema, _ = pg
+    expected = {"pid", "email", "team", "badge", "secret"}
+    assert adapter.table_columns(f"{schema}.people") == expected
+    assert adapter.table_columns(f"{schema.upper()}.PEOPLE") == expected  # unquoted: folded
+    assert adapter.table_columns(f'{schema}."Mixed"') == {"value"}
+    assert adapter.table_columns(f"{schema}.mixed") is None  # "Mixed" needs its quotes
+    assert adapter.table_columns("pums") is not None  # found through the URL's search_path
+    assert adapter.table_columns("no_such_table") is None
+    assert adapter.table_columns("a.b.c.d") is None
+    # PRIMARY KEY and UNIQUE count; a partial or a two-column unique index does not
+    assert adapter.unique_columns(f"{schema}.people") == {"pid", "email"}
+    assert adapter.unique_columns("pums_pid") == set()
+
+
+def test_postgres_statements_are_read_only_and_rolled_back(pg):
+    adapter, schema, admin = pg
+    with pytest.raises(BackendError, match="25006"):
+        adapter.execute(f"DELETE FROM {schema}.people")
+    with pytest.raises(BackendError, match="42601"):  # one statement per call
+        adapter.execute(f"SET TRANSACTION READ WRITE; DELETE FROM {schema}.people")
+    assert adapter.execute("SELECT 'a%' LIKE 'a%'")[1] == [(True,)]
+    assert admin.execute(f"SELECT COUNT(*) FROM {schema}.people").fetchone()[0] == 50
+    columns, rows = adapter.execute("SHOW transaction_read_only")
+    assert (columns, rows) == (["transaction_read_only"], [("on",)])
+
+
+def test_postgres_errors_do_not_quote_stored_values(pg):
+    adapter, schema, _ = pg
+    with pytest.raises(BackendError) as raised:
+        adapter.execute(f"SELECT CAST(secret AS int) FROM {schema}.people")
+    assert "hush" not in str(raised.value) and "22P02" in str(raised.value)
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
+
+
+def test_postgres_statement_timeout_cancels_long_queries(postgres_backend):
+    adapter = PostgresAdapter(postgres_backend.database, statement_timeout=0.2)
+    try:
+        with pytest.raises(BackendError, match=r"statement timeout of 0\.2 s"):
+            adapter.execute("SELECT pg_sleep(5)")
+        assert adapter.execute("SELECT 1")[1] == [(1,)]  # the connection is still usable
+    finally:
+        adapter.close()
+
+
+def test_postgres_pool_is_shared_by_threads(pg):
+    adapter, schema, _ = pg
+    results, errors = [], []
+
+    def work(i: int) -> None:
+        try:
+            for _ in range(10):
+                sql = f"SELECT COUNT(*) FROM {schema}.people WHERE pid <= {i}"
+                results.append((i, adapter.execute(sql)[1][0][0]))
+        except Exception as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(1, 9)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and len(results) == 80 and all(i == n for i, n in results)
+
+
+def test_postgres_unreachable_server_is_a_clear_error_without_the_password():
+    with pytest.raises(BackendError) as raised:
+        PostgresAdapter("postgresql://u:topsecret@127.0.0.1:1/db", connect_timeout=1)
+    message = str(raised.value)
+    assert "127.0.0.1:1/db" in message and "topsecret" not in message
+
+
+def test_a_unique_unit_in_postgres_needs_no_bounding(pg, postgres_backend, tmp_path):
+    _, schema, _ = pg
+    policy = {
+        "analysts": {"default": {"epsilon": 10.0}},
+        "tables": {f"{schema}.people": {
+            "privacy_unit": "pid", "max_rows_per_unit": 5,
+            "columns": {"pid": {"type": "int", "private": True},
+                        "team": {"type": "int", "values": [0, 1, 2]}},
+        }},
+    }  # fmt: skip
+    with dpsql.connect(postgres_backend.database, policy=policy, ledger=tmp_path / "l") as con:
+        explained = dict(con.execute(f"EXPLAIN SELECT COUNT(*) FROM {schema}.people").fetchall())
+        assert "ROW_NUMBER" not in explained["sql"] and "keeps unique" in explained["privacy"]
+        cursor = con.execute(f"SELECT team, COUNT(*) AS n FROM {schema}.people GROUP BY team")
+        assert [row[0] for row in cursor.fetchall()] == [0, 1, 2]
+        assert cursor.accuracy["n"].sensitivity == 1
+
+
+# -- which adapter a database argument opens ------------------------------------
+
+
+def test_open_adapter_dispatches_on_the_argument(pums_db, postgres_backend):
+    assert isinstance(open_adapter(":memory:"), DuckDBAdapter)
+    assert isinstance(open_adapter(pums_db), DuckDBAdapter)  # a path object
+    postgres = open_adapter(postgres_backend.database)
+    assert isinstance(postgres, PostgresAdapter) and postgres.dialect == "postgres"
+    postgres.close()
+    generic = open_adapter(
+        postgres_backend.admin_url.replace("postgresql://", "postgresql+psycopg://")
+    )
+    assert isinstance(generic, SQLAlchemyAdapter) and generic.dialect == "postgres"
+    generic.close()
+    with pytest.raises(dpsql.NotSupportedError, match="Spark backend"):
+        open_adapter("spark://local")
+
+
+def test_sqlglot_dialects_for_sqlalchemy_names():
+    assert [sqlglot_dialect(n) for n in ("postgresql", "mssql", "mariadb", "sqlite", "trino")] == [
+        "postgres", "tsql", "mysql", "sqlite", "trino"
+    ]  # fmt: skip
+    with pytest.raises(dpsql.NotSupportedError, match="supported: "):
+        sqlglot_dialect("firebird")
+
+
+def test_a_url_database_needs_a_persistent_ledger(postgres_backend, tmp_path):
+    with pytest.raises(dpsql.InterfaceError, match="persistent budget ledger"):
+        dpsql.connect(postgres_backend.database, policy=pums_policy())
+    with dpsql.connect(
+        postgres_backend.database, policy=pums_policy() | {"ledger": str(tmp_path / "b.sqlite")}
+    ) as connection:
+        connection.execute("SELECT COUNT(*) FROM pums")
+        assert connection.budget().epsilon_spent == 1.0
+    assert (tmp_path / "b.sqlite").exists()
+
+
+# -- SQLAlchemy URLs ----------------------------------------------------------------
+
+
+def test_sqlalchemy_on_postgres_answers_and_stays_read_only(postgres_backend, tmp_path):
+    url = postgres_backend.database.replace("postgresql://", "postgresql+psycopg://")
+    adapter = SQLAlchemyAdapter(url)
+    try:
+        assert adapter.table_columns("PUMS_PID") == {
+            "age", "sex", "educ", "race", "income", "married", "pid"
+        }  # fmt: skip
+        assert adapter.table_columns("nothing_here") is None
+        assert adapter.execute("SELECT 'a%' LIKE 'a%'") == (["?column?"], [(True,)])
+        with pytest.raises(BackendError, match="ReadOnlySqlTransaction"):
+            adapter.execute("DROP TABLE pums")
+    finally:
+        adapter.close()
+    policy = pums_policy()
+    policy["tables"]["pums_dup"]["max_rows_per_unit"] = 1
+    with dpsql.connect(url, policy=policy, ledger=tmp_path / "l", seed=3) as connection:
+        cursor = connection.execute("SELECT sex, COUNT(*) AS n FROM pums_dup GROUP BY sex")
+        rows = dict(cursor.fetchall())
+    # 1,000 people, each counted once: the two noisy counts add up to about 1,000
+    assert set(rows) == {0, 1}
+    assert abs(sum(rows.values()) - 1000) <= 2 * 6 * cursor.accuracy["n"].scale
+
+
+@pytest.fixture(scope="module")
+def sqlite_url(tmp_path_factory):
+    """The PUMS tables in an SQLite file (SQLite has no MD5: the adapter supplies it)."""
+    folder = require_pums()
+    path = tmp_path_factory.mktemp("sqlite") / "pums.sqlite"
+    with sqlite3.connect(path) as connection:
+        for table, name in PUMS_TABLES.items():
+            with open(folder / name, newline="") as handle:
+                reader = csv.reader(handle)
+                header = next(reader)
+                connection.execute(f"CREATE TABLE {table} ({', '.join(header)})")
+                marks = ", ".join("?" * len(header))
+                rows = [[float(v) if v else None for v in row] for row in reader]
+                connection.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
+        connection.execute("CREATE UNIQUE INDEX pid_key ON pums_pid (pid)")
+    return f"sqlite:///{path}"
+
+
+def test_sqlalchemy_on_sqlite_bounds_users_and_finds_unique_units(sqlite_url, tmp_path):
+    adapter = SQLAlchemyAdapter(sqlite_url)
+    assert adapter.dialect == "sqlite"
+    assert adapter.unique_columns("pums_pid") == {"pid"} and adapter.unique_columns("pums") == set()
+    adapter.close()
+    policy = pums_policy()
+    policy["tables"]["pums_dup"]["max_rows_per_unit"] = 1
+    with dpsql.connect(sqlite_url, policy=policy, ledger=tmp_path / "l", seed=5) as connection:
+        explained = dict(connection.execute("EXPLAIN SELECT COUNT(*) FROM pums_dup").fetchall())
+        assert "MD5(" in explained["sql"] and "ROW_NUMBER" in explained["sql"]
+        cursor = connection.execute(
+            "SELECT COUNT(*) AS n, COUNT(DISTINCT pid) AS people, AVG(age) AS age FROM pums_dup"
+        )
+        n, people, age = cursor.fetchone()
+    # 1,948 rows of 1,000 people: one row per person kept
+    assert abs(n - 1000) <= 6 * cursor.accuracy["n"].scale
+    assert abs(people - 1000) <= 6 * cursor.accuracy["people"].scale
+    assert 30 < age < 60
