@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import random
 import statistics
 import sys
@@ -239,6 +240,8 @@ def timing_table() -> None:
 
 def main() -> None:
     start = time.perf_counter()
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    print(f"{os.cpu_count()} cores, load average {load} (others' work slows every figure)\n")
     print("Mechanisms: samples/s (best of", REPEATS, "runs) and median single-call latency")
     mechanism_table()
     print("\nThroughput, best of", REPEATS, "runs of", SIZE, "samples (secure = AES-CTR generator)")

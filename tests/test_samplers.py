@@ -296,7 +296,7 @@ def test_rejects_bad_arguments() -> None:
 def test_few_cuts_index_and_tie(digits90: None) -> None:
     a = ExactReal.exp_neg(Fraction(1, 3))
     cuts = [a / 4, a / 2, a]
-    level = samplers.FewCuts(cuts)
+    level = samplers.few_cuts(cuts)
     exact = [(-_dec(Fraction(1, 3))).exp() * k for k in (Decimal("0.25"), Decimal("0.5"), 1)]
     floors = [_floor_bits(c, 63) for c in exact]
     assert [int(t) for t in level._thr] == floors
@@ -310,7 +310,26 @@ def test_few_cuts_index_and_tie(digits90: None) -> None:
     assert level.exact_index(floors[1] << 1, ScriptedWords([digit - 1])) == 1
     assert level.exact_index(floors[1] << 1, ScriptedWords([digit + 1])) == 2
     with pytest.raises(samplers.InternalError):
-        samplers.FewCuts([a, a / 2])
+        samplers.few_cuts([a, a / 2])
+
+
+def test_ratio_cuts_and_both_tables(digits90: None) -> None:
+    b = ExactReal.exp_neg(Fraction(2, 3))
+    bd = (-_dec(Fraction(2, 3))).exp()
+    numerators = [(1, -1), (3, -1), (3, 1), (3, 5)]
+    floors, cut = samplers.ratio_cuts(b, numerators, (7, 9))
+    assert floors == [_floor_bits((a + s * bd) / (7 + 9 * bd), 63) for a, s in numerators]
+    assert cut(2).floor_scaled(63) == floors[2]
+    guided = samplers.cut_table(floors, cut)
+    bisected = samplers.cut_table(floors, cut, max_buckets=4)
+    assert isinstance(guided, samplers._FiniteLevel)
+    assert isinstance(bisected, samplers.SortedCuts)
+    words = secure_generator(8).bit_generator.random_raw(50_000)
+    words = np.concatenate([words, np.array([f << 1 for f in floors], dtype=np.uint64)])
+    for table in (guided, bisected):
+        index, tie = table.index(words)
+        assert index.tolist() == [sum(int(w) >> 1 >= f for f in floors) for w in words]
+        assert tie.sum() == len(floors)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 1000, 2**31 - 1, 2**32 - 1])

@@ -18,7 +18,7 @@ import pytest
 from test_samplers import digits90  # noqa: F401 (a fixture)
 
 from dpsql.accounting import Cost
-from dpsql.mechanisms import staircase
+from dpsql.mechanisms import samplers, staircase
 from dpsql.mechanisms.base import NoiseMechanism
 from dpsql.mechanisms.laplace import DiscreteLaplace
 from dpsql.mechanisms.samplers import secure_generator
@@ -143,28 +143,53 @@ def test_negative_zero_would_double_the_ratio() -> None:
     assert ratio > Decimal(1).exp()
 
 
+def _thresholds(level) -> list[int]:
+    return [int(t) for t in level._thr[level._thr != samplers._PAD]]
+
+
+def _cumulative(pmf: dict[int, Decimal], b: Decimal, stop: int) -> Decimal:
+    """P(0) + P(first word picks one of the offsets giving magnitudes 1..stop), both signs:
+    magnitude m <= Delta comes with block 0, which has probability 1 - b."""
+    return pmf[0] + 2 / (1 - b) * sum(pmf[m] for m in range(1, stop + 1))
+
+
 @pytest.mark.parametrize(
-    ("delta", "epsilon", "gamma"), [(10, 1.0, "abs"), (3, 5.0, "var"), (6, 0.4, 1)]
+    ("delta", "epsilon", "gamma"),
+    [(10, 1.0, "abs"), (3, 5.0, "var"), (6, 0.4, 1), (100, 9.0, "abs")],
 )
-def test_sampler_structure_is_the_exact_pmf(delta: int, epsilon: float, gamma: float | str) -> None:
-    """The sampler's pieces (step thresholds, offsets, geometric blocks) multiply to the pmf."""
+def test_offset_table_is_the_exact_pmf(delta: int, epsilon: float, gamma: float | str) -> None:
+    """One word picks magnitude 1..Delta (or 0) by thresholds that are the floors of the exact
+    cumulative pmf, and the geometric block index scales it: P(k Delta + c) = b^k P(c)."""
     mech = Staircase(delta, epsilon, gamma)
     plan = staircase._plan(delta, mech.steps, Fraction(epsilon))
     b = _b(epsilon)
-    high, low = mech.steps - 1, delta - mech.steps + 1
-    total = (1 - b) + 2 * (high + b * low)
-    kinds = [(1 - b) / total] + ([2 * high / total] if high else []) + [2 * b * low / total]
-    cuts = np.cumsum([Decimal(0), *kinds])[1:-1]
-    assert [int(t) for t in plan._steps._thr] == [int(c * 2**63) for c in cuts]
     pmf = _pmf(mech, 4 * delta)
-    assert kinds[0] == pytest.approx(pmf[0], rel=Decimal("1e-50"))
-    for m in range(1, 4 * delta):
-        blocks, offset = divmod(m - 1, delta)
-        kind = int(np.searchsorted(plan._start, offset, side="right")) - 1
-        assert plan._start[kind] <= offset < plan._start[kind] + plan._count[kind]
-        implied = kinds[kind] / 2 / int(plan._count[kind]) * (1 - b) * b**blocks
-        assert implied == pytest.approx(pmf[m], rel=Decimal("1e-50"))
-        assert implied == pytest.approx(pmf[-m], rel=Decimal("1e-50"))
+    expected = [int(_cumulative(pmf, b, k) * 2**63) for k in range(delta)]
+    assert _thresholds(plan._table) == expected
+    for c in range(1, delta + 1):
+        for k in range(3):
+            assert pmf[k * delta + c] == pytest.approx(b**k * pmf[c], rel=Decimal("1e-80"))
+            assert pmf[-(k * delta + c)] == pmf[k * delta + c]
+
+
+def test_step_sampler_for_large_sensitivity_is_the_exact_pmf() -> None:
+    """Above the table size one word picks zero / high / low step, one the offset in it."""
+    delta, epsilon = 5000, 2.0
+    mech = Staircase(delta, epsilon)
+    plan = staircase._plan(delta, mech.steps, Fraction(epsilon))
+    b = _b(epsilon)
+    pmf = _pmf(mech, delta + 1)
+    r = mech.steps
+    expected = [pmf[0], _cumulative(pmf, b, r - 1)]
+    assert _thresholds(plan._steps) == [int(c * 2**63) for c in expected]
+    # every magnitude of a step is equally likely, so a uniform offset within it is exact
+    for start, count in zip(plan._start.tolist()[1:], plan._count.tolist()[1:], strict=True):
+        assert {pmf[m] for m in range(start, start + count)} == {pmf[start]}
+    assert plan._start.tolist()[1:] == [1, r] and plan._count.tolist()[1:] == [r - 1, delta - r + 1]
+    values = np.zeros(N // 4, dtype=np.int64)
+    noise = mech.sample(values, secure_generator(17)).astype(np.float64)
+    variance, abs_mean = mech.variance(), mech.expected_abs_error()
+    assert abs(np.abs(noise).mean() - abs_mean) <= SIGMAS * math.sqrt(variance / (N // 4))
 
 
 # --- the sampler against the closed forms ---------------------------------------------------------

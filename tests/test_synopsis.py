@@ -86,7 +86,7 @@ def test_date_ranges_build_once_then_answer_free(visits_db: Path, tmp_path: Path
                                  "WHERE day BETWEEN '2016-03-01' AND '2016-08-31'")[0])  # fmt: skip
         assert explain["path"].startswith("builds the synopsis")
         assert "bins [790, 974) of 2191" in explain["query"]
-        assert "sensitivity 4 (4 levels x 1 rows per unit)" in explain["noise"]
+        assert "sensitivity 3 (3 levels x 1 rows per unit)" in explain["noise"]
         rows, cursor = _one(con, "SELECT COUNT(*) FROM synopsis_visits "
                                  "WHERE day BETWEEN '2016-03-01' AND '2016-08-31'")  # fmt: skip
         assert con.budget().epsilon_spent == pytest.approx(1.0)
@@ -186,7 +186,7 @@ def test_fallbacks_go_direct_and_explain_why(
 def test_contribution_bound_multiplies_the_sensitivity(visits_db: Path, tmp_path: Path) -> None:
     with _connect(visits_db, tmp_path / "l.sqlite", visits_policy(max_rows=3)) as con:
         lines = dict(_one(con, "EXPLAIN SELECT COUNT(*) FROM synopsis_visits WHERE age < 50")[0])
-        assert "sensitivity 9 (3 levels x 3 rows per unit)" in lines["noise"]
+        assert "sensitivity 6 (2 levels x 3 rows per unit)" in lines["noise"]
         assert "__dpsql_row_rank" in lines["sql"]  # bounded by the shared rewrite
 
 
@@ -250,3 +250,17 @@ def test_pums_age_and_income(pums_db: Path, tmp_path: Path) -> None:
                                  "GROUP BY 1")  # fmt: skip
         assert len(histogram) == 6
         assert con.budget().epsilon_spent == pytest.approx(2.0)
+
+
+def test_seed000_example_runs_at_a_tiny_size(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "seed000_ranges.py"), "--tiny", "--out",
+         str(tmp_path)], capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    assert "| visits_256 | 256 | 1.0 |" in done.stdout
+    assert (tmp_path / "seed000_visits_256.png").stat().st_size > 10_000

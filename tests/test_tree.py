@@ -17,9 +17,9 @@ from dpsql.mechanisms.tree import (
 
 
 def _dense(shape: TreeShape) -> np.ndarray:
-    """The matrix A mapping leaves to every node, root level first."""
+    """The matrix A mapping leaves to every measured node, top level first."""
     rows = []
-    for level in range(shape.levels):
+    for level in range(shape.top, shape.height + 1):
         size = shape.block(level)
         for index in range(shape.branching**level):
             row = np.zeros(shape.leaves)
@@ -29,8 +29,7 @@ def _dense(shape: TreeShape) -> np.ndarray:
 
 
 def _split(shape: TreeShape, flat: np.ndarray) -> list[np.ndarray]:
-    sizes = [shape.branching**level for level in range(shape.levels)]
-    return np.split(flat, np.cumsum(sizes)[:-1])
+    return np.split(flat, np.cumsum(shape.sizes())[:-1])
 
 
 def test_decomposition_covers_each_range_exactly_within_the_bound() -> None:
@@ -58,7 +57,7 @@ def test_decomposition_of_the_thesis_example() -> None:
     assert spans == [(2, 3), (4, 7), (8, 15), (16, 19), (20, 21), (22, 22)]
 
 
-_SHAPES = [(32, 2, 6), (27, 3, 4), (64, 4, 4), (101, 16, 3), (65536, 16, 5)]
+_SHAPES = [(32, 2, 5), (27, 3, 3), (64, 4, 3), (101, 16, 2), (65536, 16, 4), (1, 2, 1)]
 
 
 @pytest.mark.parametrize(("bins", "branching", "levels"), _SHAPES)

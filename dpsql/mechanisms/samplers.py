@@ -292,30 +292,23 @@ def in_chunks(
     return out
 
 
-class FewCuts:
-    """An outcome index #{cut points <= V} for a handful of increasing exact cut points.
+class SortedCuts:
+    """An outcome index #{cut points <= V} by bisection among the thresholds floor(2^63 * cut).
 
-    Each 63-bit uniform u (the top bits of a word) is placed among the
-    thresholds floor(2^63 * cut) by a fixed-depth bisection, so the work is the
-    same whatever the outcome; unlike a guide table, tiny gaps between cuts cost
-    no memory. The word's low
-    bit is left free for the caller (a sign, say).
+    searchsorted runs the same number of steps for every element (the table
+    has a fixed size), and tiny gaps between cuts cost no memory, unlike the
+    guide table of `cut_table`. The word's low bit is left free for the caller.
     """
 
-    def __init__(self, cuts: list[ExactReal]) -> None:
-        floors = [cut.floor_scaled(63) for cut in cuts]
+    def __init__(self, floors: list[int], cut: Callable[[int], ExactReal]) -> None:
         if not all(a < b for a, b in itertools.pairwise([0, *floors, _HALF])):
             raise InternalError("cut points must be strictly increasing inside (0, 1)")
-        self._cuts = cuts
+        self._cut = cut
         self._thr = np.array(floors, dtype=np.uint64)
         self._below = np.array([_MAX64, *floors], dtype=np.uint64)  # thr[index - 1], or none
 
     def index(self, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Outcome indices and the mask of elements tied with a threshold.
-
-        searchsorted runs the same number of bisection steps for every element,
-        as the table has a fixed size.
-        """
+        """Outcome indices and the mask of elements tied with a threshold."""
         u = words >> _ONE
         index = np.searchsorted(self._thr, u, side="right")
         return index, self._below.take(index) == u
@@ -324,8 +317,53 @@ class FewCuts:
         u = word >> 1
         index = int(np.searchsorted(self._thr, np.uint64(u), side="right"))
         if index and u == int(self._thr[index - 1]):  # V may still be below that cut
-            return index - _resolve_below(self._cuts[index - 1], 63, rng)
+            return index - _resolve_below(self._cut(index - 1), 63, rng)
         return index
+
+
+def few_cuts(cuts: list[ExactReal]) -> SortedCuts:
+    """A SortedCuts over a handful of exact cut points."""
+    return SortedCuts([cut.floor_scaled(63) for cut in cuts], cuts.__getitem__)
+
+
+def ratio_cuts(
+    b: ExactReal, numerators: list[tuple[int, int]], denominator: tuple[int, int]
+) -> tuple[list[int], Callable[[int], ExactReal]]:
+    """floor(2^63 * cut) of the cuts (A + B b) / (C + D b), and each cut as an ExactReal.
+
+    Each cut is monotone in b (the denominator stays positive), so its bounds
+    are its values at the two ends of b's interval: one integer division each,
+    however many cuts there are.
+    """
+    c, d = denominator
+
+    def build(precision: int) -> tuple[list, list]:
+        one = 1 << precision
+        ends = b.bounds(precision)
+        low, high = [], []
+        for a, slope in numerators:
+            values = [((a * one + slope * x) << precision, c * one + d * x) for x in ends]
+            low.append(min(num // den for num, den in values))
+            high.append(max(_ceil_div(num, den) for num, den in values))
+        return low, high
+
+    def cut(index: int) -> ExactReal:
+        a, slope = numerators[index]
+        return (a + slope * b) / (c + d * b)
+
+    return _exact_table(build), cut
+
+
+def cut_table(
+    floors: list[int], cut: Callable[[int], ExactReal], max_buckets: int = 1 << 17
+) -> _FiniteLevel | SortedCuts:
+    """Constant-time lookup among increasing cut floors: a guide table of buckets (a few
+    operations a value) when one of at most `max_buckets` buckets can hold every cut
+    alone, else bisection."""
+    gap = min((high - low for low, high in itertools.pairwise(floors)), default=_HALF)
+    if floors and floors[0] > 0 and gap > 0 and _HALF // gap < max_buckets // 2:
+        return _FiniteLevel(floors, cut)
+    return SortedCuts(floors, cut)
 
 
 def uniform_below(n: np.ndarray, words: np.ndarray, rng: np.random.Generator) -> np.ndarray:

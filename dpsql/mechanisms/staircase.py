@@ -46,14 +46,17 @@ from dpsql.mechanisms.grid import (
 from dpsql.mechanisms.laplace import DiscreteLaplace
 from dpsql.mechanisms.samplers import (
     ExactReal,
-    FewCuts,
+    SortedCuts,
+    cut_table,
     in_chunks,
     laplace_sampler,
+    ratio_cuts,
     uniform_below,
 )
 
 GRID_STEPS_BITS = 20  # a block of the grid staircase spans about 2^20 grid steps
 _MAX_SENSITIVITY = (1 << 31) - 1  # uniform_below draws offsets below 2^32
+_TABLE_OFFSETS = 4096  # up to here one table holds every offset of a block
 _MISS = Fraction(COVERAGE_MISS).limit_denominator(100)
 _ONE = np.uint64(1)
 _SIGN_SHIFT = np.int64(63)
@@ -133,19 +136,30 @@ def _best_steps(delta: int, epsilon: float, gamma: float | str) -> int:
 
 
 class _Plan:
-    """The exact sampler of one discrete staircase (Delta >= 2, r, epsilon)."""
+    """The exact sampler of one discrete staircase (Delta >= 2, r, epsilon).
+
+    Every probability is (A + B b) / (C + D b) with integers A..D, the
+    denominator being the total weight (1 - b) + 2 (r - 1) + 2 b (Delta - r + 1).
+    For Delta up to _TABLE_OFFSETS one word picks zero or the offset j' from a
+    table of all of them; above, one word picks zero / high step / low step
+    and a second the offset within the step.
+    """
 
     def __init__(self, delta: int, r: int, epsilon: Fraction) -> None:
         b = ExactReal.exp_neg(epsilon)
-        high, low = r - 1, delta - r + 1  # offsets j' with weight 1, with weight b
-        total = (1 - b) + 2 * (high + b * low)
-        cuts = [(1 - b) / total]  # P(0); then P(0) + P(high step), both signs together
-        if high:
-            cuts.append(cuts[0] + 2 * high / total)
-        self._steps = FewCuts(cuts)
-        kinds = [(0, 1)] + ([(0, high)] if high else []) + [(r - 1, low)]
-        self._start = np.array([start for start, _ in kinds], dtype=np.int64)
-        self._count = np.array([count for _, count in kinds], dtype=np.uint64)
+        total = (2 * r - 1, 2 * delta - 2 * r + 1)
+        if delta <= _TABLE_OFFSETS:
+            # cut k >= 1: P(0) plus both signs of the first k offsets (weight 1 below r - 1)
+            cuts = [(1 + 2 * min(k, r - 1), -1 + 2 * max(0, k - r + 1)) for k in range(delta)]
+            self._table = cut_table(*ratio_cuts(b, cuts, total))
+            self._words = 1
+        else:
+            cuts = [(1, -1)] + ([(2 * r - 1, -1)] if r > 1 else [])  # P(0), P(0) + P(high step)
+            self._steps = SortedCuts(*ratio_cuts(b, cuts, total))
+            kinds = [(0, 1)] + ([(0, r - 1)] if r > 1 else []) + [(r - 1, delta - r + 1)]
+            self._start = np.array([1 + start for start, _ in kinds], dtype=np.int64)
+            self._count = np.array([count for _, count in kinds], dtype=np.uint64)
+            self._words = 2
         self._delta = delta
         self._laplace = laplace_sampler(1 / epsilon)
 
@@ -153,16 +167,23 @@ class _Plan:
         return in_chunks(self._chunk, size, rng)
 
     def _chunk(self, size: int, rng: np.random.Generator) -> np.ndarray:
-        words = rng.bit_generator.random_raw((2, size))
-        kind, tie = self._steps.index(words[0])
-        for at in np.flatnonzero(tie):
-            kind[at] = self._steps.exact_index(int(words[0, at]), rng)
-        offset = self._start.take(kind) + uniform_below(self._count.take(kind), words[1], rng)
+        words = rng.bit_generator.random_raw((self._words, size))
+        steps = self._offsets(words, rng)  # 0 for Z = 0, else 1 + j'
         folded = self._laplace(size, rng)
         blocks = folded ^ (folded >> _SIGN_SHIFT)  # y >= 0 stays, y < 0 becomes -y - 1
-        magnitude = np.minimum(kind, 1) * (1 + blocks * self._delta + offset)
+        magnitude = np.minimum(steps, 1) * (blocks * self._delta + steps)
         negative = (words[0] & _ONE).view(np.int64)
         return (magnitude ^ -negative) + negative  # negates where the low bit is set
+
+    def _offsets(self, words: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        table = self._table if self._words == 1 else self._steps
+        index, tie = table.index(words[0])
+        for at in np.flatnonzero(tie):
+            index[at] = table.exact_index(int(words[0, at]), rng)
+        if self._words == 1:
+            return index
+        within = uniform_below(self._count.take(index), words[1], rng)
+        return np.minimum(index, 1) * (self._start.take(index) + within)
 
 
 @functools.lru_cache(maxsize=64)

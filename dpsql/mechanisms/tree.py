@@ -1,10 +1,12 @@
 """Hierarchical histograms: noisy b-ary trees over bins that answer every range count.
 
-The n bins are padded with zeros to b^h leaves and summed into h + 1 levels
-(level 0 is the root, level h the leaves). Each unit adds its (at most
-`contributions`) rows to one node per level, so the L1 sensitivity of the
-whole tree is levels * contributions, and every node gets exact discrete
-Laplace noise of that scale over epsilon (not log2(levels): seed 000's bug).
+The n bins are padded with zeros to b^h leaves and summed into levels 1..h
+(level h holds the leaves; the root, the total, is not measured: it would
+cost a whole level of sensitivity and add almost nothing, as Qardaji et al.
+2013 note). Each unit adds its (at most `contributions`) rows to one node per
+level, so the L1 sensitivity of the tree is levels * contributions, and every
+node gets exact discrete Laplace noise of that scale over epsilon (not
+log2(levels): seed 000's bug).
 
 A range [start, stop) of bins is answered in one of two ways:
 
@@ -22,7 +24,7 @@ Variances are exact closed forms. For the consistent tree the variance of a
 range q is sigma^2 q^T (A^T A)^{-1} q, evaluated in O(levels) in the b-ary
 Haar eigenbasis of A^T A (A maps leaves to nodes): the functions constant on
 level-j blocks with zero sum on level-(j-1) blocks form an eigenspace with
-eigenvalue lambda_j = sum_{l >= j} b^(h - l).
+eigenvalue lambda_j = sum of b^(h - l) over the measured levels l >= j.
 
 The 95% interval is conservative, from an exact tail bound: the estimator's
 noise is sum_v w_v Z_v with independent discrete Laplace Z_v. Its moment
@@ -49,7 +51,7 @@ import numpy as np
 from dpsql.mechanisms.laplace import DiscreteLaplace
 
 _TAIL = 0.05
-_BISECTIONS = 64
+_BISECTIONS = 40  # the bracket shrinks to 1e-12 of the half-width
 
 
 @dataclass(frozen=True)
@@ -73,8 +75,18 @@ class TreeShape:
         return height
 
     @property
+    def top(self) -> int:
+        """The first measured level: 1 (below the root), or 0 for a single bin."""
+        return 1 if self.height else 0
+
+    @property
     def levels(self) -> int:
-        return self.height + 1
+        """How many levels are measured: the sensitivity per contributed row."""
+        return self.height + 1 - self.top
+
+    def sizes(self) -> list[int]:
+        """Nodes per measured level, top first."""
+        return [self.branching**level for level in range(self.top, self.height + 1)]
 
     @property
     def leaves(self) -> int:
@@ -86,9 +98,9 @@ class TreeShape:
 
     @functools.cached_property
     def eigenvalues(self) -> np.ndarray:
-        """lambda_j = sum_{l >= j} b^(h - l): A^T A on the level-j Haar subspace."""
+        """lambda_j = sum of b^(h - l) over measured l >= j: A^T A on the level-j Haar subspace."""
         b, h = self.branching, self.height
-        return np.array([(b ** (h - j + 1) - 1) / (b - 1) for j in range(h + 1)])
+        return np.array([(b ** (h - max(j, self.top) + 1) - 1) / (b - 1) for j in range(h + 1)])
 
     def node_bound(self, length: int) -> int:
         """(b - 1)(2 ceil(log_b r) + 1): the most nodes a range of `length` bins needs."""
@@ -104,8 +116,8 @@ def decompose(shape: TreeShape, start: int, stop: int) -> list[tuple[int, int]]:
     nodes: list[tuple[int, int]] = []
     b, low, high, level = shape.branching, start, stop, shape.height
     while low < high:
-        if level == 0:
-            nodes.append((0, 0))
+        if level == shape.top:
+            nodes.extend((level, index) for index in range(low, high))
             break
         while low < high and low % b:
             nodes.append((level, low))
@@ -123,13 +135,13 @@ def _check_range(shape: TreeShape, start: int, stop: int) -> None:
 
 
 def level_sums(shape: TreeShape, counts: np.ndarray) -> list[np.ndarray]:
-    """Exact counts of every node, root level first."""
+    """Exact counts of every measured node, top level first."""
     leaves = np.zeros(shape.leaves, dtype=np.int64)
     leaves[: shape.bins] = counts
     levels = [leaves]
     while len(levels[-1]) > 1:
         levels.append(levels[-1].reshape(-1, shape.branching).sum(axis=1))
-    return levels[::-1]
+    return levels[::-1][shape.top :]
 
 
 def consistent_leaves(shape: TreeShape, noisy: list[np.ndarray]) -> np.ndarray:
@@ -140,16 +152,16 @@ def consistent_leaves(shape: TreeShape, noisy: list[np.ndarray]) -> np.ndarray:
     (b^k - 1) and (b^(k-1) - 1) / (b^k - 1); top-down, each child gets an
     equal share of what its parent's final value leaves over.
     """
-    b, h = shape.branching, shape.height
+    b, h, top = shape.branching, shape.height, shape.top
     z = [None] * (h + 1)
-    z[h] = noisy[h].astype(np.float64)
-    for level in range(h - 1, -1, -1):
+    z[h] = noisy[-1].astype(np.float64)
+    for level in range(h - 1, top - 1, -1):
         k = h - level + 1
         own = (b**k - b ** (k - 1)) / (b**k - 1)
         children = z[level + 1].reshape(-1, b).sum(axis=1)
-        z[level] = own * noisy[level] + (1 - own) * children
-    final = z[0]
-    for level in range(1, h + 1):
+        z[level] = own * noisy[level - top] + (1 - own) * children
+    final = z[top]  # the top level's nodes have no measured parent to agree with
+    for level in range(top + 1, h + 1):
         gap = final - z[level].reshape(-1, b).sum(axis=1)
         final = z[level] + np.repeat(gap / b, b)
     return final[: shape.bins]
@@ -171,32 +183,31 @@ def range_weights(
     squares = np.zeros(a.shape)
     previous_norm = np.zeros(a.shape)
     largest = np.zeros(a.shape)
-    g = {"L": np.zeros(a.shape), "R": np.zeros(a.shape)}
-    cover = {"L": np.zeros(a.shape), "R": np.zeros(a.shape)}
-    for level in range(shape.levels):
+    g = np.zeros((2, *a.shape))  # along the left and the right boundary path
+    cover = np.zeros((2, *a.shape))
+    for level in range(shape.height + 1):
         size = shape.block(level)
-        paths = {"L": a // size, "R": (e - 1) // size}
-        left = (paths["L"] + 1) * size - a
-        right = e - paths["R"] * size
-        same = paths["L"] == paths["R"]
+        paths = np.stack([a // size, (e - 1) // size])
+        left = (paths[0] + 1) * size - a
+        right = e - paths[1] * size
         norm = np.where(
-            same,
+            paths[0] == paths[1],
             (e - a) ** 2 / size,
-            (left**2 + right**2) / size + (paths["R"] - paths["L"] - 1) * size,
+            (left**2 + right**2) / size + (paths[1] - paths[0] - 1) * size,
         )
         squares += np.maximum(norm - previous_norm, 0) / lam[level]
         previous_norm = norm
-        for side, node in paths.items():
-            covered = _coverage(node, size, a, e)
-            g[side] = g[side] + (covered - cover[side]) / lam[level]
-            cover[side] = covered
-            largest = np.maximum(largest, np.abs(size * g[side]))
-            if level < shape.height:
-                child_size = size // b
-                children = node[..., None] * b + np.arange(b)
-                child_cover = _coverage(children, child_size, a[..., None], e[..., None])
-                child_g = g[side][..., None] + (child_cover - covered[..., None]) / lam[level + 1]
-                largest = np.maximum(largest, np.abs(child_size * child_g).max(axis=-1))
+        covered = _coverage(paths, size, a, e)
+        g = g + (covered - cover) / lam[level]
+        cover = covered
+        if level >= shape.top:
+            largest = np.maximum(largest, np.abs(size * g).max(axis=0))
+        if level < shape.height:
+            child_size = size // b
+            children = paths[..., None] * b + np.arange(b)
+            child_cover = _coverage(children, child_size, a[..., None], e[..., None])
+            child_g = g[..., None] + (child_cover - covered[..., None]) / lam[level + 1]
+            largest = np.maximum(largest, np.abs(child_size * child_g).max(axis=(0, -1)))
     return squares, largest
 
 
@@ -224,7 +235,9 @@ def chernoff_halfwidths(scale: float, squares: np.ndarray, largest: np.ndarray) 
     valid = (squares > 0) & (largest > 0)
     ratio = np.where(valid, squares / np.where(valid, largest, 1) ** 2 * (1 - 1e-9), 1.0)
     target = math.log(_TAIL / 2)
-    low, high = np.zeros_like(ratio), np.ones_like(ratio)
+    # start near the answer: about sqrt(4 K log 40) for large K, log 40 for small
+    low = np.zeros_like(ratio)
+    high = np.sqrt(4 * ratio * math.log(40)) + math.log(40)
     while np.any(above := _log_bound(high, ratio) > target):
         low, high = np.where(above, high, low), np.where(above, high * 2, high)
     for _ in range(_BISECTIONS):
@@ -287,15 +300,17 @@ class HierarchicalHistogram:
         if start == stop:
             return Estimate(0.0, 0.0, 0.0, "empty range")
         if consistent:
-            values, variances, halfwidths = self.answers(np.array([start]), np.array([stop]))
-            return Estimate(float(values[0]), float(variances[0]), float(halfwidths[0]),
-                            "consistent tree")  # fmt: skip
+            squares, largest = range_weights(self.shape, np.array([start]), np.array([stop]))
+            (halfwidth,) = chernoff_halfwidths(self.noise.scale, squares, largest)
+            value = self.prefix[stop] - self.prefix[start]
+            return Estimate(float(value), float(squares[0]) * self.node_variance,
+                            float(halfwidth), "consistent tree")  # fmt: skip
         nodes = decompose(self.shape, start, stop)
         length = stop - start
         if length <= len(nodes):
             value, count, estimator = int(self.noisy[-1][start:stop].sum()), length, "flat leaves"
         else:
-            value = sum(int(self.noisy[level][index]) for level, index in nodes)
+            value = sum(int(self.noisy[level - self.shape.top][index]) for level, index in nodes)
             count, estimator = len(nodes), "tree nodes"
         halfwidth = chernoff_halfwidths(self.noise.scale, np.array([count]), np.ones(1))[0]
         return Estimate(float(value), count * self.node_variance, float(halfwidth), estimator)
@@ -322,7 +337,7 @@ class HierarchicalHistogram:
             "bins": self.shape.bins,
             "branching": self.shape.branching,
             "sensitivity": self.noise.sensitivity,
-            "epsilon": str(Fraction(self.noise.epsilon)),
+            "scale": str(self.noise.exact_scale),
             "nodes": base64.b64encode(nodes.tobytes()).decode("ascii"),
         }
 
@@ -330,9 +345,11 @@ class HierarchicalHistogram:
     def from_json(cls, data: dict) -> HierarchicalHistogram:
         shape = TreeShape(int(data["bins"]), int(data["branching"]))
         nodes = np.frombuffer(base64.b64decode(data["nodes"]), dtype="<i8").astype(np.int64)
-        sizes = [shape.branching**level for level in range(shape.levels)]
+        sizes = shape.sizes()
         if len(nodes) != sum(sizes):
             raise ValueError("stored tree does not match its shape")
         noisy = np.split(nodes, np.cumsum(sizes)[:-1])
-        noise = DiscreteLaplace(int(data["sensitivity"]), Fraction(data["epsilon"]))
+        sensitivity = int(data["sensitivity"])
+        # epsilon as sensitivity / scale, so the scale comes back exactly
+        noise = DiscreteLaplace(sensitivity, sensitivity / Fraction(data["scale"]))
         return cls(shape, noisy, noise)
