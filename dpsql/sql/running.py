@@ -26,7 +26,7 @@ import hashlib
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
@@ -44,9 +44,9 @@ from dpsql.mechanisms.continual import (
 )
 from dpsql.mechanisms.gaussian import discrete_gaussian
 from dpsql.policy import Column, ContinualSpec, Table
-from dpsql.sql.analyze import _conjuncts, analyze
+from dpsql.sql.analyze import Interval, _conjuncts, analyze
 from dpsql.sql.check import AGGREGATES, check_query
-from dpsql.sql.plan import Accuracy, Release, _sum_grid
+from dpsql.sql.plan import GRID_BITS, Accuracy, Release
 from dpsql.sql.rewrite import SumGrid, rewrite
 
 MAX_HORIZON = 1 << 22
@@ -394,7 +394,9 @@ class _Stream:
         grid, sensitivity = None, contributions
         if isinstance(shape.aggregate, exp.Sum):
             probe = analyze(_plain_query(select, shape), table)
-            grid, sensitivity = _sum_grid(probe.measurements[0].bounds, contributions, spec.epsilon)
+            grid, sensitivity = _stream_grid(
+                probe.measurements[0].bounds, contributions, spec.epsilon
+            )
         counter, cost = _counter(spec, horizon, sensitivity)
         identity = hashlib.sha256(
             json.dumps(
@@ -444,8 +446,7 @@ class _Stream:
         order = self.shape.order
         ranked = self.table.privacy_unit is not None and not self.table.unique_unit
         first = self.domain.label(0 if ranked else done)
-        bucket = self.domain.bucket(order).as_("__step")
-        keys = [bucket] + (
+        keys = [order.copy()] + (
             [self.shape.partition.copy()] if self.shape.partition is not None else []
         )
         inside = exp.and_(
@@ -454,10 +455,32 @@ class _Stream:
         )
         where = inside if self.filters is None else exp.and_(exp.paren(self.filters.copy()), inside)
         query = exp.select(*keys, self.shape.aggregate.copy()).from_(self.table.name).where(where)
-        query = query.group_by(*[exp.Literal.number(i + 1) for i in range(len(keys))])
-        analysis = analyze(query, self.table)
+        analysis = analyze(query.group_by(*[k.copy() for k in keys]), self.table)
+        # The analyst's parts went through analyze; the step of a row is ours
+        # (a date difference or a number over a positive constant, never an
+        # error), so it replaces the ordered column as the first group key.
+        analysis.keys[0] = replace(
+            analysis.keys[0], expression=self.domain.bucket(order), domain=None
+        )
         grids = {0: self.grid} if self.grid is not None else {}
         return rewrite(analysis, grids, context.dialect, context.seed, False, earliest_groups=True)
+
+
+def _stream_grid(bounds: Interval, contributions: int, epsilon: float) -> tuple[SumGrid, int]:
+    """A running SUM's power-of-two grid and what one unit adds to the stream, in grid steps.
+
+    Values are clamped, divided by the step and rounded in SQL, so each lies in
+    [floor(lower/step), ceil(upper/step)] and every total is an exact integer.
+    The direct plan's grid (plan.py) is per group; a stream's is per unit.
+    """
+    magnitude = bounds.magnitude * contributions
+    if magnitude == 0:
+        return SumGrid(1.0, bounds), 1
+    exponent = math.floor(math.log2(magnitude / epsilon)) - GRID_BITS
+    step = math.ldexp(1.0, max(exponent, 0) if bounds.integer else exponent)
+    low = math.floor(Fraction(bounds.lower) / Fraction(step))
+    high = math.ceil(Fraction(bounds.upper) / Fraction(step))
+    return SumGrid(step, bounds), max(1, contributions * max(abs(low), abs(high)))
 
 
 def _counter(
