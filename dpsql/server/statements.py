@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -60,9 +61,23 @@ class Backend:
         self.adapter, self.policy, self.ledger = template.adapter, template.policy, template.ledger
         self.schema = introspection.catalog_schema(self.policy)
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="dpsql-wire")
+        self._stripes = [threading.Lock() for _ in range(256)]
 
     def open_session(self, analyst: str) -> Session:
         return Session(self.adapter, self.policy, self.ledger, analyst)
+
+    def execute(self, session: Session, sql: str, parameters: list[Any] | None) -> Release:
+        """Session.execute, one at a time per (analyst, statement, parameters).
+
+        The Session looks up its release cache and then charges; two identical
+        queries racing through that gap would both be charged. A client that
+        retries after a dropped connection does exactly that, so identical
+        statements of one analyst wait for each other and the second finds the
+        first's release in the cache.
+        """
+        key = hash((session.analyst, sql, repr(parameters)))
+        with self._stripes[key % len(self._stripes)]:
+            return session.execute(sql, parameters)
 
     async def run(self, function: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, function, *args)
@@ -96,7 +111,9 @@ class WireSession(MimicSession):
     async def execute(self, sql: str, parameters: list[Any]) -> Release:
         """Run one statement in the pool; dpsql errors become ErrorResponses."""
         try:
-            return await self.backend.run(self.session.execute, sql, parameters or None)
+            return await self.backend.run(
+                self.backend.execute, self.session, sql, parameters or None
+            )
         except Error as exc:
             raise pg_error(exc) from None
         except PgError:

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import pums_policy
 
 import dpsql
 from dpsql.server import BackgroundServer, build
 from dpsql.server.auth import make_verifier
-from conftest import pums_policy
 
 PASSWORDS = {"alice": "alice-secret", "bob": "bob-secret", "carol": "carol-secret"}
 
