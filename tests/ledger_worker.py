@@ -8,6 +8,7 @@ can start every worker at the same moment.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import time
@@ -58,11 +59,33 @@ def charge_forever(job: dict) -> None:
             ledger.store_release("alice", f"{job['name']}-{i}", json.dumps({"n": i}))
 
 
+def fork_and_charge(job: dict) -> dict:
+    # In a process of its own: fork() with the test suite's threads around
+    # could deadlock or crash the child for reasons unrelated to the ledger.
+    cost, budget = _cost(job["cost"]), _cost(job["budget"])
+    with Ledger(job["path"]) as ledger:
+        ledger.charge("alice", cost, budget, "parent")
+        pid = os.fork()
+        if pid == 0:  # the child must not reuse the parent's connection
+            code = 1
+            try:
+                ledger.charge("alice", cost, budget, "child")
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        ledger.charge("alice", cost, budget, "parent again")
+        return {"child": os.waitstatus_to_exitcode(status)}
+
+
 def main() -> None:
     job = json.loads(sys.argv[1])
     print("ready", flush=True)
     if job["mode"] == "forever":
         charge_forever(job)
+        return
+    if job["mode"] == "fork":
+        print(json.dumps(fork_and_charge(job)), flush=True)
         return
     sys.stdin.readline()
     result = race_charges(job) if job["mode"] == "charges" else race_release(job)

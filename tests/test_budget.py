@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import on_every_backend, pums_policy
+from test_ledger import STORES, assert_log_consistent, fresh_location
 
 import dpsql
 
@@ -70,7 +70,7 @@ def test_data_version_invalidates_the_cache(connect):
     assert changed.budget().epsilon_spent == pytest.approx(2.0)
 
 
-def _spawn(pums_db: Path, policy: dict, ledger: Path, worker: int, count: int):
+def _spawn(pums_db: Path, policy: dict, ledger: str, worker: int, count: int):
     return subprocess.Popen(
         [sys.executable, str(WORKER), str(pums_db), json.dumps(policy), str(ledger), str(worker),
          str(count)],
@@ -78,9 +78,17 @@ def _spawn(pums_db: Path, policy: dict, ledger: Path, worker: int, count: int):
     )  # fmt: skip
 
 
-def test_processes_racing_never_overspend(pums_db, tmp_path):
+@pytest.fixture(params=STORES)
+def ledger_location(request: pytest.FixtureRequest, tmp_path: Path):
+    """The ledger-level tests run on each store: an SQLite file, a PostgreSQL schema
+    that the processes share as several proxies would."""
+    with fresh_location(request.param, tmp_path) as location:
+        yield location
+
+
+def test_processes_racing_never_overspend(pums_db, ledger_location):
     policy = small_budget(25.0, per_query=0.1)  # room for exactly 250 of 400 queries
-    ledger = tmp_path / "race.sqlite"
+    ledger = ledger_location
     workers = [_spawn(pums_db, policy, ledger, worker, 100) for worker in range(4)]
     results = []
     for process in workers:
@@ -92,11 +100,12 @@ def test_processes_racing_never_overspend(pums_db, tmp_path):
     with dpsql.connect(str(pums_db), policy=policy, ledger=ledger) as connection:
         budget = connection.budget()
     assert budget.epsilon_spent == pytest.approx(25.0) and budget.epsilon_remaining == 0
+    assert assert_log_consistent(ledger) == 250
 
 
-def test_killed_process_leaves_a_consistent_ledger(pums_db, tmp_path):
+def test_killed_process_leaves_a_consistent_ledger(pums_db, ledger_location):
     policy = small_budget(1000.0, per_query=0.5)
-    ledger = tmp_path / "crash.sqlite"
+    ledger = ledger_location
     for attempt in range(3):
         process = _spawn(pums_db, policy, ledger, attempt, 10_000)
         assert process.stdout.readline().strip() == "ready"
@@ -105,11 +114,11 @@ def test_killed_process_leaves_a_consistent_ledger(pums_db, tmp_path):
             process.stdout.readline()
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=30)
-    with sqlite3.connect(ledger) as raw:
-        assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    logged = assert_log_consistent(ledger)
     with dpsql.connect(str(pums_db), policy=policy, ledger=ledger) as connection:
         charges = connection.session.ledger.charges("default")
         assert charges, "the children charged nothing before they were killed"
+        assert len(charges) == logged
         assert connection.budget().epsilon_spent == pytest.approx(0.5 * len(charges))
         connection.execute("SELECT COUNT(*) FROM pums WHERE age < 3")  # still usable
         assert connection.budget().epsilon_spent == pytest.approx(0.5 * (len(charges) + 1))

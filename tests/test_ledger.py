@@ -1,9 +1,17 @@
-"""The privacy-budget ledger: exact arithmetic, atomic charges under threads and
-processes, survival of SIGKILL, and first-writer-wins cached releases."""
+"""The privacy-budget ledger on both stores (an SQLite file, a PostgreSQL schema):
+exact arithmetic, rho composed as zCDP, atomic charges under threads, processes
+and several proxies, survival of SIGKILL, first-writer-wins cached releases,
+and the upgrade of version-1 SQLite files.
+
+The PostgreSQL cases use the server DPSQL_TEST_POSTGRES_URL names, each in a
+schema of its own that is dropped afterwards, and are skipped, saying so,
+when the variable is unset.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import signal
@@ -12,41 +20,126 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import closing
+import uuid
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from datetime import UTC
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+import psycopg
 import pytest
+from psycopg import sql
 
-from dpsql.accounting import Cost
+from dpsql._ledger_postgres import split_location
+from dpsql.accounting import Cost, zcdp_epsilon
 from dpsql.errors import BudgetExhausted, InterfaceError, NotSupportedError, OperationalError
-from dpsql.ledger import DELTA_QUANTUM, EPSILON_QUANTUM, Charge, Ledger, open_ledger
+from dpsql.ledger import (
+    DELTA_QUANTUM,
+    EPSILON_QUANTUM,
+    RHO_QUANTUM,
+    Charge,
+    Ledger,
+    open_ledger,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("ledger_worker.py")
 TENTH = Cost(Fraction(1, 10))
 ONE = Cost.of(1.0)
+POSTGRES_URL = os.environ.get("DPSQL_TEST_POSTGRES_URL")
+STORES = ["sqlite", "postgresql"]
+# What a database driver raises when a trigger or constraint refuses a statement.
+REFUSED = (sqlite3.DatabaseError, psycopg.Error)
+
+
+def postgres_location(schema: str) -> str:
+    if not POSTGRES_URL:
+        pytest.skip(
+            "DPSQL_TEST_POSTGRES_URL is not set: the PostgreSQL ledger tests need a server "
+            "(e.g. postgresql://postgres@127.0.0.1:5432/test)"
+        )
+    return f"{POSTGRES_URL}{'&' if '?' in POSTGRES_URL else '?'}schema={schema}"
+
+
+@contextmanager
+def fresh_location(store: str, tmp_path: Path) -> Iterator[str]:
+    """A ledger location in `store` that does not exist yet, removed afterwards."""
+    if store == "sqlite":
+        yield str(tmp_path / "ledger.sqlite")
+        return
+    location = postgres_location(f"h3b_ledger_{uuid.uuid4().hex[:12]}")
+    try:
+        yield location
+    finally:
+        conninfo, schema, _ = split_location(location)
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.fixture(params=STORES)
+def ledger_location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    with fresh_location(request.param, tmp_path) as location:
+        yield location
 
 
 @pytest.fixture
-def ledger(tmp_path: Path):
-    with Ledger(tmp_path / "ledger.sqlite") as led:
+def ledger(ledger_location: str) -> Iterator[Ledger]:
+    with Ledger(ledger_location) as led:
         yield led
 
 
-def raw(path: Path) -> closing[sqlite3.Connection]:
-    # A plain connection, outside the Ledger, to look at what is really on disk.
-    return closing(sqlite3.connect(path, isolation_level=None))
+def is_postgres(location: str) -> bool:
+    return location.startswith("postgresql://")
 
 
-def raw_spent_units(path: Path, analyst: str = "alice") -> tuple[int, int]:
-    with raw(path) as conn:
-        return conn.execute(
-            "SELECT COALESCE(SUM(epsilon_units), 0), COALESCE(SUM(delta_units), 0) "
-            "FROM charges WHERE analyst = ?",
+@contextmanager
+def raw(location: str) -> Iterator[Any]:
+    """A plain connection outside the Ledger, to look at what is really stored."""
+    if is_postgres(location):
+        conninfo, schema, _ = split_location(location)
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            yield conn
+    else:
+        with closing(sqlite3.connect(location, isolation_level=None)) as conn:
+            yield conn
+
+
+def raw_spent_units(location: str, analyst: str = "alice") -> tuple[int, int, int]:
+    """The analyst's spend as an independent SUM over the log."""
+    placeholder = "%s" if is_postgres(location) else "?"
+    with raw(location) as conn:
+        row = conn.execute(
+            "SELECT COALESCE(SUM(epsilon_units), 0), COALESCE(SUM(delta_units), 0), "
+            f"COALESCE(SUM(rho_units), 0) FROM charges WHERE analyst = {placeholder}",
             (analyst,),
         ).fetchone()
+    return tuple(int(v) for v in row)  # type: ignore[return-value]
+
+
+def assert_log_consistent(location: str) -> int:
+    """The store is intact and every analyst's running totals equal the SUM of the log.
+
+    Returns the number of charges.
+    """
+    with raw(location) as conn:
+        if not is_postgres(location):
+            assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        mismatches = conn.execute(
+            """SELECT analyst FROM (
+                   SELECT analyst, seq, total_epsilon_units, total_delta_units, total_rho_units,
+                          ROW_NUMBER() OVER w AS n, SUM(epsilon_units) OVER w AS eps,
+                          SUM(delta_units) OVER w AS delta, SUM(rho_units) OVER w AS rho
+                   FROM charges WINDOW w AS (PARTITION BY analyst ORDER BY id)) AS log
+               WHERE seq <> n OR total_epsilon_units <> eps OR total_delta_units <> delta
+                  OR total_rho_units <> rho"""
+        ).fetchall()
+        (count,) = conn.execute("SELECT COUNT(*) FROM charges").fetchone()
+    assert mismatches == []
+    return count
 
 
 # -- arithmetic -------------------------------------------------------------------
@@ -73,13 +166,13 @@ def test_refusal_message_says_what_remains(ledger: Ledger) -> None:
     assert "costs epsilon=0.5, delta=0 but only epsilon=0.25, delta=0 remains" in str(info.value)
 
 
-def test_a_refused_charge_writes_nothing(ledger: Ledger, tmp_path: Path) -> None:
+def test_a_refused_charge_writes_nothing(ledger: Ledger, ledger_location: str) -> None:
     ledger.charge("alice", Cost.of(0.6), ONE, "a")
-    before = (ledger.charges(), ledger.spent("alice"), raw_spent_units(tmp_path / "ledger.sqlite"))
-    for cost in (Cost.of(0.5), Cost.of(0.1, 1e-9)):  # over on epsilon; over on delta
+    before = (ledger.charges(), ledger.spent("alice"), raw_spent_units(ledger_location))
+    for cost in (Cost.of(0.5), Cost.of(0.1, 1e-9), Cost.of(rho=0.01)):  # over on each part
         with pytest.raises(BudgetExhausted):
             ledger.charge("alice", cost, ONE, "refused")
-    after = (ledger.charges(), ledger.spent("alice"), raw_spent_units(tmp_path / "ledger.sqlite"))
+    after = (ledger.charges(), ledger.spent("alice"), raw_spent_units(ledger_location))
     assert after == before
 
 
@@ -161,6 +254,100 @@ def test_analysts_have_separate_accounts(ledger: Ledger) -> None:
     assert ledger.spent("nobody") == Cost()
 
 
+# -- zCDP rho ---------------------------------------------------------------------
+
+
+def test_rho_charges_stop_exactly_when_the_converted_epsilon_would_exceed(ledger: Ledger) -> None:
+    # A Gaussian-like sequence: every query costs rho; zCDP composes by adding
+    # rho, and the total is converted with the budget's delta.
+    budget, step = Cost.of(1.0, 1e-6), Cost.of(rho=0.0005)
+    answered = 0
+    while True:
+        try:
+            ledger.charge("alice", step, budget, f"gauss-{answered}")
+        except BudgetExhausted:
+            break
+        answered += 1
+    rho = step.rho * answered
+    assert zcdp_epsilon(rho, budget.delta) <= budget.epsilon
+    assert zcdp_epsilon(rho + step.rho, budget.delta) > budget.epsilon
+    # Independent bounds: the conversion is at least as tight as the classic
+    # rho + 2 sqrt(rho log(1/delta)), and never grants more rho than epsilon.
+    classic = (math.sqrt(math.log(1e6) + 1) - math.sqrt(math.log(1e6))) ** 2
+    assert classic <= rho < 1
+    assert ledger.spent("alice") == Cost(rho=rho)
+    assert len(ledger.charges("alice")) == answered
+
+
+def test_rho_and_epsilon_are_checked_together_not_per_component(ledger: Ledger) -> None:
+    budget = Cost.of(1.0, 1e-6)
+    ledger.charge("alice", Cost.of(rho=0.02), budget, "gauss")
+    converted = zcdp_epsilon(Fraction(2, 100), budget.delta)
+    left = ledger.remaining("alice", budget)
+    assert left.epsilon == Fraction(
+        math.floor((budget.epsilon - converted) * EPSILON_QUANTUM), EPSILON_QUANTUM
+    )
+    assert left.delta == budget.delta and left.rho == 0
+    # Per component, 0.7 more epsilon would fit (none spent); converted, it does not.
+    assert converted > Fraction(3, 10)
+    with pytest.raises(BudgetExhausted) as info:
+        ledger.charge("alice", Cost.of(0.7), budget, "laplace")
+    assert info.value.remaining == left
+    # Spending delta too raises the converted epsilon: refused even below `left`.
+    with pytest.raises(BudgetExhausted):
+        ledger.charge("alice", Cost(left.epsilon, Fraction(1, 2 * 10**6)), budget, "delta")
+    # What `remaining` reports is exactly usable by a pure-epsilon charge.
+    assert ledger.charge("alice", Cost(left.epsilon), budget, "laplace") == Cost(
+        Fraction(0), budget.delta
+    )
+    with pytest.raises(BudgetExhausted):
+        ledger.charge("alice", Cost(Fraction(1, EPSILON_QUANTUM)), budget, "one more quantum")
+
+
+def test_rho_is_rounded_up_to_its_quantum_and_a_rho_budget_is_refused(ledger: Ledger) -> None:
+    budget = Cost.of(10.0, 1e-6)
+    ledger.charge("alice", Cost(rho=Fraction(1, 3)), budget, "third")
+    assert ledger.charges()[0].cost.rho == Fraction(333_333_333_334, RHO_QUANTUM)
+    with pytest.raises(ValueError, match=r"budget is \(epsilon, delta\)"):
+        ledger.charge("alice", Cost.of(0.1), Cost.of(1.0, 1e-6, rho=1.0), "q")
+    with pytest.raises(ValueError):
+        ledger.charge("alice", Cost(rho=Fraction(-1, 10)), budget, "negative")
+
+
+def test_threads_racing_with_rho_never_overspend(ledger_location: str) -> None:
+    budget, step = Cost.of(1.0, 1e-6), Cost.of(0.01, rho=0.0005)
+    allowed = 0
+    while Cost(step.epsilon * (allowed + 1), Fraction(0), step.rho * (allowed + 1)).fits_within(
+        budget
+    ):
+        allowed += 1
+    ledgers = [Ledger(ledger_location) for _ in range(4)]
+    barrier = threading.Barrier(len(ledgers))
+    outcomes: list[bool] = []
+
+    def work(led: Ledger, name: str) -> None:
+        barrier.wait()
+        for i in range(allowed // 2):
+            try:
+                led.charge("alice", step, budget, f"{name}-{i}")
+                outcomes.append(True)
+            except BudgetExhausted:
+                outcomes.append(False)
+
+    threads = [threading.Thread(target=work, args=(led, f"t{i}")) for i, led in enumerate(ledgers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(outcomes) == allowed and len(outcomes) == 4 * (allowed // 2)
+    assert ledgers[0].spent("alice") == Cost(
+        step.epsilon * allowed, Fraction(0), step.rho * allowed
+    )
+    for led in ledgers:
+        led.close()
+    assert assert_log_consistent(ledger_location) == allowed
+
+
 # -- the log ----------------------------------------------------------------------
 
 
@@ -179,27 +366,124 @@ def test_log_records_fingerprint_and_utc_time_oldest_first(ledger: Ledger) -> No
         log[0].fingerprint = "changed"  # type: ignore[misc]
 
 
-def test_log_is_append_only(ledger: Ledger, tmp_path: Path) -> None:
+def test_log_is_append_only(ledger: Ledger, ledger_location: str) -> None:
     ledger.charge("alice", TENTH, ONE, "q")
-    with raw(tmp_path / "ledger.sqlite") as conn:
-        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
-            conn.execute("UPDATE charges SET epsilon_units = 0")
-        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
-            conn.execute("DELETE FROM charges")
+    statements = ["UPDATE charges SET epsilon_units = 0", "DELETE FROM charges"]
+    if is_postgres(ledger_location):
+        statements.append("TRUNCATE charges")
+    with raw(ledger_location) as conn:
+        for statement in statements:
+            with pytest.raises(REFUSED, match="append-only"):
+                conn.execute(statement)
     assert ledger.spent("alice") == TENTH
 
 
-def test_schema_is_versioned_and_uses_wal(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.sqlite"
-    Ledger(path).close()
-    Ledger(path).close()  # reopening is idempotent
-    with raw(path) as conn:
-        meta = dict(conn.execute("SELECT key, value FROM meta"))
-        assert meta["schema_version"] == "1"
-        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+def test_an_append_must_continue_the_running_totals(ledger: Ledger, ledger_location: str) -> None:
+    # The database itself refuses a row that would let the balance disagree
+    # with the log, or a second row with the same number (a lost race).
+    ledger.charge("alice", TENTH, ONE, "q")
+    insert = (
+        "INSERT INTO charges (analyst, charged_at, fingerprint, epsilon_units, delta_units, "
+        "rho_units, seq, total_epsilon_units, total_delta_units, total_rho_units) VALUES "
+        "('alice', '2026-01-01T00:00:00+00:00', 'forged', {}, 0, 0, {}, {}, 0, 0)"
+    )
+    tenth = EPSILON_QUANTUM // 10
+    with raw(ledger_location) as conn:
+        for values in [(tenth, 2, tenth), (tenth, 1, 2 * tenth), (0, 3, tenth)]:
+            with pytest.raises(REFUSED, match=r"running totals|UNIQUE|unique"):
+                conn.execute(insert.format(*values))
+        conn.execute(insert.format(tenth, 2, 2 * tenth))  # a correct continuation is accepted
+    assert ledger.spent("alice") == Cost(Fraction(2, 10))
+    assert assert_log_consistent(ledger_location) == 2
+
+
+def test_schema_is_versioned(ledger_location: str) -> None:
+    Ledger(ledger_location).close()
+    Ledger(ledger_location).close()  # reopening is idempotent
+    with raw(ledger_location) as conn:
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        assert meta == {
+            "schema_version": "2",
+            "epsilon_quantum": str(EPSILON_QUANTUM),
+            "delta_quantum": str(DELTA_QUANTUM),
+            "rho_quantum": str(RHO_QUANTUM),
+        }
+        if not is_postgres(ledger_location):
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
-    with pytest.raises(OperationalError, match="schema_version"):
-        Ledger(path)
+    with pytest.raises(OperationalError, match=r"schema_version='99'.*understands only 2"):
+        Ledger(ledger_location)
+
+
+# What dpsql's first ledger (schema version 1) wrote, as it wrote it.
+V1_SCHEMA = (
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE charges (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, analyst TEXT NOT NULL, charged_at TEXT NOT NULL,
+        fingerprint TEXT NOT NULL, epsilon_units INTEGER NOT NULL CHECK (epsilon_units >= 0),
+        delta_units INTEGER NOT NULL CHECK (delta_units >= 0))""",
+    "CREATE INDEX charges_by_analyst ON charges (analyst, epsilon_units, delta_units)",
+    """CREATE TRIGGER charges_no_update BEFORE UPDATE ON charges
+        BEGIN SELECT RAISE(ABORT, 'the charges log is append-only'); END""",
+    """CREATE TRIGGER charges_no_delete BEFORE DELETE ON charges
+        BEGIN SELECT RAISE(ABORT, 'the charges log is append-only'); END""",
+    """CREATE TABLE releases (analyst TEXT NOT NULL, fingerprint TEXT NOT NULL,
+        payload TEXT NOT NULL, created_at TEXT NOT NULL, PRIMARY KEY (analyst, fingerprint))""",
+    """INSERT INTO meta (key, value) VALUES ('schema_version', '1'),
+        ('epsilon_quantum', '1000000000000'), ('delta_quantum', '1000000000000000000')""",
+)
+
+
+def test_a_version_1_file_is_upgraded_in_place(tmp_path: Path) -> None:
+    path = str(tmp_path / "v1.sqlite")
+    with raw(path) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+        for statement in V1_SCHEMA:
+            conn.execute(statement)
+        conn.executemany(
+            "INSERT INTO charges (analyst, charged_at, fingerprint, epsilon_units, delta_units) "
+            "VALUES (?, '2026-01-01T00:00:00.000000+00:00', ?, ?, ?)",
+            [("alice", "a1", 10**11, 10**12), ("bob", "b1", 3 * 10**11, 0),
+             ("alice", "a2", 2 * 10**11, 0)],
+        )  # fmt: skip
+        conn.execute("INSERT INTO releases VALUES ('alice', 'a1', '{}', '2026-01-01')")
+    with Ledger(path) as led:
+        assert led.spent("alice") == Cost(Fraction(3, 10), Fraction(1, 10**6))
+        assert led.spent("bob") == Cost(Fraction(3, 10))
+        assert [c.fingerprint for c in led.charges()] == ["a1", "b1", "a2"]
+        assert all(c.cost.rho == 0 for c in led.charges())
+        assert led.cached_release("alice", "a1") == "{}"
+        led.charge("alice", Cost.of(rho=0.01), Cost.of(10.0, 1e-5), "a3")
+        assert led.spent("alice").rho == Fraction(1, 100)
+    Ledger(path).close()  # the upgrade happens once
+    assert assert_log_consistent(path) == 4
+    with raw(path) as conn:
+        assert dict(conn.execute("SELECT key, value FROM meta").fetchall())["schema_version"] == "2"
+        indexes = {
+            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")
+        }
+        assert "charges_by_analyst" not in indexes and "charges_by_analyst_seq" in indexes
+        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+            conn.execute("UPDATE charges SET rho_units = 0")
+
+
+def test_a_cached_release_skips_the_disk_wait_but_charges_do_not(
+    ledger: Ledger, ledger_location: str
+) -> None:
+    # Reads the store's own connection: the setting is per connection, and a
+    # charge after a non-durable release must wait for the disk again.
+    conn = ledger._store._connection()
+    setting = "SHOW synchronous_commit" if is_postgres(ledger_location) else "PRAGMA synchronous"
+    durable = conn.execute(setting).fetchone()[0]
+    assert durable in ("on", 2)  # PostgreSQL's default; SQLite's FULL
+    ledger.charge("alice", TENTH, ONE, "q")
+    assert ledger.store_release("alice", "q", "cached", durable=False) == "cached"
+    assert conn.execute(setting).fetchone()[0] == durable
+    with pytest.raises(TypeError):
+        ledger.store_release("alice", "q2", None, durable=False)  # type: ignore[arg-type]
+    assert conn.execute(setting).fetchone()[0] == durable
+    ledger.charge("alice", TENTH, ONE, "q2")
+    assert ledger.cached_release("alice", "q") == "cached"
 
 
 def test_creates_parent_directories_and_memory_ledgers(tmp_path: Path) -> None:
@@ -216,27 +500,47 @@ def test_open_ledger_and_closing(tmp_path: Path) -> None:
     assert (tmp_path / "x.sqlite").exists()
     with open_ledger(tmp_path / "x.sqlite") as led:
         assert led.spent("alice") == TENTH
-    with pytest.raises(NotSupportedError):
-        open_ledger("postgresql://localhost/db")
+    with pytest.raises(NotSupportedError, match=r"use an SQLite file path.*postgresql://"):
+        open_ledger("mysql://localhost/db")
+    with pytest.raises(NotSupportedError, match="sqlite:///path"):
+        open_ledger("sqlite://relative.sqlite")
     with pytest.raises(InterfaceError):
         led.spent("alice")
 
 
+def test_postgres_location_names_a_schema_and_hides_the_password() -> None:
+    conninfo, schema, shown = split_location(
+        "postgresql://bob:s3cret@db.example:5432/prod?sslmode=require&schema=budget"
+    )
+    assert schema == "budget"
+    assert conninfo == "postgresql://bob:s3cret@db.example:5432/prod?sslmode=require"
+    assert "s3cret" not in shown and "bob:***@db.example" in shown
+    assert split_location("postgresql://h/db")[1] == "dpsql"
+    with pytest.raises(ValueError, match="schema"):
+        split_location("postgresql://h/db?schema=")
+
+
+def test_an_unreachable_postgres_ledger_says_what_to_check() -> None:
+    parts = urlsplit(postgres_location("h3b_never_created"))
+    url = urlunsplit(parts._replace(path="/h3b_no_such_database"))
+    with pytest.raises(
+        OperationalError, match=r"cannot connect to the ledger.*Check the ledger URL"
+    ):
+        Ledger(url)
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
-def test_a_forked_child_gets_its_own_connection(ledger: Ledger) -> None:
-    ledger.charge("alice", TENTH, ONE, "parent")
-    pid = os.fork()
-    if pid == 0:  # child: must not reuse the parent's SQLite connection
-        code = 1
-        try:
-            ledger.charge("alice", TENTH, ONE, "child")
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    assert [c.fingerprint for c in ledger.charges()] == ["parent", "child"]
-    assert ledger.spent("alice") == Cost(Fraction(2, 10))
+def test_a_forked_child_gets_its_own_connection(ledger_location: str) -> None:
+    # The parent keeps using its connection after the child is done with its own.
+    job = {"mode": "fork", "path": ledger_location, "cost": ["1/10", "0"], "budget": ["1", "0"]}
+    proc = spawn_worker(job)
+    wait_ready(proc)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert json.loads(out.strip().splitlines()[-1]) == {"child": 0}
+    with Ledger(ledger_location) as ledger:
+        assert [c.fingerprint for c in ledger.charges()] == ["parent", "child", "parent again"]
+        assert ledger.spent("alice") == Cost(Fraction(3, 10))
 
 
 # -- cached releases --------------------------------------------------------------
@@ -250,8 +554,8 @@ def test_release_store_get_and_first_writer_wins(ledger: Ledger) -> None:
     assert ledger.cached_release("bob", "q") is None  # per analyst
 
 
-def test_release_survives_restart_and_clear_cache_keeps_charges(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.sqlite"
+def test_release_survives_restart_and_clear_cache_keeps_charges(ledger_location: str) -> None:
+    path = ledger_location
     with Ledger(path) as led:
         led.charge("alice", TENTH, ONE, "q")
         led.store_release("alice", "q", '{"v": 1}')
@@ -263,8 +567,8 @@ def test_release_survives_restart_and_clear_cache_keeps_charges(tmp_path: Path) 
         assert led.store_release("alice", "q", '{"v": 2}') == '{"v": 2}'
 
 
-def test_release_first_writer_wins_across_threads(ledger: Ledger, tmp_path: Path) -> None:
-    others = [Ledger(tmp_path / "ledger.sqlite") for _ in range(4)]
+def test_release_first_writer_wins_across_threads(ledger: Ledger, ledger_location: str) -> None:
+    others = [Ledger(ledger_location) for _ in range(4)]
     ledgers = [ledger, ledger, ledger, ledger, *others]
     barrier = threading.Barrier(len(ledgers))
     results: list[str] = []
@@ -326,8 +630,10 @@ def run_race(jobs: list[dict]) -> list[dict]:
     return results
 
 
-def test_processes_racing_charge_exactly_the_budget(tmp_path: Path) -> None:
-    path = tmp_path / "race.sqlite"  # not created yet: the workers race to create it
+def test_processes_racing_charge_exactly_the_budget(ledger_location: str) -> None:
+    # Each process is a proxy of its own; the store does not exist yet, so
+    # they also race to create it.
+    path = ledger_location
     procs, per_proc, allowed = 4, 100, 250
     cost = ["1/100", "1/1000000000"]
     budget = [f"{allowed}/100", f"{allowed}/1000000000"]
@@ -342,12 +648,11 @@ def test_processes_racing_charge_exactly_the_budget(tmp_path: Path) -> None:
     with Ledger(path) as led:
         assert led.spent("alice") == Cost(Fraction(allowed, 100), Fraction(allowed, 10**9))
         assert len(led.charges("alice")) == allowed
-    with raw(path) as conn:
-        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert assert_log_consistent(path) == allowed
 
 
-def test_threads_racing_charge_exactly_the_budget(tmp_path: Path) -> None:
-    path = tmp_path / "threads.sqlite"
+def test_threads_racing_charge_exactly_the_budget(ledger_location: str) -> None:
+    path = ledger_location
     shared = Ledger(path)
     # Half the threads share one Ledger, half have their own connection.
     ledgers = [shared] * 4 + [Ledger(path) for _ in range(4)]
@@ -383,8 +688,8 @@ def test_threads_racing_charge_exactly_the_budget(tmp_path: Path) -> None:
         led.close()
 
 
-def test_release_first_writer_wins_across_processes(tmp_path: Path) -> None:
-    path = tmp_path / "releases.sqlite"
+def test_release_first_writer_wins_across_processes(ledger_location: str) -> None:
+    path = ledger_location
     jobs = [{"mode": "release", "path": str(path), "payload": f'{{"w": {i}}}'} for i in range(4)]
     stored = {r["stored"] for r in run_race(jobs)}
     assert len(stored) == 1
@@ -392,8 +697,8 @@ def test_release_first_writer_wins_across_processes(tmp_path: Path) -> None:
         assert led.cached_release("alice", "q") == stored.pop()
 
 
-def test_sigkill_never_leaves_log_and_balance_disagreeing(tmp_path: Path) -> None:
-    path = tmp_path / "killed.sqlite"
+def test_sigkill_never_leaves_log_and_balance_disagreeing(ledger_location: str) -> None:
+    path = ledger_location
     rng = random.Random(20261121)
     cost = Cost(Fraction(1, 1000), Fraction(1, 10**12))
     budget = Cost(Fraction(10**6), Fraction(1))
@@ -419,16 +724,14 @@ def test_sigkill_never_leaves_log_and_balance_disagreeing(tmp_path: Path) -> Non
                 reported = int(line.split()[1])
         acknowledged += reported
 
-        with raw(path) as conn:
-            assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-            (rows,) = conn.execute("SELECT COUNT(*) FROM charges").fetchone()
+        rows = assert_log_consistent(path)
         # Every charge the child was told about survived; at most one more
         # per kill was committed but not yet reported.
         assert acknowledged <= rows <= acknowledged + 1
         with Ledger(path) as led:
             log = led.charges("alice")
             assert len(log) == rows
-            eps_units, delta_units = raw_spent_units(path)
+            eps_units, delta_units, _ = raw_spent_units(path)
             spent = led.spent("alice")
             assert spent == Cost(
                 Fraction(eps_units, EPSILON_QUANTUM), Fraction(delta_units, DELTA_QUANTUM)

@@ -1,0 +1,193 @@
+"""The ledger's SQLite store (stdlib ``sqlite3``): one file, the default.
+
+* **Atomic check-and-append.** Every write is one ``BEGIN IMMEDIATE``
+  transaction: it takes the file's write lock before its first read, so a
+  check and its append cannot interleave with another writer (thread,
+  process, or proxy on the same file), and a waiting writer goes through the
+  busy handler (60 s by default) instead of failing with "database is
+  locked".
+* **Durable charges, cheap cache.** ``journal_mode=WAL`` with
+  ``synchronous=FULL``: the WAL is fsynced at every commit, so a charge that
+  returned survives a process kill *and* an OS crash. A release stored with
+  ``durable=False`` commits with ``synchronous=NORMAL`` (no fsync of its own):
+  power loss may drop it, and the next identical query is then charged and
+  answered afresh (budget lost, never privacy). WAL frames are written in
+  order, so the next fsynced commit makes it durable too.
+* **Append-only.** Triggers refuse UPDATE and DELETE on ``charges``, and an
+  insert that does not continue the analyst's running totals.
+* **Schema version 2** adds rho and the running totals; a version-1 file is
+  migrated in place, in one transaction, when first opened.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from dpsql._ledger_store import Store, check_meta
+from dpsql.errors import OperationalError
+
+_CHAIN_CHECK = """CREATE TRIGGER IF NOT EXISTS charges_chain BEFORE INSERT ON charges
+    BEGIN
+        SELECT RAISE(ABORT, 'a charge must continue its analyst''s sequence and running totals')
+        WHERE (NEW.seq, NEW.total_epsilon_units, NEW.total_delta_units, NEW.total_rho_units)
+           IS NOT (SELECT COALESCE(MAX(seq), 0) + 1,
+                          COALESCE(SUM(epsilon_units), 0) + NEW.epsilon_units,
+                          COALESCE(SUM(delta_units), 0) + NEW.delta_units,
+                          COALESCE(SUM(rho_units), 0) + NEW.rho_units
+                   FROM (SELECT seq, total_epsilon_units AS epsilon_units,
+                                total_delta_units AS delta_units, total_rho_units AS rho_units
+                         FROM charges WHERE analyst = NEW.analyst ORDER BY seq DESC LIMIT 1));
+    END"""
+
+# One statement per item: trigger bodies contain ";", so no naive splitting.
+# Version 2 as a new file gets it; the migration reaches the same columns.
+_TABLES = (
+    """CREATE TABLE IF NOT EXISTS charges (
+        id                  INTEGER PRIMARY KEY AUTOINCREMENT,
+        analyst             TEXT    NOT NULL,
+        charged_at          TEXT    NOT NULL,
+        fingerprint         TEXT    NOT NULL,
+        epsilon_units       INTEGER NOT NULL CHECK (epsilon_units >= 0),
+        delta_units         INTEGER NOT NULL CHECK (delta_units >= 0),
+        rho_units           INTEGER NOT NULL DEFAULT 0 CHECK (rho_units >= 0),
+        seq                 INTEGER NOT NULL DEFAULT 0,
+        total_epsilon_units INTEGER NOT NULL DEFAULT 0,
+        total_delta_units   INTEGER NOT NULL DEFAULT 0,
+        total_rho_units     INTEGER NOT NULL DEFAULT 0
+    )""",
+    """CREATE TABLE IF NOT EXISTS releases (
+        analyst     TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        payload     TEXT NOT NULL,
+        created_at  TEXT NOT NULL,
+        PRIMARY KEY (analyst, fingerprint)
+    )""",
+)
+_INDEX_AND_TRIGGERS = (
+    "CREATE UNIQUE INDEX IF NOT EXISTS charges_by_analyst_seq ON charges (analyst, seq)",
+    """CREATE TRIGGER IF NOT EXISTS charges_no_update BEFORE UPDATE ON charges
+        BEGIN SELECT RAISE(ABORT, 'the charges log is append-only'); END""",
+    """CREATE TRIGGER IF NOT EXISTS charges_no_delete BEFORE DELETE ON charges
+        BEGIN SELECT RAISE(ABORT, 'the charges log is append-only'); END""",
+    _CHAIN_CHECK,
+)
+
+# Version 1 had no rho and no running totals: add them (rho 0), number each
+# analyst's charges and sum them in log order. The only UPDATE the log ever
+# sees, in the transaction that upgrades it, with its trigger lifted.
+_MIGRATE_FROM_1 = (
+    "ALTER TABLE charges ADD COLUMN rho_units INTEGER NOT NULL DEFAULT 0 CHECK (rho_units >= 0)",
+    "ALTER TABLE charges ADD COLUMN seq INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE charges ADD COLUMN total_epsilon_units INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE charges ADD COLUMN total_delta_units INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE charges ADD COLUMN total_rho_units INTEGER NOT NULL DEFAULT 0",
+    "DROP TRIGGER charges_no_update",
+    """UPDATE charges SET seq = log.seq, total_epsilon_units = log.eps,
+                          total_delta_units = log.delta
+       FROM (SELECT id, ROW_NUMBER() OVER w AS seq, SUM(epsilon_units) OVER w AS eps,
+                    SUM(delta_units) OVER w AS delta
+             FROM charges WINDOW w AS (PARTITION BY analyst ORDER BY id)) AS log
+       WHERE charges.id = log.id""",
+    "DROP INDEX charges_by_analyst",
+)
+
+
+class SQLiteStore(Store):
+    """The ledger's tables in one SQLite file (or ``:memory:``)."""
+
+    def __init__(self, path: str, meta: dict[str, str], timeout: float):
+        super().__init__()
+        self.location = path
+        self._meta = meta
+        self._timeout = timeout
+        if path != ":memory:" and not path.startswith("file:"):
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            self._connection()
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.location,
+            timeout=self._timeout,
+            isolation_level=None,  # we issue BEGIN/COMMIT ourselves
+            check_same_thread=False,  # safe: every use holds self._lock
+            uri=self.location.startswith("file:"),
+        )
+        try:
+            # WAL lets readers (spent, cached_release) proceed while a charge
+            # commits. The mode is persistent in the file; switching it needs
+            # an exclusive lock, and some SQLite versions return "locked"
+            # without calling the busy handler, so retry for the timeout.
+            self._retry_locked(lambda: conn.execute("PRAGMA journal_mode=WAL").fetchone())
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute(f"PRAGMA busy_timeout={int(self._timeout * 1000)}")
+            self._retry_locked(lambda: self._create_schema(conn))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _retry_locked(self, action: Callable[[], object]) -> None:
+        deadline = time.monotonic() + self._timeout
+        delay = 0.001
+        while True:
+            try:
+                action()
+                return
+            except sqlite3.OperationalError as exc:
+                message = str(exc)
+                if "locked" not in message and "busy" not in message:
+                    raise
+                if time.monotonic() >= deadline:
+                    raise OperationalError(f"ledger {self.location}: {message}") from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+
+    def _create_schema(self, conn: sqlite3.Connection) -> None:
+        # Under one write transaction, so several processes opening (or
+        # upgrading) one file at once do it exactly once.
+        with self._transaction(conn, durable=True):
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+            )
+            found = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+            version = found.get("schema_version")
+            if version not in (None, "1"):
+                check_meta(self.location, found, self._meta)
+                return
+            if version == "1":
+                quanta = {key: self._meta[key] for key in ("epsilon_quantum", "delta_quantum")}
+                check_meta(self.location, found, quanta)
+                for statement in _MIGRATE_FROM_1:
+                    conn.execute(statement)
+            for statement in _TABLES + _INDEX_AND_TRIGGERS:
+                conn.execute(statement)
+            conn.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                self._meta.items(),
+            )
+
+    def _lock_analyst(self, conn: sqlite3.Connection, analyst: str) -> None:
+        pass  # BEGIN IMMEDIATE already holds the whole file's write lock
+
+    @contextmanager
+    def _transaction(self, conn: sqlite3.Connection, durable: bool) -> Iterator[None]:
+        if not durable:
+            conn.execute("PRAGMA synchronous=NORMAL")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        finally:
+            if not durable:
+                conn.execute("PRAGMA synchronous=FULL")

@@ -1,0 +1,231 @@
+"""The ledger's queries, shared by its two stores (SQLite and PostgreSQL).
+
+Its one job is reading and appending the two tables every store keeps:
+
+* ``charges``: the append-only log. Each row carries the charge in integer
+  quanta (epsilon, delta, rho) and the analyst's running totals after it, with
+  a per-analyst sequence number ``seq``. The store's insert trigger refuses a
+  row whose ``seq`` and totals do not continue the analyst's previous row, and
+  ``UNIQUE (analyst, seq)`` refuses a second row with the same number, so two
+  writers that read the same totals cannot both append, whatever the locking.
+  The amount spent is the last row's totals: one index lookup, however long
+  the log (a ``SUM`` over the log took 12 ms at 10^5 charges in SQLite).
+* ``releases``: the cache of noisy releases and the state stateful plans keep,
+  keyed by (analyst, fingerprint); the first writer wins.
+
+A store subclass opens connections, creates its schema, and supplies the
+transaction (with the write lock or per-analyst lock it needs) and its
+parameter style. The SQL here is the subset SQLite and PostgreSQL share.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, NamedTuple
+
+from dpsql.errors import InterfaceError, OperationalError
+
+
+class Units(NamedTuple):
+    """Amounts in the stored integer quanta."""
+
+    epsilon: int = 0
+    delta: int = 0
+    rho: int = 0
+
+    def plus(self, other: Units) -> Units:
+        return Units(*(a + b for a, b in zip(self, other, strict=True)))
+
+
+#: Connections left behind by a fork (see Store._connection).
+_INHERITED_CONNECTIONS: list[Any] = []
+
+_LAST = (
+    "SELECT seq, total_epsilon_units, total_delta_units, total_rho_units FROM charges "
+    "WHERE analyst = ? ORDER BY seq DESC LIMIT 1"
+)
+_APPEND = (
+    "INSERT INTO charges (analyst, charged_at, fingerprint, epsilon_units, delta_units, "
+    "rho_units, seq, total_epsilon_units, total_delta_units, total_rho_units) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_LOG = (
+    "SELECT id, analyst, charged_at, fingerprint, epsilon_units, delta_units, rho_units "
+    "FROM charges"
+)
+_RELEASE = "SELECT payload FROM releases WHERE analyst = ? AND fingerprint = ?"
+
+
+class Store(ABC):
+    """One connection, guarded by a lock, serving every thread of a process.
+
+    A store call is a few statements; the database's lock serialises charges
+    anyway, so per-thread connections would only let reads overlap (and would
+    give each thread its own ``:memory:`` SQLite database). A connection never
+    crosses fork(): a child opens its own. Not fork-safe while another thread
+    is inside a call.
+    """
+
+    #: Where the store lives, safe to show (no password).
+    location: str
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._conn: Any = None
+        self._pid = os.getpid()
+        self._closed = False
+
+    # -- what a store supplies ----------------------------------------------------
+
+    @abstractmethod
+    def _open(self) -> Any:
+        """A new connection, with the schema created or checked."""
+
+    @abstractmethod
+    def _transaction(self, conn: Any, durable: bool) -> AbstractContextManager[None]:
+        """A write transaction; `durable=False` may skip waiting for the disk."""
+
+    @abstractmethod
+    def _lock_analyst(self, conn: Any, analyst: str) -> None:
+        """Inside a write transaction: serialise check-and-append for `analyst`."""
+
+    def _usable(self, conn: Any) -> bool:
+        return True
+
+    def _execute(self, conn: Any, sql: str, params: tuple[object, ...] = ()) -> Any:
+        return conn.execute(sql, params)
+
+    # -- connection ----------------------------------------------------------------
+
+    def _connection(self) -> Any:
+        if self._closed:
+            raise InterfaceError(f"the ledger {self.location} is closed")
+        # A forked child must not reuse the parent's connection (SQLite's locks
+        # are per process; a PostgreSQL socket would carry two conversations).
+        # Keep the inherited one referenced, so garbage collection does not
+        # close it (checkpoint, or send Terminate) from the child.
+        if self._conn is not None and self._pid != os.getpid():
+            _INHERITED_CONNECTIONS.append(self._conn)
+            self._conn = None
+        if self._conn is not None and not self._usable(self._conn):
+            self._conn = None  # a broken connection: reconnect
+        if self._conn is None:
+            self._pid = os.getpid()
+            self._conn = self._open()
+        return self._conn
+
+    @contextmanager
+    def _write(self, durable: bool = True) -> Iterator[Any]:
+        with self._lock:
+            conn = self._connection()
+            with self._transaction(conn, durable):
+                yield conn
+
+    def _read(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple]:
+        # One statement outside a transaction reads one consistent snapshot.
+        with self._lock:
+            conn = self._connection()
+            return self._execute(conn, sql, params).fetchall()
+
+    def _last(self, conn: Any, analyst: str) -> tuple[int, Units]:
+        row = self._execute(conn, _LAST, (analyst,)).fetchone()
+        return (0, Units()) if row is None else (row[0], Units(*row[1:]))
+
+    # -- the log -------------------------------------------------------------------
+
+    def spent(self, analyst: str) -> Units:
+        with self._lock:
+            return self._last(self._connection(), analyst)[1]
+
+    def append(
+        self,
+        analyst: str,
+        fingerprint: str,
+        charged_at: str,
+        units: Units,
+        admit: Callable[[Units], None],
+    ) -> Units:
+        """Append a charge if `admit(spent)` does not raise; return the new totals.
+
+        The read of the totals and the append are one transaction under the
+        store's lock for `analyst`, so no other charge can come in between.
+        """
+        with self._write() as conn:
+            self._lock_analyst(conn, analyst)
+            seq, spent = self._last(conn, analyst)
+            admit(spent)
+            totals = spent.plus(units)
+            self._execute(
+                conn, _APPEND, (analyst, charged_at, fingerprint, *units, seq + 1, *totals)
+            )
+        return totals
+
+    def charges(self, analyst: str | None) -> list[tuple]:
+        """Rows (id, analyst, charged_at, fingerprint, epsilon, delta, rho), oldest first."""
+        if analyst is None:
+            return self._read(_LOG + " ORDER BY id")
+        return self._read(_LOG + " WHERE analyst = ? ORDER BY id", (analyst,))
+
+    # -- releases ------------------------------------------------------------------
+
+    def cached_release(self, analyst: str, fingerprint: str) -> str | None:
+        rows = self._read(_RELEASE, (analyst, fingerprint))
+        return rows[0][0] if rows else None
+
+    def store_release(
+        self, analyst: str, fingerprint: str, payload: str, created_at: str, durable: bool
+    ) -> str:
+        with self._write(durable) as conn:
+            self._execute(
+                conn,
+                "INSERT INTO releases (analyst, fingerprint, payload, created_at) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (analyst, fingerprint) DO NOTHING",
+                (analyst, fingerprint, payload, created_at),
+            )
+            return self._execute(conn, _RELEASE, (analyst, fingerprint)).fetchone()[0]
+
+    def stored_releases(self, analyst: str, prefix: str) -> dict[str, str]:
+        escaped = prefix.replace("!", "!!").replace("%", "!%").replace("_", "!_")
+        rows = self._read(
+            "SELECT fingerprint, payload FROM releases WHERE analyst = ? "
+            "AND fingerprint LIKE ? ESCAPE '!' ORDER BY fingerprint",
+            (analyst, escaped + "%"),
+        )
+        return dict(rows)
+
+    def forget_release(self, analyst: str, fingerprint: str) -> bool:
+        with self._write() as conn:
+            cursor = self._execute(
+                conn,
+                "DELETE FROM releases WHERE analyst = ? AND fingerprint = ?",
+                (analyst, fingerprint),
+            )
+            return bool(cursor.rowcount)
+
+    def clear_cache(self) -> int:
+        with self._write() as conn:
+            return self._execute(conn, "DELETE FROM releases").rowcount
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn = None
+            self._closed = True
+
+
+def check_meta(location: str, found: dict[str, str], expected: dict[str, str]) -> None:
+    """Refuse a ledger written with another schema version or other quanta."""
+    for key, value in expected.items():
+        if found.get(key) != value:
+            raise OperationalError(
+                f"ledger {location} has {key}={found.get(key)!r}, but this version of dpsql "
+                f"understands only {value}. Use the dpsql version that wrote it, or point the "
+                "policy at a new ledger."
+            )
