@@ -83,7 +83,7 @@ class Backend:
         return await asyncio.get_running_loop().run_in_executor(self.pool, function, *args)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown(wait=True, cancel_futures=True)  # its threads hold DuckDB cursors
         self.connection.close()
 
 

@@ -61,13 +61,13 @@ def _database(request: pytest.FixtureRequest) -> str:
         pytest.skip("the PostgreSQL test backend (tests/conftest.py postgres_backend) is absent")
 
 
-@pytest.fixture(scope="session", params=["duckdb", "postgres"])
+@pytest.fixture(scope="module", params=["duckdb", "postgres"])
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """A SCRAM server; parametrised over DuckDB and PostgreSQL for the client suite."""
     yield from _serve(_database(request), tmp_path_factory.mktemp("wire"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def duck(pums_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """A SCRAM server over DuckDB, for the tests that need not run on every backend."""
     yield from _serve(str(pums_db), tmp_path_factory.mktemp("wire-duck"))
@@ -82,7 +82,7 @@ def _serve(database: str, folder: Path) -> Iterator[Served]:
         yield Served(server, connection)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def trusted(pums_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     folder = tmp_path_factory.mktemp("wire-trust")
     connection = dpsql.connect(
