@@ -12,6 +12,7 @@ part left over.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
@@ -133,6 +134,25 @@ def zcdp_epsilon(rho: Fraction | float, delta: Fraction | float) -> Fraction:
         margin = (a * rate + (log_inv - loss) / (a - 1)) * Decimal("1e-40")
     # for delta near 1 the bound can fall below 0, and (0, delta)-DP then holds
     return max(Fraction(0), Fraction(epsilon) + Fraction(margin))
+
+
+@functools.lru_cache(maxsize=256)  # tens of conversions each; the same budget shares recur
+def zcdp_rho(epsilon: float, delta: float) -> float:
+    """The largest rho (to a relative 1e-9) whose zcdp_epsilon is within (epsilon, delta).
+
+    Safe for calibrating noise: the rho returned converts to at most epsilon.
+    """
+    exact_epsilon, exact_delta = Fraction(repr(epsilon)), Fraction(repr(delta))
+    low, high = 0.0, epsilon
+    while zcdp_epsilon(Fraction(high), exact_delta) <= exact_epsilon:  # only for delta near 1
+        low, high = high, high * 2
+    while high - low > 1e-9 * high:
+        middle = (low + high) / 2
+        if zcdp_epsilon(Fraction(middle), exact_delta) <= exact_epsilon:
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 def total(costs: list[Cost]) -> Cost:

@@ -17,34 +17,17 @@ Ties go to Laplace, the simplest and most familiar.
 
 from __future__ import annotations
 
-import functools
 import math
-from fractions import Fraction
 
-from dpsql.accounting import zcdp_epsilon
+from dpsql.accounting import zcdp_rho
 from dpsql.mechanisms.laplace import DiscreteLaplace
 from dpsql.mechanisms.staircase import Staircase
 
 _STAIRCASE_INTEGER_LIMIT = (1 << 31) - 1  # Staircase's largest integer sensitivity
 
 
-@functools.lru_cache(maxsize=256)  # tens of conversions each; the same shares recur
-def rho_for(epsilon: float, delta: float) -> float:
-    """The largest rho (to a relative 1e-9) whose zCDP conversion is within (epsilon, delta).
-
-    Safe for calibrating noise: the rho returned converts to at most epsilon.
-    """
-    exact_epsilon, exact_delta = Fraction(repr(epsilon)), Fraction(repr(delta))
-    low, high = 0.0, epsilon
-    while zcdp_epsilon(Fraction(high), exact_delta) <= exact_epsilon:  # rho <= epsilon always
-        low, high = high, high * 2
-    while high - low > 1e-9 * high:
-        middle = (low + high) / 2
-        if zcdp_epsilon(Fraction(middle), exact_delta) <= exact_epsilon:
-            low = middle
-        else:
-            high = middle
-    return low
+# the inverse conversion lives in accounting; plans and synopses import it from here too
+rho_for = zcdp_rho
 
 
 def _laplace_error(l1: float, epsilon: float) -> float:

@@ -232,12 +232,18 @@ class Staircase:
         return k + (j >= self.steps)
 
     def interval95(self) -> float:
+        if self._geometric is not None:
+            return self._geometric.interval95()
         return _interval95(self.sensitivity, self.steps, self.exact_epsilon)
 
     def expected_abs_error(self) -> float:
+        if self._geometric is not None:  # the same number, to the last bit, as Laplace's
+            return self._geometric.expected_abs_error()
         return self._shape.expected_abs()
 
     def variance(self) -> float:
+        if self._geometric is not None:
+            return self._geometric.variance()
         return self._shape.variance()
 
 
