@@ -114,6 +114,8 @@ def split_location(url: str) -> tuple[str, str, str]:
 class PostgresStore(Store):
     """The ledger's tables in one schema of a PostgreSQL database."""
 
+    _driver_error = psycopg.Error
+
     def __init__(self, url: str, meta: dict[str, str], timeout: float):
         super().__init__()
         self._conninfo, self._schema, self.location = split_location(url)

@@ -99,6 +99,8 @@ _MIGRATE_FROM_1 = (
 class SQLiteStore(Store):
     """The ledger's tables in one SQLite file (or ``:memory:``)."""
 
+    _driver_error = sqlite3.Error
+
     def __init__(self, path: str, meta: dict[str, str], timeout: float):
         super().__init__()
         self.location = path

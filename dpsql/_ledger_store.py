@@ -72,6 +72,8 @@ class Store(ABC):
 
     #: Where the store lives, safe to show (no password).
     location: str
+    #: The driver's base exception, reported as dpsql's OperationalError.
+    _driver_error: type[Exception]
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -119,15 +121,23 @@ class Store(ABC):
         return self._conn
 
     @contextmanager
+    def _driver_errors(self) -> Iterator[None]:
+        # PEP 249 front ends expect dpsql's exceptions, whichever store failed.
+        try:
+            yield
+        except self._driver_error as exc:
+            raise OperationalError(f"ledger {self.location}: {exc}") from exc
+
+    @contextmanager
     def _write(self, durable: bool = True) -> Iterator[Any]:
-        with self._lock:
+        with self._lock, self._driver_errors():
             conn = self._connection()
             with self._transaction(conn, durable):
                 yield conn
 
     def _read(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple]:
         # One statement outside a transaction reads one consistent snapshot.
-        with self._lock:
+        with self._lock, self._driver_errors():
             conn = self._connection()
             return self._execute(conn, sql, params).fetchall()
 
@@ -138,7 +148,7 @@ class Store(ABC):
     # -- the log -------------------------------------------------------------------
 
     def spent(self, analyst: str) -> Units:
-        with self._lock:
+        with self._lock, self._driver_errors():
             return self._last(self._connection(), analyst)[1]
 
     def append(

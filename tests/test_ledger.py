@@ -529,6 +529,18 @@ def test_an_unreachable_postgres_ledger_says_what_to_check() -> None:
         Ledger(url)
 
 
+def test_a_lost_postgres_connection_fails_one_call_then_reconnects(tmp_path: Path) -> None:
+    with fresh_location("postgresql", tmp_path) as location, Ledger(location) as ledger:
+        ledger.charge("alice", TENTH, ONE, "q")
+        pid = ledger._store._connection().info.backend_pid
+        with raw(location) as conn:
+            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(OperationalError, match="ledger postgresql://"):
+            ledger.charge("alice", TENTH, ONE, "q2")
+        ledger.charge("alice", TENTH, ONE, "q3")
+        assert [c.fingerprint for c in ledger.charges()] == ["q", "q3"]
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 def test_a_forked_child_gets_its_own_connection(ledger_location: str) -> None:
     # The parent keeps using its connection after the child is done with its own.
