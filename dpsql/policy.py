@@ -26,7 +26,7 @@ from dpsql.errors import PolicyError
 
 COLUMN_TYPES = ("int", "float", "string", "bool", "date", "timestamp")
 NUMERIC_TYPES = ("int", "float")
-MECHANISMS = ("laplace",)
+MECHANISMS = ("laplace", "staircase", "gaussian", "auto")
 
 _TOP_KEYS = {"version", "defaults", "analysts", "tables", "ledger", "data_version"}
 _DEFAULT_KEYS = {"epsilon_per_query", "delta", "mechanism"}

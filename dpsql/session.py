@@ -52,6 +52,7 @@ class Budget:
     delta_total: float
     delta_spent: float
     delta_remaining: float
+    rho_spent: float = 0.0  # zCDP charges (Gaussian noise), included above once converted
 
 
 class Session:
@@ -116,22 +117,26 @@ class Session:
         return plan_query(tree, context)
 
     def _answer(self, tree: Any) -> Release:
+        # A repeat is answered from the release cache before any planning: the
+        # fingerprint needs only the normalised query, the policy and the options.
+        fingerprint = self._fingerprint(tree)
+        cached = self.ledger.cached_release(self.analyst, fingerprint)
+        if cached is not None:
+            return _decode(cached)
         plan = self.plan(tree)
         if not plan.cost.epsilon and not plan.cost.delta and not plan.cost.rho:
             # Free: a statement without a table, or one answered from stored state.
             columns, rows = self.adapter.execute(plan.sql) if plan.sql else ([], [])
             with self._rng_lock:
                 return self._keep_state(plan.release(columns, rows, self._rng))
-        fingerprint = self._fingerprint(tree)
-        cached = self.ledger.cached_release(self.analyst, fingerprint)
-        if cached is not None:
-            return _decode(cached)
         # The charge is committed before the database runs: a crash after it
         # loses budget, never privacy.
         self.ledger.charge(self.analyst, plan.cost, self.total, fingerprint)
         columns, rows = self.adapter.execute(plan.sql)
         with self._rng_lock:
             release = self._keep_state(plan.release(columns, rows, self._rng))
+        if not getattr(plan, "cacheable", True):  # a stream: later runs release more steps
+            return release
         stored = self.ledger.store_release(
             self.analyst, fingerprint, _encode(release), durable=False
         )
@@ -192,14 +197,26 @@ class Session:
             raise ProgrammingError(f"unknown option dpsql.{name}; settable: {', '.join(_SETTABLE)}")
 
     def budget(self) -> Budget:
+        """Spent and remaining (epsilon, delta); zCDP charges (rho) are converted.
+
+        Once Gaussian noise has been charged, the rho spent is converted with all
+        the delta the pure charges left (that is how the ledger checks a charge),
+        so the whole delta counts as spent and the epsilon spent includes rho's share.
+        """
         spent = self.ledger.spent(self.analyst)
-        remaining = self.total - spent
+        if spent.rho and self.total.delta <= spent.delta:  # a budget lowered below the spend
+            epsilon_spent, epsilon_left = math.inf, 0.0
+            delta_spent = self.total.delta
+        else:
+            exact_spent, delta_spent = spent.approximate(self.total.delta)
+            epsilon_spent = round_up(exact_spent)
+            epsilon_left = max(0.0, round_down(self.total.epsilon - exact_spent))
         return Budget(
             self.analyst,
-            round_down(self.total.epsilon), round_up(spent.epsilon),
-            max(0.0, round_down(remaining.epsilon)),
-            round_down(self.total.delta), round_up(spent.delta),
-            max(0.0, round_down(remaining.delta)),
+            round_down(self.total.epsilon), epsilon_spent, epsilon_left,
+            round_down(self.total.delta), round_up(delta_spent),
+            max(0.0, round_down(self.total.delta - delta_spent)),
+            round_up(spent.rho),
         )  # fmt: skip
 
     def _set(self, statement: Statement) -> Release:

@@ -65,7 +65,13 @@ def choose(
     }
     if delta > 0:
         errors["gaussian"] = _gaussian_error(sensitivity_l2, epsilon, delta)
-    best = min(errors, key=lambda name: (errors[name], name != "laplace"))
+    # Within a relative 1e-9 counts as a tie (the staircase with sensitivity 1 is the
+    # geometric mechanism, computed along another path), and ties go to Laplace.
+    least = min(errors.values())
+    best = min(
+        (name for name in errors if errors[name] <= least * (1 + 1e-9)),
+        key=lambda name: name != "laplace",
+    )
     laplace = errors["laplace"]
     if best == "laplace":
         others = ", ".join(

@@ -16,13 +16,18 @@ from fractions import Fraction
 from typing import Protocol
 
 import numpy as np
+from sqlglot import exp
 
 from dpsql.accounting import Cost, round_down, round_up
 from dpsql.errors import QueryRefused
+from dpsql.mechanisms.base import NoiseMechanism
+from dpsql.mechanisms.choice import choose, rho_for
+from dpsql.mechanisms.gaussian import DiscreteGaussian
 from dpsql.mechanisms.laplace import DiscreteLaplace
 from dpsql.mechanisms.selection import PartitionSelection
-from dpsql.sql.analyze import Aggregate, Analysis, Interval
-from dpsql.sql.postprocess import project
+from dpsql.mechanisms.staircase import Staircase
+from dpsql.sql.analyze import KEY_PREFIX, Aggregate, Analysis, Interval, _conjuncts
+from dpsql.sql.postprocess import RELEASED, project, query_released
 from dpsql.sql.rewrite import SumGrid, rewrite
 
 # Grid resolution: a SUM is released in steps of about (noise scale) / 2^20, so
@@ -95,8 +100,9 @@ class ConstantPlan:
 class _Measure:
     """One calibrated measurement: its noise and, for SUMs, its grid step."""
 
-    noise: DiscreteLaplace
+    noise: NoiseMechanism
     step: float = 1.0  # released value = noisy integer * step
+    reason: str = ""  # why 'auto' chose this mechanism
 
 
 class DirectPlan:
@@ -115,20 +121,50 @@ class DirectPlan:
         grids: dict[int, SumGrid] = {}
         self.measures: list[_Measure] = []
         rows_per_unit = table.max_rows_per_unit if table.privacy_unit else 1
-        for index, measurement in enumerate(analysis.measurements):
+        groups = self._groups_per_unit
+        for measurement in analysis.measurements:
             if measurement.kind == "sum":
-                grid, sensitivity = _sum_grid(
-                    measurement.bounds, rows_per_unit * self._groups_per_unit, self.share
-                )
-                grids[index] = grid
-                self.measures.append(_Measure(DiscreteLaplace(sensitivity, self.share), grid.step))
+                grid, per_group = _sum_grid(measurement.bounds, rows_per_unit, groups, self.share)
+                grids[len(self.measures)] = grid
+                self.measures.append(self._measure(per_group, grid.step))
             else:
-                per_group = 1 if measurement.kind == "count_units" else rows_per_unit
-                sensitivity = per_group * self._groups_per_unit
-                self.measures.append(_Measure(DiscreteLaplace(sensitivity, self.share)))
-        delta = options.delta if self.selection is not None else 0.0
-        self.cost = Cost.of(options.epsilon, delta)
+                self.measures.append(
+                    self._measure(1 if measurement.kind == "count_units" else rows_per_unit)
+                )
+        pure = sum((m.noise.cost for m in self.measures), Cost())
+        if self.selection is not None:
+            pure = pure + self.selection.cost
+        self.cost = pure if pure.rho else Cost.of(options.epsilon, pure.delta)
         self.sql = rewrite(analysis, grids, dialect, seed, with_units=self.selection is not None)
+
+    def _measure(self, per_group: int, step: float = 1.0) -> _Measure:
+        """The noise for one measurement: each unit moves at most `per_group` (in grid
+        steps) in each of at most `_groups_per_unit` groups."""
+        groups = self._groups_per_unit
+        l1, l2 = per_group * groups, per_group * math.sqrt(groups)
+        name, reason = self.options.mechanism, ""
+        if name == "auto":  # compared in the column's units, so the reason reads naturally
+            name, reason = choose(l1 * step, l2 * step, self.share, self.options.delta, self._cells)
+        if name == "staircase":
+            return _Measure(Staircase(l1, self.share), step, reason)
+        if name == "gaussian":
+            if self.options.delta <= 0:
+                raise QueryRefused(
+                    "the Gaussian mechanism with delta = 0",
+                    "Gaussian noise gives (epsilon, delta)-DP only for delta > 0",
+                    "SET dpsql.delta = 1e-6 (within your budget's delta), or SET "
+                    "dpsql.mechanism = 'laplace'",
+                )
+            rho = rho_for(self.share, self.options.delta)
+            return _Measure(DiscreteGaussian(l2, rho), step, reason)
+        return _Measure(DiscreteLaplace(l1, self.share), step, reason)
+
+    @property
+    def _cells(self) -> int:
+        """How many values the release has (1 when the keys come from the data)."""
+        if not self.analysis.grouped or not self.analysis.public_keys:
+            return 1
+        return math.prod(len(key.domain) for key in self.analysis.keys)
 
     @property
     def _groups_per_unit(self) -> int:
@@ -207,7 +243,11 @@ class DirectPlan:
                 "noisy SUM / noisy COUNT: the interval depends on the count",
             )
         return Accuracy(
-            noise.name, scale, noise.interval95() * measure.step, noise.sensitivity * measure.step
+            noise.name,
+            scale,
+            noise.interval95() * measure.step,
+            noise.sensitivity * measure.step,
+            f"chosen by auto: {measure.reason}" if measure.reason else "",
         )
 
     def explain(self) -> list[tuple[str, str]]:
@@ -239,6 +279,8 @@ class DirectPlan:
                 f"{float(noise.scale) * measure.step:.6g}, 95% within "
                 f"+/-{noise.interval95() * measure.step:.6g}"
             )
+            if measure.reason:
+                detail += f"; chosen by auto: {measure.reason}"
             if measurement.note:
                 detail += f"; {measurement.note}"
             if measure.step != 1.0:
@@ -258,14 +300,16 @@ class DirectPlan:
         )
 
 
-def _sum_grid(bounds: Interval, contributions: int, epsilon: float) -> tuple[SumGrid, int]:
-    """The grid step of a SUM and its sensitivity in grid steps (an integer).
+def _sum_grid(
+    bounds: Interval, rows_per_unit: int, groups: int, epsilon: float
+) -> tuple[SumGrid, int]:
+    """The grid step of a SUM and how far one unit moves one group's sum, in grid steps.
 
     Each clamped value is divided by the power-of-two step and rounded in SQL,
     so it lies in [floor(lower/step), ceil(upper/step)]: the sum is an exact
     integer and the released values all lie on one grid, whatever the data.
     """
-    magnitude = bounds.magnitude * contributions
+    magnitude = bounds.magnitude * rows_per_unit * groups
     if magnitude == 0:
         return SumGrid(1.0, bounds), 1
     exponent = math.floor(math.log2(magnitude / epsilon)) - GRID_BITS
@@ -274,7 +318,7 @@ def _sum_grid(bounds: Interval, contributions: int, epsilon: float) -> tuple[Sum
     step = math.ldexp(1.0, exponent)
     low = math.floor(Fraction(bounds.lower) / Fraction(step))
     high = math.ceil(Fraction(bounds.upper) / Fraction(step))
-    return SumGrid(step, bounds), max(1, contributions * max(abs(low), abs(high)))
+    return SumGrid(step, bounds), max(1, rows_per_unit * max(abs(low), abs(high)))
 
 
 def _integer_matrix(rows: list[tuple], width: int) -> np.ndarray:
@@ -297,13 +341,46 @@ def _fill_domain(
             "group by fewer or coarser columns",
         )
     position = {_normal(key): i for i, key in enumerate(keys)}
-    full = list(itertools.product(*domains))
+    full = _keys_passing_where(analysis, list(itertools.product(*domains)))
     filled = np.zeros((len(full), exact.shape[1]), dtype=np.int64)
     for i, key in enumerate(full):
         found = position.get(_normal(key))
         if found is not None:
             filled[i] = exact[found]
     return full, filled
+
+
+def _keys_passing_where(analysis: Analysis, keys: list[tuple]) -> list[tuple]:
+    """The public keys that the query's conditions on the key columns alone allow.
+
+    `WHERE educ >= 14 GROUP BY educ` releases educ 14..16, not the whole domain:
+    deciding which public keys can match uses only the policy, so it is free.
+    """
+    names = {
+        key.expression.name: f"{KEY_PREFIX}{i}"
+        for i, key in enumerate(analysis.keys)
+        if isinstance(key.expression, exp.Column)
+    }
+    conditions = [
+        condition
+        for condition in _conjuncts(analysis.where)
+        if {column.name for column in condition.find_all(exp.Column)} <= set(names)
+    ]
+    if not conditions or not keys:
+        return keys
+
+    def renamed(node: exp.Expression) -> exp.Expression:
+        return exp.column(names[node.name]) if isinstance(node, exp.Column) else node
+
+    query = exp.select("__dpsql_row").from_(RELEASED)
+    for condition in conditions:
+        query = query.where(condition.transform(renamed), copy=False)
+    columns = {
+        column: np.array([key[i] for key in keys], dtype=object)
+        for i, column in enumerate(f"{KEY_PREFIX}{i}" for i in range(len(analysis.keys)))
+    }
+    columns["__dpsql_row"] = np.arange(len(keys))
+    return [keys[row] for (row,) in sorted(query_released(columns, query))]
 
 
 def _normal(key: tuple) -> tuple:

@@ -517,6 +517,9 @@ def _gaussian_sampler() -> Callable[[int, float, np.random.Generator], np.ndarra
 class RunningPlan:
     """Running totals from a continual counter: charged once per stream, then free."""
 
+    # Each run releases the steps completed since: never answer it from the release cache.
+    cacheable = False
+
     def __init__(self, stream: _Stream, context: Any):
         self.stream = stream
         self.prefix = f"{STATE_PREFIX}{stream.identity}:"

@@ -1,0 +1,97 @@
+"""Choosing the noise per query: SET dpsql.mechanism, 'auto', and how each is charged."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import dpsql
+from dpsql import demo
+from dpsql.accounting import zcdp_epsilon
+from dpsql.errors import QueryRefused
+from dpsql.mechanisms.choice import rho_for
+
+
+def _connect(delta: float = 1e-3, epsilon: float = 1000.0, **options: object):
+    policy = demo.DEMO_POLICY | {"analysts": {"default": {"epsilon": epsilon, "delta": delta}}}
+    return dpsql.connect(
+        demo.demo_connection(), policy=policy, ledger=":memory:", seed=5, **options
+    )
+
+
+@pytest.mark.parametrize("mechanism", ["laplace", "staircase", "gaussian"])
+def test_each_mechanism_answers_and_says_so(mechanism):
+    with _connect(mechanism=mechanism) as connection:
+        cursor = connection.execute("SELECT SUM(income) AS total, COUNT(*) AS n FROM census")
+        _, n = cursor.fetchone()
+        assert {a.mechanism for a in cursor.accuracy.values()} == {mechanism}
+        # within 6 noise scales of the truth: fails with probability below 1e-5
+        (true_n,) = demo.demo_connection().execute("SELECT COUNT(*) FROM census").fetchone()
+        assert abs(n - true_n) <= 6 * cursor.accuracy["n"].scale
+        explain = dict(connection.execute("EXPLAIN SELECT COUNT(*) FROM census").fetchall())
+        assert explain["measure count(*)"].startswith(mechanism)
+
+
+def test_gaussian_is_charged_in_rho_and_the_budget_converts_it():
+    with _connect(delta=1e-3) as connection:
+        connection.execute("SET dpsql.mechanism = 'gaussian'")
+        connection.execute("SELECT COUNT(*) FROM census").fetchall()
+        (charge,) = connection.session.ledger.charges()
+        assert charge.cost.epsilon == 0 and charge.cost.delta == 0
+        # one measurement with the whole query epsilon (1.0) at the query delta (1e-6)
+        assert float(charge.cost.rho) == pytest.approx(rho_for(1.0, 1e-6), rel=1e-9)
+        budget = connection.budget()
+        assert budget.rho_spent == pytest.approx(float(charge.cost.rho), rel=1e-9)
+        converted = float(zcdp_epsilon(charge.cost.rho, 1e-3))
+        assert budget.epsilon_spent == pytest.approx(converted, rel=1e-9)
+        assert converted < 1.0  # converted at the analyst's larger delta it costs less
+
+
+def test_gaussian_needs_delta():
+    with _connect(mechanism="gaussian") as connection:
+        connection.execute("SET dpsql.delta = 0")
+        with pytest.raises(QueryRefused, match="delta"):
+            connection.execute("SELECT COUNT(*) FROM census")
+
+
+def test_zcdp_charges_stop_when_the_converted_epsilon_would_exceed_the_budget():
+    with _connect(delta=1e-5, epsilon=3.0, mechanism="gaussian") as connection:
+        answered = 0
+        with pytest.raises(dpsql.OperationalError, match="budget"):
+            for income in range(1000):  # distinct queries, so none is served from the cache
+                connection.execute(f"SELECT COUNT(*) FROM census WHERE income > {income}")
+                answered += 1
+        rho = rho_for(1.0, 1e-6)
+        # k queries fit exactly while the conversion of k * rho stays within epsilon 3
+        fits = max(k for k in range(1, 1000) if zcdp_epsilon(k * rho, 1e-5) <= 3.0)
+        assert answered == fits
+        assert answered > 3  # zCDP composes better than adding epsilons
+
+
+def test_auto_picks_staircase_for_large_sums_and_laplace_for_counts():
+    # a count's sensitivity is 1: the staircase is then the geometric mechanism, a tie
+    with _connect(mechanism="auto") as connection:
+        cursor = connection.execute("SELECT COUNT(*) AS n, SUM(income) AS s FROM census")
+        cursor.fetchall()
+        assert cursor.accuracy["n"].mechanism == "laplace"
+        assert cursor.accuracy["s"].mechanism == "staircase"
+        assert cursor.accuracy["s"].note.startswith("chosen by auto: staircase")
+
+
+def test_auto_picks_gaussian_when_a_unit_spans_many_groups():
+    database = demo.demo_connection()
+    database.execute("CREATE TABLE visits AS SELECT * FROM census")  # no key: units may repeat
+    table = demo.DEMO_POLICY["tables"]["census"] | {"max_groups_per_unit": 50}
+    policy = demo.DEMO_POLICY | {
+        "analysts": {"default": {"epsilon": 100.0, "delta": 1e-3}},
+        "tables": {"visits": table},
+    }
+    with dpsql.connect(database, policy=policy, ledger=":memory:", seed=5) as connection:
+        connection.execute("SET dpsql.mechanism = 'auto'")
+        cursor = connection.execute("SELECT race, COUNT(*) AS n FROM visits GROUP BY race")
+        cursor.fetchall()
+        accuracy = cursor.accuracy["n"]
+        assert accuracy.mechanism == "gaussian"
+        assert "L2 sensitivity" in accuracy.note
+        assert math.isfinite(accuracy.interval95)
