@@ -23,6 +23,18 @@ from dpsql.sql.check import AGGREGATES
 KEY_PREFIX = "__dpsql_k"
 VALUE_PREFIX = "__dpsql_a"
 RESERVED_PREFIX = "__dpsql"
+# Row-level arithmetic must stay provably this small: far below where int64 or
+# float8 arithmetic overflows (an overflow is an error, and an error is a leak).
+MAX_ROW_MAGNITUDE = 2.0**53
+MAX_ROWS = 2**62  # LIMIT and OFFSET beyond this are the same as this (int64 for DuckDB)
+# Numeric casts that cannot fail or overflow on a value within MAX_ROW_MAGNITUDE
+# (narrower integer and fixed-point types could, further down the expression).
+_SAFE_NUMERIC_CASTS = (exp.DataType.Type.BIGINT, exp.DataType.Type.DOUBLE, exp.DataType.Type.FLOAT)
+_TEMPORAL_TYPES = ("date", "timestamp")
+# Every date the backends accept (PostgreSQL's reach to 5874897 AD) lies within these,
+# in seconds and in days from 1970: epochs and date differences are bounded numbers.
+_EPOCH_SECONDS = 2.0**48
+_EPOCH_DAYS = 2.0**32
 
 
 @dataclass(frozen=True)
@@ -131,6 +143,7 @@ def analyze(select: exp.Select, table: Table) -> Analysis:
     if where is not None:
         resolver.refuse_aggregates(where, "WHERE", "move conditions on aggregates to HAVING")
         resolver.require_public(where, "filtering (WHERE)")
+        require_total(where, table, "WHERE", condition=True)
     ranges = _ranges(where, table)
     items = [(_output_name(item), _unalias(item)) for item in select.expressions]
     analysis = Analysis(
@@ -264,6 +277,7 @@ def _group_keys(
             expression, "GROUP BY", "group by columns or expressions of them"
         )
         resolver.require_public(expression, "grouping (GROUP BY)")
+        require_total(expression, resolver.table, "GROUP BY")
         domain = None
         if isinstance(expression, exp.Column):
             domain = resolver.column(expression).public_domain
@@ -280,7 +294,13 @@ def _resolve_reference(
 ) -> exp.Expression:
     """A GROUP BY/ORDER BY item: a select-list position, an alias, or an expression."""
     if isinstance(node, exp.Literal) and not node.is_string:
-        position = int(float(node.this))
+        if not node.this.isdigit():
+            raise QueryRefused(
+                f"{clause} {node.this}",
+                "a number there is a position in the select list, and positions are whole",
+                f"write {clause} 1 for the first item of the select list",
+            )
+        position = int(node.this)
         if not 1 <= position <= len(items):
             raise QueryRefused(
                 f"{clause} {position}",
@@ -350,6 +370,7 @@ class _Builder:
                 f"write {node.key.upper()}(col) without DISTINCT",
             )
         self.resolver.require_public(argument, f"the aggregate {node.sql()}")
+        require_total(argument, self.resolver.table, f"the aggregate {node.sql()}")
         bounds, note = self._bounds(argument)
         clamped = _clamped(argument, self.resolver.table, self.ranges)
         total = self._measure(Measurement("sum", argument, bounds, clamped, note))
@@ -379,6 +400,7 @@ class _Builder:
                 else "write COUNT(*) (each row is a person)",
             )
         self.resolver.require_public(argument, "COUNT")
+        require_total(argument, self.resolver.table, "COUNT")
         return Measurement("count", argument)
 
     def _measure(self, measurement: Measurement) -> int:
@@ -448,7 +470,7 @@ def _count_literal(node: exp.Expression | None, clause: str) -> int | None:
         return None
     value = node.expression if isinstance(node, exp.Limit | exp.Offset) else node
     if isinstance(value, exp.Literal) and not value.is_string and value.this.isdigit():
-        return int(value.this)
+        return min(int(value.this), MAX_ROWS)  # the release never has more rows than this
     raise QueryRefused(
         f"{clause} {value.sql()}", f"{clause} must be a whole number", f"write {clause} 10"
     )
@@ -464,7 +486,7 @@ def _ranges(where: exp.Expression | None, table: Table) -> dict[str, Interval]:
         name, lower, upper = found
         column = table.column(name)
         current = ranges.get(column.name.lower()) if column else None
-        current = current or (_column_interval(column) if column else None)
+        current = current or (column_interval(column) if column else None)
         if current is None:
             continue
         if column.type == "int":
@@ -543,7 +565,7 @@ def _range_of(condition: exp.Expression) -> tuple[str, float, float] | None:
     return left.name, -inf, (math.nextafter(value, -inf) if strict else value)
 
 
-def _column_interval(column: Column) -> Interval | None:
+def column_interval(column: Column) -> Interval | None:
     """Declared bounds, or the range of a numeric public domain; None if unbounded."""
     if column.type not in NUMERIC_TYPES:
         return None
@@ -556,11 +578,20 @@ def _column_interval(column: Column) -> Interval | None:
 
 def _interval(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -> Interval | None:
     """Sound bounds of a row expression by interval arithmetic, or None if underivable."""
+    found = _interval_of(node, table, ranges)
+    if found is None or not (math.isfinite(found.lower) and math.isfinite(found.upper)):
+        return None  # e.g. 1e308 + 1e308: no finite bound, nothing to clamp to
+    return found
+
+
+def _interval_of(
+    node: exp.Expression, table: Table, ranges: dict[str, Interval]
+) -> Interval | None:
     if isinstance(node, exp.Column):
         column = table.column(node.name)
         if column is None:
             return None
-        return ranges.get(column.name.lower()) or _column_interval(column)
+        return ranges.get(column.name.lower()) or column_interval(column)
     value = _number(node)
     if value is not None:
         return Interval(value, value, float(value).is_integer() and "." not in node.sql())
@@ -572,6 +603,14 @@ def _interval(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -
     if isinstance(node, exp.Neg):
         inner = _interval(node.this, table, ranges)
         return Interval(-inner.upper, -inner.lower, inner.integer) if inner else None
+    if isinstance(node, exp.TimeToUnix) and _temporal(node.this, table):
+        return Interval(-_EPOCH_SECONDS, _EPOCH_SECONDS)
+    if (
+        isinstance(node, exp.Sub)
+        and _temporal(node.this, table)
+        and _temporal(node.expression, table)
+    ):
+        return Interval(-_EPOCH_DAYS, _EPOCH_DAYS, True)  # date - date: a number of days
     if isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.Div):
         return _arithmetic(node, table, ranges)
     if isinstance(node, exp.Case | exp.If | exp.Coalesce | exp.Greatest | exp.Least):
@@ -582,10 +621,81 @@ def _interval(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -
             return None
         low = 0.0 if inner.lower <= 0 <= inner.upper else min(abs(inner.lower), abs(inner.upper))
         return Interval(low, inner.magnitude, inner.integer)
-    if isinstance(node, exp.Floor | exp.Ceil | exp.Round) and not node.args.get("decimals"):
-        inner = _interval(node.this, table, ranges)
-        return Interval(math.floor(inner.lower), math.ceil(inner.upper), True) if inner else None
+    if isinstance(node, exp.Floor | exp.Ceil | exp.Round | exp.Sign | exp.Mod | exp.IntDiv):
+        return _rounding(node, table, ranges)
+    if isinstance(node, exp.Sqrt | exp.Ln | exp.Log | exp.Exp):
+        return _monotone(node, table, ranges)
     return None
+
+
+def _temporal(node: exp.Expression, table: Table) -> bool:
+    """A date or timestamp column, or a cast of a constant to one."""
+    if isinstance(node, exp.Column):
+        column = table.column(node.name)
+        return column is not None and column.type in _TEMPORAL_TYPES
+    return (
+        isinstance(node, exp.Cast)
+        and node.to.is_type(*exp.DataType.TEMPORAL_TYPES)
+        and not any(True for _ in node.find_all(exp.Column))
+    )
+
+
+def _rounding(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -> Interval | None:
+    """FLOOR/CEIL/ROUND (to whole numbers or a literal number of decimals), SIGN, %, //."""
+    if isinstance(node, exp.Sign):
+        return Interval(-1.0, 1.0, True) if _interval(node.this, table, ranges) else None
+    if isinstance(node, exp.Mod | exp.IntDiv):
+        left = _interval(node.this, table, ranges)
+        right = _interval(node.expression, table, ranges)
+        if left is None or right is None or right.lower <= 0 <= right.upper:
+            return None  # a zero divisor is an error in PostgreSQL
+        if isinstance(node, exp.IntDiv):
+            quotients = [
+                a / b for a in (left.lower, left.upper) for b in (right.lower, right.upper)
+            ]
+            return _whole(Interval(min(quotients), max(quotients)))
+        # |a % b| < |b| and <= |a|, with the sign of a
+        size = min(left.magnitude, right.magnitude)
+        return Interval(
+            -size if left.lower < 0 else 0.0,
+            size if left.upper > 0 else 0.0,
+            left.integer and right.integer,
+        )
+    inner = _interval(node.this, table, ranges)
+    decimals = node.args.get("decimals")
+    if inner is None or decimals is None:
+        return _whole(inner) if inner is not None else None
+    places = _number(decimals)
+    if places is None or not -30 <= places <= 30:
+        return None
+    pad = 10.0 ** -math.floor(places)  # rounding moves a value by less than one unit of it
+    return Interval(inner.lower - pad, inner.upper + pad)
+
+
+def _whole(inner: Interval) -> Interval:
+    return Interval(math.floor(inner.lower), math.ceil(inner.upper), True)
+
+
+def _monotone(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -> Interval | None:
+    """SQRT, LN, one-argument LOG (base 10) and EXP on the part of their domain that is
+    error-free in every backend; None outside it (PostgreSQL raises there)."""
+    if isinstance(node, exp.Log) and node.expression is not None:
+        return None
+    inner = _interval(node.this, table, ranges)
+    if inner is None:
+        return None
+    if isinstance(node, exp.Exp):
+        return (
+            Interval(math.exp(inner.lower), math.exp(inner.upper)) if inner.upper <= 700 else None
+        )
+    if isinstance(node, exp.Sqrt):
+        return (
+            Interval(math.sqrt(inner.lower), math.sqrt(inner.upper)) if inner.lower >= 0 else None
+        )
+    if inner.lower <= 0:
+        return None
+    log = math.log if isinstance(node, exp.Ln) else math.log10
+    return Interval(log(inner.lower), log(inner.upper))
 
 
 def _arithmetic(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -> Interval | None:
@@ -632,6 +742,163 @@ def _branches(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -
     return result
 
 
+def require_total(
+    node: exp.Expression, table: Table, clause: str, *, condition: bool = False
+) -> None:
+    """Refuse a row expression that could raise an error for some row.
+
+    A database error is an answer without noise: `WHERE educ = 16 AND race = 6 AND
+    1 / (age - 40) > 0` would fail in PostgreSQL exactly when that person is 40.
+    So every computation on column values must be provably error-free: its
+    interval, derived from the declared bounds (the rewrite clamps every column
+    to them before anything else reads it), stays within MAX_ROW_MAGNITUDE and
+    inside the domain of SQRT, LN, LOG and division; casts go only to text, to
+    BIGINT/DOUBLE from a bounded number, or between dates and times; LIKE
+    patterns and SUBSTRING positions are constants.
+    """
+    if condition and _is_text(node, table):
+        raise _partial(node, clause, "it reads text from the data as a truth value")
+    for sub in node.walk():
+        if isinstance(sub, exp.Column) or not any(True for _ in sub.find_all(exp.Column)):
+            continue  # constants cannot fail per row
+        if isinstance(sub, exp.Cast | exp.TryCast):
+            _require_safe_cast(sub, table, clause)
+        elif isinstance(sub, _COMPUTATIONS):
+            interval = _interval(sub, table, {})
+            if interval is None or not interval.magnitude <= MAX_ROW_MAGNITUDE:
+                raise _partial(sub, clause, _why_partial(interval))
+        elif isinstance(sub, exp.Like | exp.ILike | exp.Substring):
+            operands = [v for k, v in sub.args.items() if k != "this" and v is not None]
+            if any(True for operand in operands for _ in operand.find_all(exp.Column)):
+                raise _partial(sub, clause, "its pattern or positions come from the data")
+        if sub is not node and _is_text(sub, table) and not _text_allowed_in(sub, table):
+            raise _partial(
+                sub.parent,
+                clause,
+                "it converts text from the data to a number or a truth value, which fails "
+                "for text that does not read as one",
+            )
+
+
+_TEXT_FUNCTIONS = (exp.Lower, exp.Upper, exp.Trim, exp.Concat, exp.DPipe, exp.Substring)
+_TEXT_CONSUMERS = (exp.Lower, exp.Upper, exp.Trim, exp.Length, exp.Concat, exp.DPipe,
+                   exp.Substring, exp.Like, exp.ILike, exp.StartsWith)  # fmt: skip
+_COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ,
+                exp.NullSafeNEQ, exp.In, exp.Between)  # fmt: skip
+_CHOICES = (exp.Case, exp.If, exp.Coalesce, exp.Nullif, exp.Greatest, exp.Least, exp.Paren)
+
+
+def _is_text(node: exp.Expression, table: Table) -> bool:
+    """Whether a row expression is text (a string column, a cast to text, a text function)."""
+    if isinstance(node, exp.Column):
+        column = table.column(node.name)
+        return column is not None and column.type == "string"
+    if isinstance(node, exp.Cast | exp.TryCast):
+        return node.to.is_type(*exp.DataType.TEXT_TYPES)
+    if isinstance(node, _TEXT_FUNCTIONS):
+        return True
+    if isinstance(node, _CHOICES):
+        return any(_is_text(value, table) for value in _values_of(node))
+    return False
+
+
+def _values_of(node: exp.Expression) -> list[exp.Expression]:
+    """The operands whose value a CASE, IF, COALESCE, ... can return (not its conditions)."""
+    if isinstance(node, exp.Case):
+        return [i.args["true"] for i in node.args.get("ifs", [])] + [
+            v for v in [node.args.get("default")] if v is not None
+        ]
+    if isinstance(node, exp.If):
+        return [v for v in (node.args.get("true"), node.args.get("false")) if v is not None]
+    if isinstance(node, exp.Nullif):  # compared with its second operand, as = would
+        return [node.this, node.expression]
+    return [node.this, *node.expressions]
+
+
+def _text_allowed_in(node: exp.Expression, table: Table) -> bool:
+    """DuckDB casts text to the other side's type row by row (and to BOOLEAN in a
+    condition): text from the data may meet only text, text functions and NULL."""
+    parent = node.parent
+    if isinstance(node, exp.If) and isinstance(parent, exp.Case):
+        return True  # a WHEN branch: the CASE is checked as a whole
+    if isinstance(parent, exp.If) and isinstance(parent.parent, exp.Case):
+        parent = parent.parent
+    if parent is None or isinstance(parent, exp.Count | exp.Group | exp.Alias):
+        return True
+    if isinstance(parent, _TEXT_CONSUMERS) or (
+        isinstance(parent, exp.Cast | exp.TryCast) and parent.to.is_type(*exp.DataType.TEXT_TYPES)
+    ):
+        return True
+    if isinstance(parent, _CHOICES) and node in _values_of(parent):
+        return all(_text_like(v, table) for v in _values_of(parent))
+    if isinstance(parent, _COMPARISONS) or (
+        isinstance(parent, exp.Is) and isinstance(parent.expression, exp.Null)
+    ):
+        operands = [v for k, v in parent.args.items() if k in ("this", "expression", "expressions",
+                    "low", "high") and v is not None]  # fmt: skip
+        flat = [o for v in operands for o in (v if isinstance(v, list) else [v])]
+        return all(_text_like(o, table) for o in flat)
+    return False
+
+
+def _text_like(node: exp.Expression, table: Table) -> bool:
+    return (
+        isinstance(node, exp.Null)
+        or (isinstance(node, exp.Literal) and node.is_string)
+        or _is_text(node, table)
+    )
+
+
+_COMPUTATIONS = (
+    exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod, exp.Neg, exp.Abs, exp.Sign,
+    exp.Floor, exp.Ceil, exp.Round, exp.Sqrt, exp.Ln, exp.Log, exp.Exp, exp.Pow,
+)  # fmt: skip
+
+
+def _why_partial(interval: Interval | None) -> str:
+    if interval is None:
+        return (
+            "dpsql cannot prove it error-free for every row (a column without bounds, a "
+            "divisor or logarithm argument that can be zero or negative, EXP of more than "
+            "700, or POWER)"
+        )
+    return f"its values can reach {interval.magnitude:.3g}, where arithmetic may overflow"
+
+
+def _partial(node: exp.Expression, clause: str, why: str) -> QueryRefused:
+    return QueryRefused(
+        f"{node.sql()[:60]} in {clause}",
+        f"{why}; a database error for one row would reveal that row without noise",
+        "compute on bounded columns with moderate constants, keep divisors away from zero "
+        "(e.g. income / (age + 1)), or compare the column itself (age >= 40)",
+    )
+
+
+def _require_safe_cast(node: exp.Cast | exp.TryCast, table: Table, clause: str) -> None:
+    target = node.to
+    if target.is_type(*exp.DataType.TEXT_TYPES):
+        return
+    if target.is_type(*_SAFE_NUMERIC_CASTS):
+        interval = _interval(node.this, table, {})
+        if interval is not None and interval.magnitude <= MAX_ROW_MAGNITUDE:
+            return
+        raise _partial(node, clause, _why_partial(interval))
+    inner = node.this
+    column = table.column(inner.name) if isinstance(inner, exp.Column) else None
+    if (
+        column is not None
+        and column.type in _TEMPORAL_TYPES
+        and target.is_type(*exp.DataType.TEMPORAL_TYPES)
+    ):
+        return
+    raise _partial(
+        node,
+        clause,
+        f"a cast to {target.sql()} can fail or overflow for some values (only casts to text, "
+        "to BIGINT or DOUBLE from a bounded number, and between dates and times are safe)",
+    )
+
+
 def clamp(value: exp.Expression, interval: Interval) -> exp.Expression:
     """CASE that clamps `value` to `interval` and keeps NULL (GREATEST/LEAST differ on NULL)."""
 
@@ -663,7 +930,7 @@ def _clamped(argument: exp.Expression, table: Table, ranges: dict[str, Interval]
     for node in list(result.find_all(exp.Column)):
         if not _in_condition(node, result):
             column = table.column(node.name)
-            interval = ranges.get(column.name.lower()) or _column_interval(column)
+            interval = ranges.get(column.name.lower()) or column_interval(column)
             node.replace(clamp(node.copy(), interval))
     return result
 

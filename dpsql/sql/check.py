@@ -10,6 +10,8 @@ bounds, raw rows) belong to `analyze`.
 
 from __future__ import annotations
 
+import math
+
 from sqlglot import exp
 
 from dpsql.errors import QueryRefused
@@ -133,11 +135,25 @@ def _check_nodes(select: exp.Select, extra: tuple[type[exp.Expression], ...]) ->
                 "it returns raw rows",
                 "select aggregates, e.g. SELECT COUNT(*) FROM t, or GROUP BY a column",
             )
+        if isinstance(node, exp.Literal) and node.is_number and not _finite(node.this):
+            raise QueryRefused(
+                f"the number {node.this[:40]}",
+                "it is beyond double precision, so the database would fail on it "
+                "(PostgreSQL does) or read it as infinity",
+                "write a number below 1.7e308 in magnitude",
+            )
         if not extra and isinstance(node, AGGREGATES):
             continue
         if isinstance(node, SCALAR_FUNCTIONS + STRUCTURE + extra):
             continue
         raise _refuse_node(node)
+
+
+def _finite(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:  # e.g. hexadecimal; the database reads it, it is not huge
+        return True
 
 
 def _refuse_node(node: exp.Expression) -> QueryRefused:

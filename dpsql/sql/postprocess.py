@@ -14,6 +14,7 @@ import duckdb
 import numpy as np
 from sqlglot import exp
 
+from dpsql.errors import DataError
 from dpsql.sql.analyze import KEY_PREFIX, VALUE_PREFIX, Analysis
 
 RELEASED = "__dpsql_released"
@@ -73,6 +74,14 @@ def query_released(columns: dict[str, list | np.ndarray], query: exp.Select) -> 
     try:
         cursor.register(RELEASED, arrays)
         return cursor.execute(query.sql(dialect="duckdb")).fetchall()
+    except duckdb.Error as exc:
+        # It ran on noisy values only, so its message reveals nothing more than they do.
+        raise DataError(
+            "the select list, HAVING or ORDER BY failed on the noisy values "
+            f"({str(exc).splitlines()[0]}); the query was charged. Instead: write expressions "
+            "that hold for any value, e.g. CAST(COUNT(*) AS BIGINT), or compute them yourself "
+            "from the released aggregates"
+        ) from None
     finally:
         cursor.close()
 

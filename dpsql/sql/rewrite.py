@@ -15,13 +15,15 @@ from dataclasses import dataclass
 from sqlglot import exp
 from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 
-from dpsql.sql.analyze import KEY_PREFIX, Analysis, Interval, Measurement, clamp
+from dpsql.policy import Table
+from dpsql.sql.analyze import KEY_PREFIX, Analysis, Interval, Measurement, clamp, column_interval
 
 MEASURE_PREFIX = "__dpsql_m"
 UNITS_COLUMN = "__dpsql_units"
 _ROW_RANK = "__dpsql_row_rank"
 _GROUP_RANK = "__dpsql_group_rank"
 _BOUNDED = "__dpsql_bounded"
+_SOURCE = "__dpsql_source"
 
 
 _DOUBLE = exp.DataType.build("DOUBLE")
@@ -56,10 +58,7 @@ def rewrite(
     table = analysis.table
     keys = [key.expression for key in analysis.keys]
     where = _where(analysis)
-    source = exp.Table(
-        this=exp.to_identifier(table.name.split(".")[-1], quoted=True),
-        db=exp.to_identifier(table.name.split(".")[-2], quoted=True) if "." in table.name else None,
-    )
+    source = _clamped_source(table)
     unit = (
         exp.column(table.column(table.privacy_unit).name, quoted=True)
         if table.privacy_unit
@@ -93,6 +92,31 @@ def rewrite(
     if keys:
         query = query.group_by(*[key.copy() for key in keys], copy=False)
     return _in_dialect(query, dialect)
+
+
+def _clamped_source(table: Table) -> exp.Expression:
+    """The table with every bounded numeric column clamped to its declared bounds and
+    widened to BIGINT or DOUBLE, before WHERE, GROUP BY or an aggregate reads it.
+
+    This is what makes analyze.require_total's proofs hold for every row, whatever
+    the data: arithmetic on clamped, widened values cannot overflow or leave the
+    domain it was proven in, so no row can make the query fail (a failure would
+    be a noiseless answer). Values outside the bounds count as the nearest bound,
+    as they already did inside SUM and AVG.
+    """
+    stored = exp.Table(
+        this=exp.to_identifier(table.name.split(".")[-1], quoted=True),
+        db=exp.to_identifier(table.name.split(".")[-2], quoted=True) if "." in table.name else None,
+    )
+    items = []
+    for column in table.columns.values():
+        value: exp.Expression = exp.column(column.name, quoted=True)
+        interval = column_interval(column)
+        if interval is not None and column.name.lower() != table.privacy_unit:
+            widened = _BIGINT if column.type == "int" else _DOUBLE
+            value = exp.Cast(this=clamp(value, interval), to=widened.copy())
+        items.append(exp.alias_(value, column.name, quoted=True))
+    return exp.select(*items).from_(stored).subquery(_SOURCE)
 
 
 def _in_dialect(query: exp.Select, dialect: str) -> str:

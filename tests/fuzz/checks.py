@@ -1,0 +1,164 @@
+"""What the gate promises for one statement, checked from the outside.
+
+`check_outcome` runs a statement through a Session whose adapter records
+every SQL text it is sent and decides, from what happened, whether the
+promise held: refused before the database, or answered with only noisy or
+public columns by a rewritten query that carries the contribution bound,
+the clamps and the unit NULL filter (checked structurally with sqlglot).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sqlglot
+from sqlglot import exp
+
+import dpsql
+from dpsql.sql.analyze import KEY_PREFIX, VALUE_PREFIX
+from dpsql.sql.parse import parse_statement
+from dpsql.sql.plan import ConstantPlan, DirectPlan
+
+
+@dataclass
+class Outcome:
+    kind: str  # "refused", "post-processing error", "backend error" or "answered"
+    error: Exception | None = None
+
+
+def check_outcome(session: Any, adapter: Any, empty: Any, sql: str, params: Any) -> Outcome:
+    """Run `sql` and assert the gate's promise; `empty` runs SQL on empty copies of the tables."""
+    adapter.statements.clear()
+    cursor = dpsql.Connection(session).cursor()
+    try:
+        cursor.execute(sql, params)
+    except dpsql.Error as error:
+        message = str(error)
+        assert len(message) > 30, f"unhelpful message {message!r} for {sql!r}"
+        if isinstance(error, dpsql.BackendError):
+            _assert_data_independent(adapter.statements, empty, sql)
+            return Outcome("backend error", error)
+        if isinstance(error, dpsql.DataError):  # post-processing of noisy values
+            assert adapter.statements, sql
+            return Outcome("post-processing error", error)
+        assert adapter.statements == [], f"refused after reaching the database: {sql!r}"
+        if isinstance(error, dpsql.QueryRefused):
+            assert error.construct and error.reason and error.hint, sql
+        return Outcome("refused", error)
+    statement = parse_statement(sql, adapter.dialect, params)
+    if statement.kind in ("explain", "set", "show"):
+        assert adapter.statements == [], f"{statement.kind} reached the database: {sql!r}"
+        return Outcome("answered")
+    plan = session.plan(statement.tree)
+    if isinstance(plan, ConstantPlan):
+        assert not any(True for _ in statement.tree.find_all(exp.Table)), sql
+        return Outcome("answered")
+    assert isinstance(plan, DirectPlan), f"unexpected plan {type(plan).__name__} for {sql!r}"
+    _assert_outputs_protected(plan, cursor, sql)
+    for text in adapter.statements:  # empty when the release came from the cache
+        assert_rewritten_is_bounded(text, plan, adapter.dialect)
+    return Outcome("answered")
+
+
+def _assert_data_independent(statements: list[str], empty: Any, sql: str) -> None:
+    """A database error is only allowed when it does not depend on the rows: the same SQL
+    fails on empty tables too (a type error in a literal, not a value of some row)."""
+    assert statements, f"a backend error without a statement: {sql!r}"
+    try:
+        empty.rows(statements[-1])
+    except Exception:
+        return
+    raise AssertionError(f"data-dependent database error (a noiseless leak) for {sql!r}")
+
+
+def _assert_outputs_protected(plan: DirectPlan, cursor: Any, sql: str) -> None:
+    analysis = plan.analysis
+    for output in analysis.outputs:
+        for column in output.expression.find_all(exp.Column):
+            name = column.name
+            assert name.startswith((KEY_PREFIX, VALUE_PREFIX)), (sql, output)
+            if name.startswith(KEY_PREFIX):
+                key = analysis.keys[int(name.removeprefix(KEY_PREFIX))]
+                assert key.domain is not None or plan.selection is not None, (sql, output)
+        if isinstance(output.expression, exp.Column) and output.expression.name.startswith(
+            VALUE_PREFIX
+        ):
+            assert output.name in cursor.accuracy, (sql, output.name, cursor.accuracy)
+    if analysis.grouped and analysis.public_keys:
+        names = [d[0] for d in cursor.description]
+        for index, key in enumerate(analysis.keys):
+            shown = [out.name for out in analysis.outputs
+                     if out.expression == exp.column(f"{KEY_PREFIX}{index}")]  # fmt: skip
+            for name in shown:
+                position = names.index(name)
+                domain = {float(v) for v in key.domain}
+                assert all(float(row[position]) in domain for row in cursor.fetchall()), sql
+
+
+def assert_rewritten_is_bounded(text: str, plan: DirectPlan, dialect: str) -> None:
+    """The SQL sent reads only the policy's table, through the clamped source, with the
+    unit NULL filter and rank windows over the unit, and every SUM clamped to its bounds."""
+    tree = sqlglot.parse_one(text, read=dialect)
+    table = plan.analysis.table
+    assert {t.name.lower() for t in tree.find_all(exp.Table)} == {
+        table.name.split(".")[-1].lower()
+    }, text
+    sources = [s for s in tree.find_all(exp.Subquery) if s.alias == "__dpsql_source"]
+    assert len(sources) == 1, text
+    _assert_items_aggregated(tree, len(plan.analysis.keys), text)
+    _assert_sums_clamped(tree, plan, text)
+    unit = table.privacy_unit
+    if unit is None:
+        return
+    assert any(
+        isinstance(n.this, exp.Is) and isinstance(n.this.this, exp.Column)
+        and n.this.this.name.lower() == unit for n in tree.find_all(exp.Not)
+    ), f"no unit NULL filter: {text}"  # fmt: skip
+    if table.unique_unit:
+        return
+    ranks = {_window_kind(w): w for w in tree.find_all(exp.Window)}
+    assert _partitioned_by_unit(ranks.get("row_number"), unit), text
+    limits = _rank_limits(tree)
+    assert limits.get("__dpsql_row_rank") == table.max_rows_per_unit, text
+    if plan.analysis.keys:
+        assert _partitioned_by_unit(ranks.get("dense_rank"), unit), text
+        assert limits.get("__dpsql_group_rank") == table.max_groups_per_unit, text
+
+
+def _assert_items_aggregated(tree: exp.Select, keys: int, text: str) -> None:
+    """Besides the keys, the outer query returns only aggregates: no raw value gets out."""
+    for item in tree.expressions[keys:]:
+        assert item.find(exp.AggFunc) is not None, f"raw item {item.sql()} in {text}"
+
+
+def _assert_sums_clamped(tree: exp.Select, plan: DirectPlan, text: str) -> None:
+    measured = {item.alias: item.this for item in tree.expressions}
+    for index, measurement in enumerate(plan.analysis.measurements):
+        if measurement.kind != "sum":
+            continue
+        total = measured[f"__dpsql_m{index}"].find(exp.Sum)
+        clamp = total.find(exp.Case)
+        assert clamp is not None, f"unclamped SUM in {text}"
+        low, high = (float(branch.args["true"].to_py()) for branch in clamp.args["ifs"][:2])
+        assert (low, high) == (measurement.bounds.lower, measurement.bounds.upper), text
+
+
+def _window_kind(window: exp.Window) -> str:
+    return window.this.sql().split("(")[0].lower()
+
+
+def _partitioned_by_unit(window: exp.Window | None, unit: str) -> bool:
+    if window is None:
+        return False
+    partition = window.args.get("partition_by") or []
+    return bool(partition) and partition[0].name.lower() == unit
+
+
+def _rank_limits(tree: exp.Select) -> dict[str, int]:
+    where = tree.args.get("where")
+    limits = {}
+    for condition in where.find_all(exp.LTE) if where is not None else []:
+        if isinstance(condition.this, exp.Column) and condition.expression.is_int:
+            limits[condition.this.name.lower()] = int(condition.expression.this)
+    return limits
