@@ -480,20 +480,30 @@ def _column(read: _Reader, name: str, spec: dict, key: str) -> Column:
     )
 
 
-def _ordered_domain(read: _Reader, kind: str, lower: Any, key: str) -> None:
+def _over_domain(
+    read: _Reader,
+    raw: Any,
+    kind: str,
+    lower: Any,
+    key: str,
+    allowed: set[str],
+    mechanisms: tuple[str, ...],
+) -> tuple[dict, str]:
+    """A synopsis or stream entry (its mapping and mechanism, the first one by default),
+    on a column whose ordered domain the policy bounds."""
+    spec = read.mapping(raw, key)
+    read.known_keys(spec, allowed, key)
     if kind not in ("int", "float", "date", "timestamp"):
         raise read.fail(key, f"needs an int, float, date or timestamp column, not {kind}")
     if lower is None:
         raise read.fail(key, "needs the column's 'lower' and 'upper' (the domain it covers)")
+    return spec, _choice(read, spec.get("mechanism", mechanisms[0]), mechanisms, key)
 
 
 def _synopsis(read: _Reader, raw: Any, kind: str, lower: Any, key: str) -> SynopsisSpec | None:
     if raw is None:
         return None
-    spec = read.mapping(raw, key)
-    read.known_keys(spec, _SYNOPSIS_KEYS, key)
-    _ordered_domain(read, kind, lower, key)
-    mechanism = _choice(read, spec.get("mechanism", "laplace"), SYNOPSIS_MECHANISMS, key)
+    spec, mechanism = _over_domain(read, raw, kind, lower, key, _SYNOPSIS_KEYS, SYNOPSIS_MECHANISMS)
     branching = spec.get("branching", 16)
     if isinstance(branching, bool) or not isinstance(branching, int) or branching < 2:
         raise read.fail(f"{key}.branching", f"must be a whole number >= 2, got {branching!r}")
@@ -509,10 +519,9 @@ def _synopsis(read: _Reader, raw: Any, kind: str, lower: Any, key: str) -> Synop
 def _continual(read: _Reader, raw: Any, kind: str, lower: Any, key: str) -> ContinualSpec | None:
     if raw is None:
         return None
-    spec = read.mapping(raw, key)
-    read.known_keys(spec, _CONTINUAL_KEYS, key)
-    _ordered_domain(read, kind, lower, key)
-    mechanism = _choice(read, spec.get("mechanism", "binary"), CONTINUAL_MECHANISMS, key)
+    spec, mechanism = _over_domain(
+        read, raw, kind, lower, key, _CONTINUAL_KEYS, CONTINUAL_MECHANISMS
+    )
     return ContinualSpec(
         step=_width(read, spec.get("step", 1), kind, f"{key}.step"),
         epsilon=_required_epsilon(read, spec, key),

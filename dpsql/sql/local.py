@@ -26,7 +26,7 @@ from dpsql.errors import QueryRefused
 from dpsql.policy import Column, LocalSpec, Table
 from dpsql.sql.analyze import KEY_PREFIX, Aggregate, Analysis, Measurement, analyze
 from dpsql.sql.check import check_query
-from dpsql.sql.plan import Accuracy, Release, key_order
+from dpsql.sql.plan import Accuracy, Release, key_order, released_aggregates
 from dpsql.sql.postprocess import RELEASED, project, query_released
 
 if TYPE_CHECKING:
@@ -167,17 +167,13 @@ class LocalPlan:
 
     def _accuracy(self, variances: list[np.ndarray]) -> dict[str, Accuracy]:
         result = {}
-        for output in self.analysis.outputs:
-            name = output.expression.name if output.expression.key == "column" else ""
-            if not name.startswith("__dpsql_a"):
-                continue
-            aggregate = self.analysis.aggregates[int(name.removeprefix("__dpsql_a"))]
+        for name, aggregate in released_aggregates(self.analysis):
             if aggregate.function == "avg":
-                result[output.name] = self._describe(math.nan, "a ratio of two estimates")
+                result[name] = self._describe(math.nan, "a ratio of two estimates")
                 continue
             spread = variances[aggregate.measurements[0]]
             worst = math.sqrt(float(spread.max())) if spread.size else 0.0
-            result[output.name] = self._describe(worst, "largest over the released rows")
+            result[name] = self._describe(worst, "largest over the released rows")
         return result
 
     def _describe(self, sd: float, which: str) -> Accuracy:

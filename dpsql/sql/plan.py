@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -26,7 +27,7 @@ from dpsql.mechanisms.gaussian import DiscreteGaussian
 from dpsql.mechanisms.laplace import DiscreteLaplace
 from dpsql.mechanisms.selection import PartitionSelection
 from dpsql.mechanisms.staircase import Staircase
-from dpsql.sql.analyze import KEY_PREFIX, Aggregate, Analysis, Interval, _conjuncts
+from dpsql.sql.analyze import KEY_PREFIX, VALUE_PREFIX, Aggregate, Analysis, Interval, _conjuncts
 from dpsql.sql.postprocess import RELEASED, project, query_released
 from dpsql.sql.rewrite import SumGrid, rewrite
 
@@ -221,14 +222,10 @@ class DirectPlan:
         return np.clip(mean, aggregate.bounds.lower, aggregate.bounds.upper)
 
     def _accuracy(self) -> dict[str, Accuracy]:
-        result = {}
-        for output in self.analysis.outputs:
-            name = output.expression.name if output.expression.key == "column" else ""
-            if not name.startswith("__dpsql_a"):
-                continue
-            aggregate = self.analysis.aggregates[int(name.removeprefix("__dpsql_a"))]
-            result[output.name] = self._aggregate_accuracy(aggregate)
-        return result
+        return {
+            name: self._aggregate_accuracy(aggregate)
+            for name, aggregate in released_aggregates(self.analysis)
+        }
 
     def _aggregate_accuracy(self, aggregate: Aggregate) -> Accuracy:
         measure = self.measures[aggregate.measurements[0]]
@@ -389,6 +386,14 @@ def _normal(key: tuple) -> tuple:
         float(v) if isinstance(v, int | float | Decimal) and not isinstance(v, bool) else v
         for v in key
     )
+
+
+def released_aggregates(analysis: Analysis) -> Iterator[tuple[str, Aggregate]]:
+    """The output columns that are a released aggregate as such, with that aggregate."""
+    for output in analysis.outputs:
+        name = output.expression.name if output.expression.key == "column" else ""
+        if name.startswith(VALUE_PREFIX):
+            yield output.name, analysis.aggregates[int(name.removeprefix(VALUE_PREFIX))]
 
 
 def key_order(keys: list[tuple]) -> np.ndarray:
