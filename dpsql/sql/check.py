@@ -78,15 +78,20 @@ def refuse_statement(tree: exp.Expression | None) -> QueryRefused:
 
 def check_query(select: exp.Select, policy: Policy) -> Table | None:
     """Refuse constructs outside the subset; return the queried table (None: no table)."""
-    for key, value in select.args.items():
-        if value and key not in _SELECT_ARGS:
-            raise _refuse_select_arg(key)
+    check_clauses(select)
     source = select.args.get("from_")
     if source is None:
         _check_nodes(select, CONNECTION_CHECKS)
         return None
     _check_nodes(select, ())
     return _resolve_table(source.this, policy)
+
+
+def check_clauses(select: exp.Select) -> None:
+    """Refuse a clause outside SELECT, FROM, WHERE, GROUP BY, HAVING, ORDER BY, LIMIT."""
+    for key, value in select.args.items():
+        if value and key not in _SELECT_ARGS:
+            raise _refuse_select_arg(key)
 
 
 def _refuse_select_arg(key: str) -> QueryRefused:

@@ -45,7 +45,7 @@ from dpsql.mechanisms.continual import (
 from dpsql.mechanisms.gaussian import discrete_gaussian
 from dpsql.policy import Column, ContinualSpec, Table
 from dpsql.sql.analyze import Interval, _conjuncts, analyze
-from dpsql.sql.check import AGGREGATES, check_query
+from dpsql.sql.check import AGGREGATES, check_clauses, check_query
 from dpsql.sql.plan import GRID_BITS, Accuracy, Release
 from dpsql.sql.rewrite import SumGrid, rewrite
 
@@ -84,6 +84,9 @@ def plan_running(select: exp.Select, context: Any) -> RunningPlan | None:
     windows = list(select.find_all(exp.Window))
     if not windows:
         return None
+    # the stream is built from the window's parts alone: a clause it would drop
+    # (a join, a CTE, QUALIFY, ...) is refused rather than silently ignored
+    check_clauses(select)
     shape = _shape(select, windows)
     plain = _plain_query(select, shape)
     table = check_query(plain, context.policy)
@@ -166,6 +169,7 @@ def _shape(select: exp.Select, windows: list[exp.Window]) -> _Shape:
                 "ordered column, the partition column and the running total",
                 "remove it, or run it as a separate GROUP BY query",
             )
+    _check_order(select, order_col)
     for key in ("having", "limit", "offset", "distinct"):
         if select.args.get(key):
             raise _refuse(
@@ -175,6 +179,21 @@ def _shape(select: exp.Select, windows: list[exp.Window]) -> _Shape:
             )
     _check_group(select, order_col, partition, aggregate is not inner)
     return _Shape(window, alias, aggregate, order_col, partition, outputs)
+
+
+def _check_order(select: exp.Select, order: exp.Column) -> None:
+    """ORDER BY may only restate the stream's own order (steps are released in it)."""
+    ordering = select.args.get("order")
+    for item in ordering.expressions if ordering is not None else []:
+        node = item.this
+        if item.args.get("desc") or not (
+            isinstance(node, exp.Column) and node.name.lower() == order.name.lower()
+        ):
+            raise _refuse(
+                f"ORDER BY {item.sql()} in a running-total query",
+                f"the steps are released in the order of {order.name}",
+                f"remove the ORDER BY, or write ORDER BY {order.name}",
+            )
 
 
 def _check_frame(window: exp.Window) -> None:

@@ -119,3 +119,47 @@ def test_generated_text_parses_or_is_refused_as_malformed(sql):
             parse_statement(sql, dialect, None)
         except dpsql.Error as error:
             assert len(str(error)) > 20
+
+
+RUNNING = "SELECT day, SUM(COUNT(*)) OVER (ORDER BY day) AS so_far FROM running_events"
+DROPPED_CLAUSES = [
+    # the running-total planner built its stream from the window alone and silently
+    # dropped these (ORDER BY even on the private column); now they are refused
+    f"{RUNNING} JOIN other ON 1 = 1 WHERE day < '2024-01-05' GROUP BY day",
+    f"{RUNNING}, running_events AS r2 WHERE day < '2024-01-05' GROUP BY day",
+    f"WITH running_events AS (SELECT 1) {RUNNING} WHERE day < '2024-01-05' GROUP BY day",
+    f"{RUNNING} WHERE day < '2024-01-05' GROUP BY day ORDER BY uid",
+    f"{RUNNING} WHERE day < '2024-01-05' GROUP BY day ORDER BY (SELECT 1)",
+    f"{RUNNING} WHERE day < '2024-01-05' GROUP BY day QUALIFY so_far > 3",
+]
+
+
+@pytest.fixture(scope="module")
+def stream(tmp_path_factory):
+    import duckdb
+    from test_running import _add, _policy
+
+    import dpsql
+
+    events = duckdb.connect()
+    events.execute(
+        "CREATE TABLE running_events (uid INT, day DATE, shop INT, city INT, amount DOUBLE)"
+    )
+    _add(events, 0, 200)
+    ledger = tmp_path_factory.mktemp("stream") / "ledger.sqlite"
+    with dpsql.connect(events, policy=_policy(1.0), ledger=ledger, seed=3) as connection:
+        yield connection
+
+
+@pytest.mark.parametrize("sql", DROPPED_CLAUSES)
+def test_running_totals_refuse_clauses_they_would_drop(stream, sql):
+    import dpsql
+
+    with pytest.raises(dpsql.QueryRefused) as refused:
+        stream.cursor().execute(sql)
+    assert refused.value.hint
+
+
+def test_running_totals_keep_their_own_order(stream):
+    rows = stream.execute(f"{RUNNING} WHERE day < '2024-01-05' GROUP BY day ORDER BY day")
+    assert [row[0].day for row in rows.fetchall()] == [1, 2, 3, 4]
