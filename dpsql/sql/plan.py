@@ -35,6 +35,7 @@ from dpsql.sql.rewrite import SumGrid, rewrite
 # rounding adds a relative error of at most one part in a million to the noise.
 GRID_BITS = 20
 MAX_PUBLIC_KEYS = 1_000_000
+MIN_GRID_EXPONENT = -1000  # 2^-1000 is still a normal float: steps never round to zero
 
 
 @dataclass(frozen=True)
@@ -309,7 +310,9 @@ def _sum_grid(
     magnitude = bounds.magnitude * rows_per_unit * groups
     if magnitude == 0:
         return SumGrid(1.0, bounds), 1
-    exponent = math.floor(math.log2(magnitude / epsilon)) - GRID_BITS
+    # log2 of each, not of the quotient: a tiny bound over a large epsilon underflows to 0
+    exponent = math.floor(math.log2(magnitude) - math.log2(epsilon)) - GRID_BITS
+    exponent = max(exponent, MIN_GRID_EXPONENT)  # a coarser grid only lowers the step count
     if bounds.integer:
         exponent = max(exponent, 0)
     step = math.ldexp(1.0, exponent)

@@ -89,6 +89,20 @@ def test_regressions_hold(gate, sql):
 
 
 @on_every_backend
+@pytest.mark.parametrize("sql", ["SELECT SUM(income * 1e-323) FROM pums",
+                                 "SELECT AVG(age * 4.9e-324) FROM pums_dup"])  # fmt: skip
+def test_tiny_sums_under_a_large_epsilon(gate, sql):
+    # the grid step was 2^floor(log2(bound / epsilon)): the quotient underflowed to 0
+    # (ValueError from log2) or the step did (ZeroDivisionError). Fixed: plan._sum_grid.
+    session, adapter, empty = gate
+    session.set_option("epsilon", 900.0)
+    try:
+        check_outcome(session, adapter, empty, sql, None)
+    finally:
+        session.set_option("epsilon", 1.0)
+
+
+@on_every_backend
 def test_generated_statements_are_refused_or_protected(gate, backend):
     session, adapter, empty = gate
     seen: dict[str, int] = {}
