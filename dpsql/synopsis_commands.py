@@ -4,7 +4,8 @@
     dpsql synopsis build --database visits.duckdb --policy policy.yaml visits.day
     dpsql synopsis drop  --database visits.duckdb --policy policy.yaml visits.day
 
-A synopsis is per analyst (budgets are). `build` charges its epsilon once;
+A synopsis is per analyst (budgets are). `build` charges its cost once
+(epsilon, or rho for a Gaussian synopsis);
 `drop` forgets the stored synopsis, but the charge stays in the ledger, and
 the next range query on the column builds (and charges) a new one.
 """
@@ -17,6 +18,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from dpsql.accounting import Cost
 
 
 def register(subparsers: Any) -> None:
@@ -31,7 +34,7 @@ def register(subparsers: Any) -> None:
     actions = synopsis.add_subparsers(title="actions", metavar="ACTION", required=True)
     for name, run, text in (
         ("list", _run_list, "show each declared synopsis, its cost and age"),
-        ("build", _run_build, "build a synopsis now (charges its epsilon once)"),
+        ("build", _run_build, "build a synopsis now (charges its cost once)"),
         ("drop", _run_drop, "forget a synopsis (its charge stays)"),
     ):
         action = actions.add_parser(name, help=text, description=text)
@@ -46,6 +49,12 @@ def _target(name: str) -> tuple[str, str]:
     if not dot or not table or not column:
         raise SystemExit(f"dpsql synopsis: give the synopsis as table.column, got {name!r}")
     return table, column
+
+
+def _cost(cost: Cost) -> str:
+    if cost.rho:
+        return f"rho {float(cost.rho):.6g} (zCDP)"
+    return f"epsilon {float(cost.epsilon):g}"
 
 
 def _age(built: str | None) -> str:
@@ -67,7 +76,7 @@ def _run_list(args: argparse.Namespace) -> int:
     for column in ("synopsis", "shape", "cost", "age"):
         table.add_column(column)
     for status in statuses:
-        cost = f"epsilon {float(status.cost.epsilon):g}" + (" (paid)" if status.built else "")
+        cost = _cost(status.cost) + (" (paid)" if status.built else "")
         table.add_row(status.name, status.shape, cost, _age(status.built))
     Console().print(table)
     if not statuses:
@@ -79,11 +88,12 @@ def _run_build(args: argparse.Namespace) -> int:
     from dpsql.cli import _connect
 
     with _connect(args) as connection:
-        before = connection.budget().epsilon_spent
-        status = connection.session.build_synopsis(*_target(args.name))
-        spent = connection.budget().epsilon_spent - before
-    verb = "built" if spent > 0 else "already built"
-    print(f"{status.name}: {verb} {status.built}, {status.shape}; charged epsilon {spent:g}")
+        session = connection.session
+        before = len(session.ledger.charges(session.analyst))
+        status = session.build_synopsis(*_target(args.name))
+        charged = len(session.ledger.charges(session.analyst)) > before
+    verb, cost = ("built", _cost(status.cost)) if charged else ("already built", "nothing")
+    print(f"{status.name}: {verb} {status.built}, {status.shape}; charged {cost}")
     return 0
 
 

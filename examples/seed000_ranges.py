@@ -10,7 +10,9 @@ b in {2, 4, 8, 16}, without and with consistency, for several epsilons and
 domain sizes, on a synthetic six-year daily visitor series (longer domains
 repeat its pattern hourly) and on PUMS age and income; empirical RMSE beside
 the closed form, and the break-even length where the consistent tree starts
-to beat flat for each b.
+to beat flat for each b. Beside each Laplace tree, the Gaussian variant at the
+same (epsilon, delta) (rho-zCDP, L2 sensitivity sqrt(levels) instead of
+levels): it wins once the tree has more levels than about epsilon^2 / (4 rho).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpsql.accounting import zcdp_rho
 from dpsql.mechanisms.laplace import DiscreteLaplace
 from dpsql.mechanisms.tree import HierarchicalHistogram, range_weights
 
@@ -53,9 +56,10 @@ def lengths_for(bins: int) -> list[int]:
     return [int(r) for r in points]
 
 
-def measure(counts, epsilon, branchings, lengths, trials, ranges, rng) -> list[dict]:
+def measure(counts, epsilon, delta, branchings, lengths, trials, ranges, rng) -> list[dict]:
     """Empirical and closed-form RMSE per (method, length), averaged over random starts."""
     bins = len(counts)
+    rho = zcdp_rho(epsilon, delta)
     prefix = np.concatenate([[0], np.cumsum(counts)])
     flat_noise = DiscreteLaplace(1, epsilon)
     rows = []
@@ -83,6 +87,12 @@ def measure(counts, epsilon, branchings, lengths, trials, ranges, rng) -> list[d
             )  # fmt: skip
             squares, _ = range_weights(tree.shape, starts, stops)
             closed[f"tree b={b} + consistency"] = np.mean(squares) * tree.node_variance
+            gaussian = []
+            for _ in range(trials):
+                tree = HierarchicalHistogram.build_gaussian(counts, b, rho, rng)
+                gaussian.append(tree.prefix[stops] - tree.prefix[starts] - truth)
+            errors[f"gaussian b={b} + consistency"] = gaussian
+            closed[f"gaussian b={b} + consistency"] = np.mean(squares) * tree.node_variance
         for method, values in errors.items():
             rows.append({
                 "epsilon": epsilon, "bins": bins, "length": length, "method": method,
@@ -102,6 +112,14 @@ def break_even(rows: list[dict], method: str) -> int | None:
     return min(later) if later else None
 
 
+def gaussian_ratio(rows: list[dict], branching: int) -> float:
+    """Closed-form RMSE of the Gaussian consistent tree over the Laplace one (the same at
+    every length: both are the same estimator, only the node variance differs)."""
+    closed = {r["method"]: r["closed"] for r in rows if r["length"] == rows[-1]["length"]}
+    b = branching
+    return closed[f"gaussian b={b} + consistency"] / closed[f"tree b={b} + consistency"]
+
+
 def plot(rows: list[dict], title: str, path: Path) -> None:
     import matplotlib
 
@@ -112,12 +130,13 @@ def plot(rows: list[dict], title: str, path: Path) -> None:
     for method in dict.fromkeys(r["method"] for r in rows):
         mine = [r for r in rows if r["method"] == method]
         lengths = [r["length"] for r in mine]
-        style = "-" if "consistency" in method or method == "flat" else ":"
+        style = {"flat": "-", "tree": ":", "gaussian": "--"}[method.split()[0]]
+        style = "-" if method.startswith("tree") and "consistency" in method else style
         line = axis.plot(lengths, [r["empirical"] for r in mine], style, marker="o", ms=3,
                          label=method)[0]  # fmt: skip
         axis.plot(lengths, [r["closed"] for r in mine], "x", color=line.get_color(), ms=5)
-    axis.set(xscale="log", yscale="log", xlabel="range length (bins)", ylabel="RMSE",
-             title=f"{title} (lines: empirical, x: closed form)")  # fmt: skip
+    axis.set(xscale="log", yscale="log", xlabel="range length (bins)", ylabel="RMSE")
+    axis.set_title(f"{title} (lines: empirical, x: closed form)", fontsize=9)
     axis.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -128,6 +147,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="a quick run at small sizes")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "img")
+    parser.add_argument("--delta", type=float, default=1e-6, help="the Gaussian trees' delta")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     if args.tiny:
@@ -138,17 +158,21 @@ def main() -> None:
     datasets = {f"visits_{n}": visitor_series(n, rng) for n in sizes}
     datasets.update(pums_series() if not args.tiny else {})
     args.out.mkdir(parents=True, exist_ok=True)
-    print("| data | bins | epsilon | " + " | ".join(f"break-even b={b}" for b in branchings) + " |")
-    print("|---" * (3 + len(branchings)) + "|")
+    print("| data | bins | epsilon | " + " | ".join(f"break-even b={b}" for b in branchings)
+          + " | " + " | ".join(f"Gaussian / Laplace b={b}" for b in branchings) + " |")  # fmt: skip
+    print("|---" * (3 + 2 * len(branchings)) + "|")
     for name, counts in datasets.items():
         for epsilon in epsilons:
-            rows = measure(counts, epsilon, branchings, lengths_for(len(counts)), trials,
-                           ranges, rng)  # fmt: skip
+            rows = measure(counts, epsilon, args.delta, branchings, lengths_for(len(counts)),
+                           trials, ranges, rng)  # fmt: skip
             evens = [break_even(rows, f"tree b={b} + consistency") for b in branchings]
+            ratios = [f"{gaussian_ratio(rows, b):.2f}" for b in branchings]
             print(f"| {name} | {len(counts)} | {epsilon} | "
-                  + " | ".join(str(e) if e else "never" for e in evens) + " |")  # fmt: skip
+                  + " | ".join(str(e) if e else "never" for e in evens) + " | "
+                  + " | ".join(ratios) + " |")  # fmt: skip
             if epsilon == 1.0:
-                plot(rows, f"{name}, epsilon 1", args.out / f"seed000_{name}.png")
+                title = f"{name}, epsilon 1, Gaussian delta {args.delta:g}"
+                plot(rows, title, args.out / f"seed000_{name}.png")
 
 
 if __name__ == "__main__":

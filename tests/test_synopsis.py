@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
+from fractions import Fraction
 from pathlib import Path
 
 import duckdb
 import numpy as np
 import pytest
+from sqlglot import exp
 
 import dpsql
+from dpsql.accounting import zcdp_epsilon, zcdp_rho
 from dpsql.cli import main
-from tests.conftest import pums_policy
+from dpsql.policy import load_policy
+from dpsql.sql.analyze import analyze
+from dpsql.sql.rewrite import rewrite
+from dpsql.sql.synopsis import Domain, _histogram_sql
+from tests.conftest import Backend, pums_policy
 
 START = dt.date(2014, 1, 1)
 DAYS = 2191  # 2014-01-01 .. 2019-12-31
@@ -187,14 +195,43 @@ def test_contribution_bound_multiplies_the_sensitivity(visits_db: Path, tmp_path
     with _connect(visits_db, tmp_path / "l.sqlite", visits_policy(max_rows=3)) as con:
         lines = dict(_one(con, "EXPLAIN SELECT COUNT(*) FROM synopsis_visits WHERE age < 50")[0])
         assert "sensitivity 6 (2 levels x 3 rows per unit)" in lines["noise"]
-        assert "__dpsql_row_rank" in lines["sql"]  # bounded by the shared rewrite
+        assert '"__dpsql_row" <= 3' in lines["sql"]  # each unit bounded in the build query
 
 
-def test_gaussian_synopsis_falls_back_until_available(visits_db: Path, tmp_path: Path) -> None:
-    policy = visits_policy(mechanism="gaussian", delta=1e-9)
-    with _connect(visits_db, tmp_path / "l.sqlite", policy) as con:
-        lines = _one(con, "EXPLAIN SELECT COUNT(*) FROM synopsis_visits WHERE day < '2016-01-01'")
-        assert any("Gaussian" in detail for item, detail in lines[0] if item == "note")
+def test_gaussian_synopsis_charges_rho_once_and_survives_a_restart(
+    visits_db: Path, tmp_path: Path
+) -> None:
+    ledger = tmp_path / "l.sqlite"
+    policy = visits_policy(unit=False, mechanism="gaussian", delta=1e-9)
+    rho = zcdp_rho(1.0, 1e-9)
+    query = (
+        "SELECT COUNT(*) AS n FROM synopsis_visits WHERE day BETWEEN '2015-02-01' AND '2018-11-30'"
+    )
+    with duckdb.connect(str(visits_db), read_only=True) as raw:
+        truth = raw.execute(query.replace("AS n", "")).fetchone()[0]
+    with _connect(visits_db, ledger, policy) as con:
+        explain = dict(_one(con, f"EXPLAIN {query}")[0])
+        assert explain["path"].startswith("builds the synopsis")
+        # 2191 days, b = 16: 3 levels; L2 sensitivity sqrt(3), sigma^2 = 3 / (2 rho)
+        assert (
+            "discrete Gaussian per node, L2 sensitivity 1.73205 (sqrt(3 levels)" in explain["noise"]
+        )
+        assert f"sigma {np.sqrt(3 / (2 * rho)):.6g}" in explain["noise"]
+        rows, cursor = _one(con, query)
+        accuracy = cursor.accuracy["n"]
+        assert accuracy.mechanism == "discrete_gaussian tree (consistent)"
+        assert abs(rows[0][0] - truth) <= accuracy.interval95
+        for day in ("2014-06-01", "2016-01-01", "2019-12-01"):  # later ranges are free
+            con.execute(f"SELECT COUNT(*) FROM synopsis_visits WHERE day < '{day}'")
+        (charge,) = con.session.ledger.charges("default")
+        assert charge.cost.rho == pytest.approx(rho, rel=1e-9)
+        assert charge.cost.epsilon == 0 and charge.cost.delta == 0
+        assert zcdp_epsilon(charge.cost.rho, Fraction(1, 10**9)) <= 1.0 + 1e-9
+    with _connect(visits_db, ledger, policy, seed=42) as con:
+        again, cursor = _one(con, query)
+        assert again == rows
+        assert cursor.accuracy["n"].interval95 == accuracy.interval95
+        assert len(con.session.ledger.charges("default")) == 1
 
 
 def test_session_build_list_drop(visits_db: Path, tmp_path: Path) -> None:
@@ -229,6 +266,11 @@ def test_cli_synopsis_commands(
     assert "synopsis_visits.day" in listing and "(paid)" in listing and "not built" in listing
     assert main(["synopsis", "drop", "synopsis_visits.day", *where]) == 0
     assert "charge stays" in capsys.readouterr().out
+    policy.write_text(yaml.safe_dump(visits_policy(mechanism="gaussian", delta=1e-9)))
+    assert main(["synopsis", "build", "synopsis_visits.day", *where]) == 0
+    assert f"charged rho {zcdp_rho(1.0, 1e-9):.6g} (zCDP)" in capsys.readouterr().out
+    assert main(["synopsis", "build", "synopsis_visits.day", *where]) == 0
+    assert "already built" in capsys.readouterr().out
 
 
 def test_pums_age_and_income(pums_db: Path, tmp_path: Path) -> None:
@@ -264,3 +306,53 @@ def test_seed000_example_runs_at_a_tiny_size(tmp_path: Path) -> None:
     )  # fmt: skip
     assert "| visits_256 | 256 | 1.0 |" in done.stdout
     assert (tmp_path / "seed000_visits_256.png").stat().st_size > 10_000
+
+
+def _pums_domain(column: str, bin_width: float, groups: int, rows: int) -> Domain:
+    policy = pums_policy()
+    table = policy["tables"]["pums_dup"]
+    table.update(max_groups_per_unit=groups, max_rows_per_unit=rows)
+    table["columns"][column]["synopsis"] = {"bin": bin_width, "epsilon": 1.0}
+    found = load_policy(policy).table("pums_dup")
+    return Domain.of(found, found.column(column))
+
+
+@pytest.mark.parametrize("backend", ["duckdb", "postgres"], indirect=True)
+@pytest.mark.parametrize(("groups", "rows"), [(1, 1), (1, 3), (2, 2), (3, 1)])
+def test_build_sql_bounds_units_as_the_general_rewrite_does(
+    backend: Backend, groups: int, rows: int
+) -> None:
+    """The one-window build query keeps the same bins per unit as the general rewrite's
+    two windows (same keyed hash: its group hash uses seed + 1) and as many rows."""
+    raw = backend.raw()
+    try:
+        for column, width in (("age", 1), ("educ", 3), ("income", 10_000)):
+            domain = _pums_domain(column, width, groups, rows)
+            fast = dict(raw.rows(_histogram_sql(domain, backend.dialect, 11)))
+            select = (
+                exp.select(domain.bin_sql(), exp.Count(this=exp.Star()))
+                .from_("pums_dup")
+                .where(exp.Not(this=exp.Is(this=exp.column(column), expression=exp.Null())))
+                .group_by(domain.bin_sql())
+            )
+            general = rewrite(analyze(select, domain.table), {}, backend.dialect, 10, False)
+            assert fast == dict(raw.rows(general))
+            assert sum(fast.values()) > 0
+    finally:
+        raw.close()
+
+
+def test_build_sql_caps_rows_per_unit_and_bin(visits_db: Path) -> None:
+    """With room for every bin of a unit, each (unit, bin) keeps min(rows, cap) rows: the
+    exact truth, whatever the hash."""
+    policy = load_policy(visits_policy(max_rows=2))
+    table = replace(policy.table("synopsis_visits"), max_groups_per_unit=200)
+    domain = Domain.of(table, table.column("age"))
+    with duckdb.connect(str(visits_db), read_only=True) as raw:
+        truth = dict(raw.execute(
+            "SELECT age, SUM(LEAST(n, 2)) FROM (SELECT visitor, age, COUNT(*) AS n FROM "
+            "synopsis_visits WHERE age IS NOT NULL GROUP BY ALL) GROUP BY age"
+        ).fetchall())  # fmt: skip
+        built = dict(raw.execute(_histogram_sql(domain, "duckdb", 5)).fetchall())
+    assert built == truth
+    assert sum(truth.values()) < 30_000  # some visitors do have more than 2 rows of one age

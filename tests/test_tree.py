@@ -2,18 +2,34 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
+from dpsql.accounting import zcdp_rho
+from dpsql.mechanisms.gaussian import DiscreteGaussian
 from dpsql.mechanisms.tree import (
     HierarchicalHistogram,
     TreeShape,
     chernoff_halfwidths,
     consistent_leaves,
     decompose,
+    l2_sensitivity,
     level_sums,
     range_weights,
+    subgaussian_halfwidths,
 )
+
+RHO = zcdp_rho(1.0, 1e-6)
+
+
+def _laplace(counts, branching, rng, contributions=1):
+    return HierarchicalHistogram.build(counts, branching, 1.0, rng, contributions)
+
+
+def _gaussian(counts, branching, rng, contributions=1):
+    return HierarchicalHistogram.build_gaussian(counts, branching, RHO, rng, contributions)
 
 
 def _dense(shape: TreeShape) -> np.ndarray:
@@ -78,6 +94,29 @@ def test_sensitivity_is_the_number_of_levels(bins: int, branching: int, levels: 
     assert tree.noise.scale == pytest.approx(3 * levels / 0.5)
 
 
+@pytest.mark.parametrize(("bins", "branching", "levels"), _SHAPES)
+def test_gaussian_l2_sensitivity_is_the_root_of_the_levels(
+    bins: int, branching: int, levels: int
+) -> None:
+    shape = TreeShape(bins, branching)
+    counts = np.arange(bins) % 7
+    for leaf in (0, bins // 2, bins - 1):
+        plus = counts.copy()
+        plus[leaf] += 3  # a unit's 3 rows, all in one bin: the worst case
+        squares = sum(
+            int(np.square(a - b).sum())
+            for a, b in zip(level_sums(shape, plus), level_sums(shape, counts), strict=True)
+        )
+        assert squares == 9 * levels
+    bound = l2_sensitivity(levels, 3)
+    assert bound**2 >= 9 * levels and bound - 3 * np.sqrt(levels) < 1e-9
+    tree = _gaussian(counts, branching, np.random.default_rng(1), 3)
+    # sigma^2 = Delta_2^2 / (2 rho), never below the exact value, never far above it
+    assert tree.noise.sigma2 == bound**2 / (2 * tree.noise.cost.rho)
+    assert float(tree.noise.sigma2) == pytest.approx(9 * levels / (2 * RHO), rel=1e-9)
+    assert tree.noise.cost.rho == pytest.approx(RHO, rel=1e-12)
+
+
 @pytest.mark.parametrize(("bins", "branching"), [(27, 3), (20, 4), (7, 2), (1, 2), (101, 16)])
 def test_consistency_variance_and_weights_match_dense_least_squares(
     bins: int, branching: int
@@ -102,7 +141,8 @@ def test_consistency_variance_and_weights_match_dense_least_squares(
         assert w == pytest.approx(np.abs(weights).max(), rel=1e-9)
 
 
-def test_consistent_estimate_is_unbiased_with_the_closed_form_variance() -> None:
+@pytest.mark.parametrize("build", [_laplace, _gaussian])
+def test_consistent_estimate_is_unbiased_with_the_closed_form_variance(build) -> None:
     counts = np.random.default_rng(2).integers(0, 40, 64)
     ranges = [(0, 64), (3, 4), (5, 37), (17, 60)]
     trials = 3000
@@ -110,19 +150,48 @@ def test_consistent_estimate_is_unbiased_with_the_closed_form_variance() -> None
     starts, stops = np.array(ranges).T
     answers = np.empty((trials, len(ranges)))
     for t in range(trials):
-        prefix = HierarchicalHistogram.build(counts, 4, 1.0, rng).prefix
+        prefix = build(counts, 4, rng).prefix
         answers[t] = prefix[stops] - prefix[starts]
-    tree = HierarchicalHistogram.build(counts, 4, 1.0, rng)
+    tree = build(counts, 4, rng)
     for column, (a, e) in enumerate(ranges):
         estimate = tree.answer(a, e)
         truth = counts[a:e].sum()
         # mean within 5 standard errors; sample variance within 5 of its standard
-        # errors, Var(s^2) <= sigma^4 (2 + excess kurtosis) / n with excess <= 3 (Laplace)
+        # errors, Var(s^2) <= sigma^4 (2 + excess kurtosis) / n with excess <= 3 (Laplace;
+        # 0 for the Gaussian)
         assert abs(answers[:, column].mean() - truth) < 5 * np.sqrt(estimate.variance / trials)
         ratio = answers[:, column].var(ddof=1) / estimate.variance
         assert abs(ratio - 1) < 5 * np.sqrt(5 / trials)
         outside = np.mean(np.abs(answers[:, column] - truth) > estimate.interval95)
         assert outside < 0.05  # the interval is guaranteed, hence conservative
+
+
+def test_gaussian_variance_is_the_node_variance_times_the_squared_weights() -> None:
+    tree = _gaussian(np.ones(4096, dtype=np.int64), 16, np.random.default_rng(3))
+    assert tree.mechanism == "gaussian"
+    # the discrete Gaussian's variance is just below sigma^2 at this sigma
+    sigma2 = float(tree.noise.sigma2)
+    assert sigma2 * (1 - 1e-6) < tree.node_variance <= sigma2
+    squares, _ = range_weights(tree.shape, np.array([100]), np.array([3000]))
+    estimate = tree.answer(100, 3000)
+    assert estimate.variance == pytest.approx(squares[0] * tree.node_variance, rel=1e-12)
+    assert estimate.interval95 == pytest.approx(
+        np.sqrt(sigma2 * squares[0] * 2 * np.log(40)), rel=1e-8
+    )
+    raw = tree.answer(100, 102, consistent=False)
+    assert raw.estimator == "flat leaves"
+    assert raw.variance == pytest.approx(2 * tree.node_variance)
+
+
+def test_subgaussian_halfwidth_is_a_valid_bound() -> None:
+    # one discrete Gaussian: the bound must cover at least the exact 95% interval
+    for sigma2 in (1, 7, 250):
+        noise = DiscreteGaussian(1, Fraction(1, 2 * sigma2))
+        (width,) = subgaussian_halfwidths(np.sqrt(sigma2), np.array([1.0]))
+        assert width >= noise.interval95()
+    # many equal weights: the normal 1.96 sd times sqrt(2 log 40) / 1.96 = 1.386
+    (wide,) = subgaussian_halfwidths(2.0, np.array([10_000.0]))
+    assert wide == pytest.approx(1.96 * 200 * 1.3859, rel=1e-3)
 
 
 def test_raw_tree_picks_flat_leaves_for_short_ranges() -> None:
@@ -151,8 +220,18 @@ def test_chernoff_halfwidth_is_a_valid_bound() -> None:
     assert normal < wide < 1.5 * normal
 
 
-def test_json_round_trip_answers_the_same() -> None:
-    tree = HierarchicalHistogram.build(np.arange(300), 8, 0.7, np.random.default_rng(4), 2)
+@pytest.mark.parametrize("build", [_laplace, _gaussian])
+def test_json_round_trip_answers_the_same(build) -> None:
+    tree = build(np.arange(300), 8, np.random.default_rng(4), 2)
     again = HierarchicalHistogram.from_json(tree.to_json())
     assert again.answer(17, 250) == tree.answer(17, 250)
     assert again.noise.sensitivity == tree.noise.sensitivity
+    assert again.mechanism == tree.mechanism
+    assert again.node_variance == tree.node_variance
+
+
+def test_stored_gaussian_tree_with_other_noise_is_refused() -> None:
+    data = _gaussian(np.arange(300), 8, np.random.default_rng(4), 2).to_json()
+    data["sigma2"] = "1"
+    with pytest.raises(ValueError, match="does not match its noise"):
+        HierarchicalHistogram.from_json(data)

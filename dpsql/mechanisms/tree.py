@@ -6,7 +6,12 @@ cost a whole level of sensitivity and add almost nothing, as Qardaji et al.
 2013 note). Each unit adds its (at most `contributions`) rows to one node per
 level, so the L1 sensitivity of the tree is levels * contributions, and every
 node gets exact discrete Laplace noise of that scale over epsilon (not
-log2(levels): seed 000's bug).
+log2(levels): seed 000's bug). The Gaussian variant (for (epsilon, delta)
+budgets, calibrated in zCDP) uses the L2 sensitivity instead: a unit changes
+each level by at most `contributions` in L2, so the whole tree by
+contributions * sqrt(levels), and every node gets exact discrete Gaussian
+noise with sigma^2 = contributions^2 * levels / (2 rho) (CKS 2020, Theorem 14).
+For long ranges the Gaussian's sqrt(levels) beats the Laplace's levels.
 
 A range [start, stop) of bins is answered in one of two ways:
 
@@ -36,6 +41,12 @@ is the smallest t where that is <= 5%: about 1.4 standard deviations wider
 than a normal approximation for long ranges, but guaranteed. Q and W come
 from the same closed forms (W from the <= 2 partial nodes per level and their
 children, where the estimator's weights can vary).
+
+For the Gaussian variant the interval comes from sub-Gaussianity: a discrete
+Gaussian with parameter sigma satisfies E[e^(uZ)] <= e^(u^2 sigma^2 / 2)
+(Canonne, Kamath and Steinke 2020), so sum_v w_v Z_v is sub-Gaussian with
+variance proxy sigma^2 Q and P(|noise| > t) <= 2 exp(-t^2 / (2 sigma^2 Q)):
+t = sigma sqrt(2 Q log 40), guaranteed, about 1.39 times the normal 1.96 sd.
 """
 
 from __future__ import annotations
@@ -48,9 +59,12 @@ from fractions import Fraction
 
 import numpy as np
 
+from dpsql.mechanisms.gaussian import DiscreteGaussian
+from dpsql.mechanisms.grid import privacy_parameter
 from dpsql.mechanisms.laplace import DiscreteLaplace
 
 _TAIL = 0.05
+_SQRT_BITS = 32  # the L2 sensitivity is rounded up to a multiple of 2^-32
 _BISECTIONS = 40  # the bracket shrinks to 1e-12 of the half-width
 
 
@@ -247,6 +261,28 @@ def chernoff_halfwidths(scale: float, squares: np.ndarray, largest: np.ndarray) 
     return np.where(valid, scale * largest * high * (1 + 1e-9), 0.0)
 
 
+def subgaussian_halfwidths(sigma: float, squares: np.ndarray) -> np.ndarray:
+    """Half-widths t with P(|sum_v w_v Z_v| > t) <= 5% for discrete Gaussians Z_v of `sigma`.
+
+    `squares` = sum w_v^2 per estimate. Rounded up by 1e-9 so float rounding
+    never narrows the interval.
+    """
+    squares = np.asarray(squares, dtype=float)
+    return sigma * np.sqrt(2 * squares * math.log(2 / _TAIL)) * (1 + 1e-9)
+
+
+def l2_sensitivity(levels: int, contributions: int) -> Fraction:
+    """contributions * sqrt(levels), rounded up to a rational (exact for square `levels`).
+
+    A rational keeps the Gaussian's sigma^2 exact, and rounding up never adds too
+    little noise (a float sqrt may round down).
+    """
+    scaled = levels << (2 * _SQRT_BITS)
+    root = math.isqrt(scaled)
+    root += root * root < scaled
+    return contributions * Fraction(root, 1 << _SQRT_BITS)
+
+
 @dataclass(frozen=True)
 class Estimate:
     """A noisy range count with its exact variance and a guaranteed 95% half-width."""
@@ -257,10 +293,13 @@ class Estimate:
     estimator: str  # "consistent tree", "tree nodes" or "flat leaves"
 
 
+NodeNoise = DiscreteLaplace | DiscreteGaussian
+
+
 class HierarchicalHistogram:
     """A released noisy tree over bins; every range answer is post-processing of it."""
 
-    def __init__(self, shape: TreeShape, noisy: list[np.ndarray], noise: DiscreteLaplace):
+    def __init__(self, shape: TreeShape, noisy: list[np.ndarray], noise: NodeNoise):
         self.shape = shape
         self.noisy = noisy
         self.noise = noise
@@ -278,13 +317,46 @@ class HierarchicalHistogram:
         """Noisy tree of the exact per-bin `counts`, epsilon-DP when each unit adds at most
         `contributions` to the counts in total."""
         shape = TreeShape(len(counts), branching)
-        noise = DiscreteLaplace(contributions * shape.levels, epsilon)
-        noisy = [noise.sample(level, rng) for level in level_sums(shape, counts)]
-        return cls(shape, noisy, noise)
+        return cls.measure(
+            counts, shape, DiscreteLaplace(contributions * shape.levels, epsilon), rng
+        )
+
+    @classmethod
+    def build_gaussian(
+        cls,
+        counts: np.ndarray,
+        branching: int,
+        rho: float | Fraction,
+        rng: np.random.Generator,
+        contributions: int = 1,
+    ) -> HierarchicalHistogram:
+        """Noisy tree of the exact per-bin `counts`, rho-zCDP when each unit adds at most
+        `contributions` to the counts in total (L2 sensitivity contributions * sqrt(levels))."""
+        shape = TreeShape(len(counts), branching)
+        noise = DiscreteGaussian(l2_sensitivity(shape.levels, contributions), rho)
+        return cls.measure(counts, shape, noise, rng)
+
+    @classmethod
+    def measure(
+        cls, counts: np.ndarray, shape: TreeShape, noise: NodeNoise, rng: np.random.Generator
+    ) -> HierarchicalHistogram:
+        """Every measured node of `counts`' tree, plus independent `noise`."""
+        return cls(shape, [noise.sample(level, rng) for level in level_sums(shape, counts)], noise)
 
     @property
     def node_variance(self) -> float:
         return self.noise.variance()
+
+    @property
+    def mechanism(self) -> str:
+        """The node noise: 'laplace' or 'gaussian'."""
+        return self.noise.name
+
+    def halfwidths(self, squares: np.ndarray, largest: np.ndarray) -> np.ndarray:
+        """Guaranteed 95% half-widths of estimates with these sums and maxima of |weights|."""
+        if isinstance(self.noise, DiscreteGaussian):
+            return subgaussian_halfwidths(self.noise.scale, squares)
+        return chernoff_halfwidths(self.noise.scale, squares, largest)
 
     @property
     def prefix(self) -> np.ndarray:
@@ -301,7 +373,7 @@ class HierarchicalHistogram:
             return Estimate(0.0, 0.0, 0.0, "empty range")
         if consistent:
             squares, largest = range_weights(self.shape, np.array([start]), np.array([stop]))
-            (halfwidth,) = chernoff_halfwidths(self.noise.scale, squares, largest)
+            (halfwidth,) = self.halfwidths(squares, largest)
             value = self.prefix[stop] - self.prefix[start]
             return Estimate(float(value), float(squares[0]) * self.node_variance,
                             float(halfwidth), "consistent tree")  # fmt: skip
@@ -312,7 +384,7 @@ class HierarchicalHistogram:
         else:
             value = sum(int(self.noisy[level - self.shape.top][index]) for level, index in nodes)
             count, estimator = len(nodes), "tree nodes"
-        halfwidth = chernoff_halfwidths(self.noise.scale, np.array([count]), np.ones(1))[0]
+        (halfwidth,) = self.halfwidths(np.array([count]), np.ones(1))
         return Estimate(float(value), count * self.node_variance, float(halfwidth), estimator)
 
     def answers(
@@ -326,20 +398,25 @@ class HierarchicalHistogram:
             self.shape, np.where(nonempty, starts, 0), np.where(nonempty, stops, 1)
         )
         squares, largest = np.where(nonempty, squares, 0.0), np.where(nonempty, largest, 0.0)
-        halfwidths = chernoff_halfwidths(self.noise.scale, squares, largest)
-        return values, squares * self.node_variance, halfwidths
+        return values, squares * self.node_variance, self.halfwidths(squares, largest)
 
     # -- persistence ----------------------------------------------------------
 
     def to_json(self) -> dict:
         nodes = np.concatenate(self.noisy).astype("<i8")
-        return {
+        data = {
             "bins": self.shape.bins,
             "branching": self.shape.branching,
-            "sensitivity": self.noise.sensitivity,
-            "scale": str(self.noise.exact_scale),
             "nodes": base64.b64encode(nodes.tobytes()).decode("ascii"),
         }
+        if isinstance(self.noise, DiscreteGaussian):
+            # rebuilt as build_gaussian builds it, to the same exact sigma^2; the
+            # sensitivity is contributions * sqrt(levels) rounded up by < 2^-32
+            contributions = self.noise.sensitivity / math.sqrt(self.shape.levels)
+            rho = privacy_parameter(self.noise.rho, "rho")
+            return {**data, "mechanism": "gaussian", "contributions": round(contributions),
+                    "rho": str(rho), "sigma2": str(self.noise.sigma2)}  # fmt: skip
+        return {**data, "sensitivity": self.noise.sensitivity, "scale": str(self.noise.exact_scale)}
 
     @classmethod
     def from_json(cls, data: dict) -> HierarchicalHistogram:
@@ -349,6 +426,12 @@ class HierarchicalHistogram:
         if len(nodes) != sum(sizes):
             raise ValueError("stored tree does not match its shape")
         noisy = np.split(nodes, np.cumsum(sizes)[:-1])
+        if data.get("mechanism") == "gaussian":
+            sensitivity = l2_sensitivity(shape.levels, int(data["contributions"]))
+            noise = DiscreteGaussian(sensitivity, Fraction(data["rho"]))
+            if noise.sigma2 != Fraction(data["sigma2"]):
+                raise ValueError("stored Gaussian tree does not match its noise parameters")
+            return cls(shape, noisy, noise)
         sensitivity = int(data["sensitivity"])
         # epsilon as sensitivity / scale, so the scale comes back exactly
         noise = DiscreteLaplace(sensitivity, sensitivity / Fraction(data["scale"]))
