@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, NamedTuple
 
@@ -153,26 +153,31 @@ class Store(ABC):
 
     def append(
         self,
-        analyst: str,
-        fingerprint: str,
+        accounts: Sequence[tuple[str, str, Callable[[Units], None]]],
         charged_at: str,
         units: Units,
-        admit: Callable[[Units], None],
-    ) -> Units:
-        """Append a charge if `admit(spent)` does not raise; return the new totals.
+    ) -> list[Units]:
+        """Charge `units` to every (account, fingerprint, admit) if no `admit(spent)` raises.
 
-        The read of the totals and the append are one transaction under the
-        store's lock for `analyst`, so no other charge can come in between.
+        Return each account's new totals. The reads of the totals and the
+        appends are one transaction under the store's lock for each account,
+        taken in the order given (callers give the analyst before the shared
+        dataset account, so two charges never wait for each other in a cycle);
+        no other charge to these accounts can come in between, and either every
+        account is charged or none is.
         """
         with self._write() as conn:
-            self._lock_analyst(conn, analyst)
-            seq, spent = self._last(conn, analyst)
-            admit(spent)
-            totals = spent.plus(units)
-            self._execute(
-                conn, _APPEND, (analyst, charged_at, fingerprint, *units, seq + 1, *totals)
-            )
-        return totals
+            lasts = []
+            for account, _, admit in accounts:
+                self._lock_analyst(conn, account)
+                seq, spent = self._last(conn, account)
+                admit(spent)
+                lasts.append((seq, spent.plus(units)))
+            for (account, fingerprint, _), (seq, totals) in zip(accounts, lasts, strict=True):
+                self._execute(
+                    conn, _APPEND, (account, charged_at, fingerprint, *units, seq + 1, *totals)
+                )
+        return [totals for _, totals in lasts]
 
     def charges(self, analyst: str | None) -> list[tuple]:
         """Rows (id, analyst, charged_at, fingerprint, epsilon, delta, rho), oldest first."""

@@ -74,10 +74,28 @@ class BudgetExhausted(OperationalError):
         self.analyst = analyst
         self.cost = cost
         self.remaining = remaining
-        super().__init__(
-            f"privacy budget exhausted for analyst '{analyst}': the query costs {cost} "
-            f"but only {remaining} remains. Ask the data owner for more budget, or lower "
-            "the cost with SET dpsql.epsilon = <smaller value> (more noise)."
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        return (
+            f"privacy budget exhausted for analyst '{self.analyst}': the query costs "
+            f"{self.cost} but only {self.remaining} remains. Ask the data owner for more "
+            "budget, or lower the cost with SET dpsql.epsilon = <smaller value> (more noise)."
+        )
+
+
+class DatasetBudgetExhausted(BudgetExhausted):
+    """The dataset-wide budget, which every analyst draws on together, does not cover the cost.
+
+    `analyst` is who asked; `remaining` is what is left of the shared budget.
+    """
+
+    def _message(self) -> str:
+        return (
+            "the dataset-wide privacy budget, shared by all analysts, is exhausted: the query "
+            f"of analyst '{self.analyst}' costs {self.cost} but only {self.remaining} remains "
+            "of it. Ask the data owner to raise 'budget' in the policy, or lower the cost "
+            "with SET dpsql.epsilon = <smaller value> (more noise)."
         )
 
 

@@ -30,6 +30,10 @@ Guarantees, in every store:
   (epsilon, delta, rho) after it satisfies ``Cost.fits_within(budget)``: rho
   is converted to epsilon as a whole, with the delta not otherwise spent, so
   the check is not per component (the conversion is not linear).
+* **Shared budgets are atomic too.** A charge against a dataset-wide budget
+  is appended to the analyst's account and to the shared ``*dataset*``
+  account in one transaction, under both accounts' locks: it fits both or
+  is refused by the one that it does not fit, and writes nothing then.
 * **Append-only.** Triggers refuse UPDATE and DELETE on the charges;
   ``clear_cache`` drops cached releases only, never charges.
 """
@@ -46,7 +50,7 @@ from types import TracebackType
 
 from dpsql._ledger_store import Store, Units
 from dpsql.accounting import Cost, zcdp_epsilon
-from dpsql.errors import BudgetExhausted, NotSupportedError
+from dpsql.errors import BudgetExhausted, DatasetBudgetExhausted, NotSupportedError
 
 SCHEMA_VERSION = 2
 
@@ -61,6 +65,10 @@ _QUANTA = Units(EPSILON_QUANTUM, DELTA_QUANTUM, RHO_QUANTUM)
 _MAX_UNITS = 2**63 - 1
 
 DEFAULT_TIMEOUT = 60.0
+
+#: The account of the dataset-wide budget (policy key ``budget``) that all
+#: analysts draw on together; policy analyst names cannot start with "*".
+DATASET_ACCOUNT = "*dataset*"
 
 _META = {
     "schema_version": str(SCHEMA_VERSION),
@@ -147,13 +155,19 @@ def _left(spent: Cost, budget: Cost) -> Cost:
     return Cost(Fraction(epsilon_left, EPSILON_QUANTUM), max(Fraction(0), delta_left))
 
 
-def _admit(analyst: str, cost: Cost, units: Units, budget: Cost) -> Callable[[Units], None]:
-    """The check run inside the charge's transaction, on what was spent before it."""
+def _admit(
+    analyst: str,
+    cost: Cost,
+    units: Units,
+    budget: Cost,
+    refusal: type[BudgetExhausted] = BudgetExhausted,
+) -> Callable[[Units], None]:
+    """The check run inside the charge's transaction, on what the account spent before it."""
 
     def admit(spent: Units) -> None:
         total = spent.plus(units)
         if max(total) > _MAX_UNITS or not _as_cost(total).fits_within(budget):
-            raise BudgetExhausted(analyst, cost, _left(_as_cost(spent), budget))
+            raise refusal(analyst, cost, _left(_as_cost(spent), budget))
 
     return admit
 
@@ -204,20 +218,39 @@ class Ledger:
         """
         return _left(self.spent(analyst), _budget_cost(budget))
 
-    def charge(self, analyst: str, cost: Cost, budget: Cost, fingerprint: str) -> Cost:
-        """Append a charge if it fits in `budget`; return what remains after it.
+    def charge(
+        self,
+        analyst: str,
+        cost: Cost,
+        budget: Cost,
+        fingerprint: str,
+        *,
+        dataset_budget: Cost | None = None,
+    ) -> Cost:
+        """Append a charge if it fits in `budget`; return what remains of it after.
 
-        Raises BudgetExhausted (and writes nothing) if it does not fit. The
-        charge is committed and durable before this returns.
+        With a `dataset_budget`, the same cost is also charged, in the same
+        transaction, to the account `DATASET_ACCOUNT` that every analyst draws
+        on (its log rows carry the fingerprint ``<analyst>:<fingerprint>``),
+        and the charge must fit both. Raises BudgetExhausted, or
+        DatasetBudgetExhausted when the shared budget is what does not fit,
+        and writes nothing. The charge is committed and durable before this
+        returns.
         """
         _check_text(analyst, "analyst")
         _check_text(fingerprint, "fingerprint")
+        if analyst == DATASET_ACCOUNT:
+            raise ValueError(f"{DATASET_ACCOUNT} is the shared dataset account, not an analyst")
         units = _cost_units(cost)
         rounded = _budget_cost(budget)
-        totals = self._store.append(
-            analyst, fingerprint, _now(), units, _admit(analyst, cost, units, rounded)
-        )
-        return _left(_as_cost(totals), rounded)
+        accounts = [(analyst, fingerprint, _admit(analyst, cost, units, rounded))]
+        if dataset_budget is not None:
+            shared = _admit(
+                analyst, cost, units, _budget_cost(dataset_budget), DatasetBudgetExhausted
+            )
+            accounts.append((DATASET_ACCOUNT, f"{analyst}:{fingerprint}", shared))
+        totals = self._store.append(accounts, _now(), units)
+        return _left(_as_cost(totals[0]), rounded)
 
     def charges(self, analyst: str | None = None) -> list[Charge]:
         """The log, oldest first; only `analyst`'s charges if given."""

@@ -28,7 +28,7 @@ COLUMN_TYPES = ("int", "float", "string", "bool", "date", "timestamp")
 NUMERIC_TYPES = ("int", "float")
 MECHANISMS = ("laplace", "staircase", "gaussian", "auto")
 
-_TOP_KEYS = {"version", "defaults", "analysts", "tables", "ledger", "data_version"}
+_TOP_KEYS = {"version", "defaults", "analysts", "tables", "ledger", "data_version", "budget"}
 _DEFAULT_KEYS = {"epsilon_per_query", "delta", "mechanism"}
 _ANALYST_KEYS = {"epsilon", "delta", "password"}
 _TABLE_KEYS = {"privacy_unit", "max_groups_per_unit", "max_rows_per_unit", "columns", "local"}
@@ -149,6 +149,10 @@ class Policy:
     data_version: str = ""
     source: str = "<policy>"
     digest: str = field(default="", compare=False)
+    # One budget for the whole policy, not per table: tables of one dataset
+    # usually hold the same people, so per-table budgets would let analysts
+    # who pool their answers spend each person's privacy once per table.
+    dataset_budget: Cost | None = None  # all analysts together; None: no shared limit
     # analyst -> SCRAM-SHA-256 verifier ("SCRAM-SHA-256$<iterations>:<salt>$<key>:<key>")
     credentials: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -299,6 +303,7 @@ def _build(document: dict, source: str) -> Policy:
         source=source,
         digest=digest,
         credentials=_credentials(read, raw_analysts),
+        dataset_budget=_dataset_budget(read, document.get("budget")),
     )
 
 
@@ -329,17 +334,26 @@ def _analysts(read: _Reader, spec: dict) -> dict[str, Cost]:
     analysts = {}
     for name, budget in spec.items():
         key = f"analysts.{name}"
-        budget = read.mapping(budget, key)
-        read.known_keys(budget, _ANALYST_KEYS, key)
-        if "epsilon" not in budget:
-            raise read.fail(
-                key, "missing 'epsilon' (the analyst's total budget), e.g. epsilon: 10.0"
-            )
-        analysts[str(name)] = Cost.of(
-            read.positive(budget["epsilon"], f"{key}.epsilon"),
-            read.probability(budget.get("delta", 0.0), f"{key}.delta"),
-        )
+        if str(name).startswith("*"):  # the ledger's own accounts, e.g. *dataset*
+            raise read.fail(key, "analyst names starting with '*' are reserved; rename it")
+        analysts[str(name)] = _budget(read, budget, key, _ANALYST_KEYS)
     return analysts
+
+
+def _dataset_budget(read: _Reader, spec: Any) -> Cost | None:
+    return None if spec is None else _budget(read, spec, "budget", {"epsilon", "delta"})
+
+
+def _budget(read: _Reader, raw: Any, key: str, allowed: set[str]) -> Cost:
+    """A total (epsilon, delta): an analyst's, or the dataset's that all analysts share."""
+    spec = read.mapping(raw, key)
+    read.known_keys(spec, allowed, key)
+    if "epsilon" not in spec:
+        raise read.fail(key, "missing 'epsilon' (the total budget), e.g. epsilon: 10.0")
+    return Cost.of(
+        read.positive(spec["epsilon"], f"{key}.epsilon"),
+        read.probability(spec.get("delta", 0.0), f"{key}.delta"),
+    )
 
 
 def _credentials(read: _Reader, spec: dict) -> dict[str, str]:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from dpsql.accounting import round_down, round_up
+from dpsql.accounting import Cost, round_down, round_up
 from dpsql.adapters.base import Adapter
 from dpsql.errors import InterfaceError, OperationalError, ProgrammingError, QueryRefused
 from dpsql.ldp.postprocess import METHODS as LDP_METHODS
@@ -131,7 +131,7 @@ class Session:
                 return self._keep_state(plan.release(columns, rows, self._rng))
         # The charge is committed before the database runs: a crash after it
         # loses budget, never privacy.
-        self.ledger.charge(self.analyst, plan.cost, self.total, fingerprint)
+        self._charge(plan.cost, fingerprint)
         columns, rows = self.adapter.execute(plan.sql)
         with self._rng_lock:
             release = self._keep_state(plan.release(columns, rows, self._rng))
@@ -141,6 +141,12 @@ class Session:
             self.analyst, fingerprint, _encode(release), durable=False
         )
         return _decode(stored)
+
+    def _charge(self, cost: Cost, fingerprint: str) -> None:
+        """Charge the analyst's budget and, if the policy sets one, the dataset's, atomically."""
+        self.ledger.charge(
+            self.analyst, cost, self.total, fingerprint, dataset_budget=self.policy.dataset_budget
+        )
 
     def _keep_state(self, release: Release) -> Release:
         """Persist the state a release built (a synopsis, a stream's steps); first writer wins."""
@@ -280,7 +286,7 @@ class Session:
         """Build the synopsis now, charging its epsilon, unless this analyst has it already."""
         plan = self._synopsis_plan(table, column)
         if isinstance(plan, BuildSynopsisPlan):
-            self.ledger.charge(self.analyst, plan.cost, self.total, plan.status().key)
+            self._charge(plan.cost, plan.status().key)
             columns, rows = self.adapter.execute(plan.sql)
             with self._rng_lock:
                 self._keep_state(plan.release(columns, rows, self._rng))
