@@ -75,7 +75,8 @@ def connect(
     """Open a private connection to `database` under `policy` for `analyst`.
 
     `database` is a DuckDB file path, ":memory:", an open DuckDB connection,
-    a `postgresql://` URL or any SQLAlchemy URL. `ledger` defaults to the
+    a `postgresql://` URL, any SQLAlchemy URL, a `spark://` or `sc://` URL
+    or a SparkSession. `ledger` defaults to the
     policy's `ledger:` entry, else a file beside a DuckDB file
     (`<database>.ledger.sqlite`); a database named by URL needs one of the two,
     since a budget kept in memory would silently reset. `seed` makes noise
@@ -87,7 +88,7 @@ def connect(
         )
     loaded = policy if isinstance(policy, Policy) else load_policy(policy)
     path = None if isinstance(ledger, Ledger) else _ledger_path(ledger, loaded, database)
-    adapter = open_adapter(database)
+    adapter = open_adapter(database, loaded.sources)
     try:
         loaded.check_schema({key: adapter.table_columns(key) for key in loaded.tables})
         book = ledger if isinstance(ledger, Ledger) else open_ledger(path)

@@ -31,7 +31,10 @@ MECHANISMS = ("laplace", "staircase", "gaussian", "auto")
 _TOP_KEYS = {"version", "defaults", "analysts", "tables", "ledger", "data_version", "budget"}
 _DEFAULT_KEYS = {"epsilon_per_query", "delta", "mechanism"}
 _ANALYST_KEYS = {"epsilon", "delta", "password"}
-_TABLE_KEYS = {"privacy_unit", "max_groups_per_unit", "max_rows_per_unit", "columns", "local"}
+_TABLE_KEYS = {
+    "privacy_unit", "max_groups_per_unit", "max_rows_per_unit", "columns", "local", "source",
+}  # fmt: skip
+SOURCE_FORMATS = ("parquet", "csv")
 _LOCAL_KEYS = {"mechanism", "epsilon", "domain", "report", "value", "branching"}
 _COLUMN_KEYS = {
     "type", "private", "lower", "upper", "values", "public", "nullable", "synopsis", "continual",
@@ -115,6 +118,14 @@ class Column:
 
 
 @dataclass(frozen=True)
+class Source:
+    """Files a table is read from (`source: "parquet:data/events/*.parquet"`)."""
+
+    format: str  # one of SOURCE_FORMATS
+    path: str  # a path or glob; one relative to the policy file is made absolute
+
+
+@dataclass(frozen=True)
 class Table:
     """A table analysts may query, with its privacy unit and contribution bounds."""
 
@@ -125,6 +136,7 @@ class Table:
     max_rows_per_unit: int = 1
     unique_unit: bool = False  # the database enforces one row per unit (a key)
     local: LocalSpec | None = None  # a table of local-DP reports
+    source: Source | None = None  # files the backend registers as this table
 
     def column(self, name: str) -> Column | None:
         """The declared column called `name`, matched case-insensitively as SQL does."""
@@ -155,6 +167,11 @@ class Policy:
     dataset_budget: Cost | None = None  # all analysts together; None: no shared limit
     # analyst -> SCRAM-SHA-256 verifier ("SCRAM-SHA-256$<iterations>:<salt>$<key>:<key>")
     credentials: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def sources(self) -> dict[str, Source]:
+        """The tables read from files, by key: the backend registers each under its key."""
+        return {key: table.source for key, table in self.tables.items() if table.source}
 
     def table(self, name: str) -> Table | None:
         """The table whose (possibly schema-qualified) key is `name`, case-insensitively."""
@@ -412,7 +429,29 @@ def _table(read: _Reader, name: str, spec: dict) -> Table:
             "max_groups_per_unit and max_rows_per_unit need a privacy_unit; without one each "
             "row is its own unit and both are 1",
         )
-    return Table(name=name, columns=columns, privacy_unit=unit, **bounds)
+    source = _source(read, spec["source"], f"{key}.source") if "source" in spec else None
+    if source is not None and "." in name:
+        raise read.fail(
+            f"{key}.source",
+            "a table read from files is registered under its name, which cannot have a "
+            f"schema; name it without one (e.g. '{name.rsplit('.', 1)[1]}')",
+        )
+    return Table(name=name, columns=columns, privacy_unit=unit, source=source, **bounds)
+
+
+def _source(read: _Reader, value: Any, key: str) -> Source:
+    kind, _, path = value.partition(":") if isinstance(value, str) else ("", "", "")
+    if kind not in SOURCE_FORMATS or not path:
+        raise read.fail(
+            key,
+            f"must be '<format>:<path or glob>' with format {' or '.join(SOURCE_FORMATS)}, "
+            f"e.g. 'parquet:data/events/*.parquet'; got {value!r}",
+        )
+    # Like the ledger, a relative path means: beside the policy file. URLs
+    # (s3a://, hdfs://) and absolute paths are taken as written.
+    if "://" not in path and not os.path.isabs(path) and Path(read.source).is_file():
+        path = str(Path(read.source).resolve().parent / path)
+    return Source(kind, path)
 
 
 def _local_table(read: _Reader, name: str, spec: dict, key: str) -> Table:

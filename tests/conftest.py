@@ -5,7 +5,10 @@ beside the repository); tests that need them are skipped, saying why, when
 the folder is absent. Nothing from it is copied into the repository.
 
 Backends: DuckDB always; PostgreSQL on the server DPSQL_TEST_POSTGRES_URL
-names, else on one pytest-postgresql starts, else skipped with the reason.
+names, else on one pytest-postgresql starts, else skipped with the reason;
+Spark in local mode (marked `spark`: `-m spark` selects it, `-m "not spark"`
+leaves it out; skipped with the reason without PySpark or Java), one
+SparkSession for the whole test session with the PUMS tables as Parquet views.
 The PUMS tables are loaded once per session into a DuckDB file and into a
 PostgreSQL schema of their own (dropped at the end). Tests that run on every
 backend take the `backend` fixture and carry `@on_every_backend`.
@@ -15,8 +18,10 @@ from __future__ import annotations
 
 import copy
 import decimal
+import importlib.util
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,7 +103,7 @@ def pums_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # -- backends ------------------------------------------------------------------
 
-BACKENDS = ["duckdb", "postgres"]
+BACKENDS = ["duckdb", "postgres", pytest.param("spark", marks=pytest.mark.spark)]
 on_every_backend = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 # DuckDB's types of the loaded CSV columns, in PostgreSQL's words
@@ -135,10 +140,12 @@ class Backend:
 
     name: str
     dialect: str
-    database: str  # a DuckDB path or a postgresql:// URL
+    database: Any  # a DuckDB path, a postgresql:// URL or a SparkSession
     admin_url: str | None = None  # PostgreSQL: a URL with rights to create schemas
 
     def raw(self) -> RawDatabase:
+        if self.name == "spark":
+            return RawDatabase(_SparkSQL(self.database), close=lambda: None)
         if self.name == "duckdb":
             return RawDatabase(duckdb.connect(self.database, read_only=True, config=_LOCKED))
         import psycopg
@@ -147,6 +154,11 @@ class Backend:
 
     def scratch(self, tables: dict[str, str]) -> RawDatabase:
         """A writable database of its own holding copies of PUMS tables (new name -> table)."""
+        if self.name == "spark":
+            pytest.skip(
+                "Spark: the neighbouring-database checks run batched in tests/test_spark.py "
+                "(one Spark job per plan instead of one per removal)"
+            )
         if self.name == "duckdb":
             connection = duckdb.connect()
             load_pums(connection, {new: PUMS_TABLES[old] for new, old in tables.items()})
@@ -239,6 +251,83 @@ def _load_pums_postgres(admin: Any, schema: str, pums_db: Path) -> None:
                 f"COPY {schema}.{table} FROM STDIN WITH (FORMAT csv, HEADER true)"
             ) as copy_in:
                 copy_in.write((folder / name).read_bytes())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "spark: runs on Spark in local mode (needs PySpark, Java)")
+
+
+class _SparkSQL:
+    """A SparkSession behind RawDatabase's execute(sql).fetchall(); the SQL is read as
+    dpsql reads it on Spark (sqlglot's Spark dialect: "x" is a string there)."""
+
+    def __init__(self, session: Any):
+        self._session = session
+
+    def execute(self, sql: str) -> Any:
+        import sqlglot
+
+        rows = self._session.sql(sqlglot.transpile(sql, read="spark", write="spark")[0]).collect()
+        return _Fetched([tuple(row) for row in rows])
+
+
+@dataclass
+class _Fetched:
+    rows: list[tuple]
+
+    def fetchall(self) -> list[tuple]:
+        return self.rows
+
+
+_SPARK: dict[str, Any] = {}  # the one local SparkSession, or why there is none
+
+
+def _spark() -> Any:
+    """The shared local SparkSession (started on first call), or the reason it cannot run."""
+    if not _SPARK:
+        if importlib.util.find_spec("pyspark") is None:
+            _SPARK["why"] = "Spark tests need PySpark: pip install 'pyspark>=4.0'"
+        elif not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+            _SPARK["why"] = "Spark tests need Java 17 or later (on PATH or in JAVA_HOME)"
+        else:
+            from pyspark.sql import SparkSession
+
+            _SPARK["session"] = (
+                SparkSession.builder.master("local[2]").appName("dpsql-tests")
+                .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+                .config("spark.sql.shuffle.partitions", "2").config("spark.log.level", "ERROR")
+                .getOrCreate()
+            )  # fmt: skip
+    return _SPARK.get("session") or _SPARK["why"]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # PySpark forks its JVM with a preexec_fn, which can crash in a process that
+    # earlier tests filled with threads and native libraries: start it first.
+    if any(item.get_closest_marker("spark") for item in session.items):
+        _spark()
+
+
+@pytest.fixture(scope="session")
+def spark_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One local SparkSession for the test session, the PUMS tables in it as Parquet views."""
+    session = _spark()
+    if isinstance(session, str):
+        pytest.skip(session)
+    folder = tmp_path_factory.mktemp("spark")
+    with duckdb.connect() as source:
+        load_pums(source)
+        for table in PUMS_TABLES:
+            source.execute(f"COPY {table} TO '{folder / table}.parquet' (FORMAT parquet)")
+    for table in PUMS_TABLES:
+        session.read.parquet(f"{folder / table}.parquet").createOrReplaceTempView(table)
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_backend(spark_session: Any) -> Backend:
+    return Backend("spark", "spark", spark_session)
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ from dpsql.adapters.duckdb import DuckDBAdapter
 from dpsql.adapters.postgres import PostgresAdapter
 from dpsql.adapters.sqlalchemy import SQLAlchemyAdapter, sqlglot_dialect
 from dpsql.errors import BackendError
+from dpsql.policy import Source
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +151,7 @@ def test_open_adapter_dispatches_on_the_argument(pums_db, postgres_backend):
     assert isinstance(generic, SQLAlchemyAdapter) and generic.dialect == "postgres"
     generic.close()
     with pytest.raises(dpsql.NotSupportedError, match="Spark backend"):
-        open_adapter("spark://local")
+        open_adapter(":memory:", {"events": Source("parquet", "events/*.parquet")})
 
 
 def test_sqlglot_dialects_for_sqlalchemy_names():

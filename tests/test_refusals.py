@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import on_every_backend
+from sqlglot import exp
 
 import dpsql
 from dpsql.adapters import open_adapter
@@ -182,4 +183,5 @@ def test_parameters_cannot_inject_sql(recorded):
     cursor.execute("SELECT COUNT(*) FROM pums WHERE CAST(sex AS VARCHAR) = ?", ["0' OR 1=1 --"])
     assert cursor.fetchone()[0] is not None
     assert len(adapter.statements) == 1
-    assert "'0'' OR 1=1 --'" in adapter.statements[0]  # bound as one string literal
+    # bound as one string literal, quoted as the backend's dialect quotes it
+    assert exp.Literal.string("0' OR 1=1 --").sql(adapter.dialect) in adapter.statements[0]

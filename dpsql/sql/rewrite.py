@@ -29,6 +29,7 @@ _SOURCE = "__dpsql_source"
 _DOUBLE = exp.DataType.build("DOUBLE")
 _BIGINT = exp.DataType.build("BIGINT")
 _TEXT = exp.DataType.build("TEXT")
+_SEEDED_HASHES = {"duckdb": "hash", "spark": "xxhash64"}  # hash(secret, values...)
 
 
 @dataclass(frozen=True)
@@ -163,13 +164,15 @@ def _measure_sql(
 def _keyed_hash(dialect: str, seed: int, values: list[exp.Expression]) -> exp.Expression:
     """A hash keyed by a per-release secret: which rows a unit keeps is unpredictable.
 
-    DuckDB's `hash` and PostgreSQL's `hashtextextended` take a seed and are
-    fast; elsewhere the secret is prefixed to the text of the values under MD5,
+    DuckDB's `hash`, Spark's `xxhash64` (the secret as first argument seeds
+    the rest) and PostgreSQL's `hashtextextended` take a seed and are fast;
+    elsewhere the secret is prefixed to the text of the values under MD5,
     which every common SQL dialect has (sqlglot spells it for each).
     """
-    if dialect == "duckdb":
+    if dialect in _SEEDED_HASHES:
         return exp.Anonymous(
-            this="hash", expressions=[exp.convert(seed), *[v.copy() for v in values]]
+            this=_SEEDED_HASHES[dialect],
+            expressions=[exp.convert(seed), *[v.copy() for v in values]],
         )
     texts = [exp.Cast(this=v.copy(), to=_TEXT.copy()) for v in values]
     if dialect == "postgres":

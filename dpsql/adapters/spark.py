@@ -1,0 +1,226 @@
+"""Spark adapter: the same private SQL on Apache Spark SQL.
+
+What it opens: `spark://local[2]` (a local SparkSession; `spark://host:7077`
+is a standalone cluster), `sc://host:15002` (Spark Connect, with pyspark's
+Connect client installed), or an existing SparkSession. Query parameters of a
+`spark://` URL are Spark settings (`spark://local[4]?spark.driver.memory=4g`).
+Tables come from the session's catalog, and tables the policy reads from
+files (`source: "parquet:..."` or `"csv:..."`) are registered as temporary
+views under their keys.
+
+What Spark needs from the rewrite: window functions (ROW_NUMBER and
+DENSE_RANK over PARTITION BY unit, for contribution bounding) and a keyed
+hash to order each unit's rows by, `xxhash64(secret, values...)`; sqlglot
+writes both in the Spark dialect. Spark runs the whole bounded aggregate and
+`collect()` brings back its result, one row per group: never a raw row.
+
+Spark's messages can quote stored values (a failed cast, say), and PySpark
+logs them too: only the error's condition name leaves the adapter, and the
+loggers that would print the message are silenced.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import parse_qsl
+
+from dpsql.errors import BackendError
+from dpsql.policy import Source
+
+# Settings for a session dpsql starts (a URL's query overrides them): no web UI,
+# which would show every query (and its hash secret) to anyone on the network,
+# and no JVM log lines, which quote a failed task's values.
+_DEFAULT_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.log.level": "FATAL",
+}
+_QUERY_CONTEXT_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
+
+# Adapters per SparkContext that dpsql started: the last one to close stops it.
+_started: Counter[int] = Counter()
+_lock = threading.Lock()
+
+
+def is_spark_session(database: Any) -> bool:
+    """Whether `database` is a SparkSession (classic or Connect), without importing pyspark."""
+    return any(
+        cls.__name__ == "SparkSession" and cls.__module__.startswith("pyspark.")
+        for cls in type(database).__mro__
+    )
+
+
+class SparkAdapter:
+    """Runs rewritten SQL on a SparkSession; see the module docstring."""
+
+    dialect = "spark"
+
+    def __init__(self, database: Any, sources: Mapping[str, Source] | None = None):
+        try:
+            from pyspark.errors import PySparkException
+        except ImportError:
+            raise BackendError(
+                "the Spark backend needs PySpark: pip install 'pyspark>=4.0' (and Java 17)"
+            ) from None
+        self._errors: tuple[type[Exception], ...] = (PySparkException, *_py4j_errors())
+        _quiet_query_loggers()
+        self._on_close: Callable[[], None] = lambda: None  # stops what this adapter started
+        self._views: list[str] = []
+        try:
+            if is_spark_session(database):
+                self._session = database
+            elif str(database).lower().startswith("sc://"):
+                self._session = self._connect(database)
+            else:
+                self._session = self._local_or_cluster(database)
+            for key, source in (sources or {}).items():
+                self._register(key, source)
+        except BackendError:
+            self.close()
+            raise
+
+    # -- opening ------------------------------------------------------------
+
+    def _connect(self, url: str) -> Any:
+        from pyspark.sql import SparkSession
+
+        try:
+            session = SparkSession.builder.remote(url).create()
+        except ImportError as exc:
+            raise BackendError(
+                f"{url} needs pyspark's Spark Connect client ({exc}); "
+                "pip install 'pyspark[connect]'"
+            ) from None
+        except self._errors as exc:
+            raise BackendError(
+                f"cannot open the Spark Connect session {url} ({_condition(exc)}); check that "
+                "the Connect server runs there"
+            ) from None
+        self._on_close = session.stop
+        return session
+
+    def _local_or_cluster(self, url: str) -> Any:
+        from pyspark import SparkContext
+        from pyspark.sql import SparkSession
+
+        target, _, query = url.partition("?")
+        master = target.split("://", 1)[1]
+        if not master.startswith("local"):
+            master = target  # spark://host:7077 is a standalone cluster's own URL
+        settings = dict(parse_qsl(query))
+        builder = SparkSession.builder.master(master).appName("dpsql")
+        for name, value in {**_DEFAULT_CONF, **settings}.items():
+            builder = builder.config(name, value)
+        with _lock:
+            fresh = SparkContext._active_spark_context is None
+            try:
+                # A running context (this process has one) is shared as it is:
+                # getOrCreate would write the settings into its active session.
+                base = (builder if fresh else SparkSession.builder).getOrCreate()
+            except self._errors as exc:
+                raise BackendError(
+                    f"cannot start Spark for {url} ({_condition(exc)}); Spark needs Java 17 or "
+                    "later on PATH or in JAVA_HOME"
+                ) from None
+            context = base.sparkContext
+            if fresh or id(context) in _started:
+                _started[id(context)] += 1
+                self._on_close = lambda: _release(context)
+        # A session of its own (same context and catalog): the temporary views
+        # and settings of this adapter are not seen by, nor replace, anyone else's.
+        session = base.newSession()
+        if not fresh:
+            self._set(session, settings)
+        return session
+
+    def _set(self, session: Any, settings: Mapping[str, str]) -> None:
+        for name, value in settings.items():
+            try:
+                session.conf.set(name, value)
+            except self._errors as exc:
+                raise BackendError(
+                    f"cannot set {name} on the Spark context that already runs in this process "
+                    f"({_condition(exc)}); set it where that context is started"
+                ) from None
+
+    def _register(self, key: str, source: Source) -> None:
+        reader = self._session.read.format(source.format)
+        if source.format == "csv":
+            reader = reader.option("header", True).option("inferSchema", True)
+        try:
+            reader.load(source.path).createOrReplaceTempView(key)
+        except self._errors as exc:
+            raise BackendError(
+                f"Spark cannot read the files of table '{key}' ({source.format}:{source.path}: "
+                f"{_condition(exc)}); correct its 'source:' in the policy"
+            ) from None
+        self._views.append(key)
+
+    # -- the Adapter protocol -----------------------------------------------
+
+    def execute(self, sql: str) -> tuple[list[str], list[tuple]]:
+        try:
+            frame = self._session.sql(sql)
+            rows = frame.collect()
+        except self._errors as exc:
+            raise BackendError(
+                f"Spark could not run the rewritten query ({_condition(exc)}); check the types "
+                "of literals and columns in the query"
+            ) from None
+        return list(frame.columns), [tuple(row) for row in rows]
+
+    def table_columns(self, name: str) -> set[str] | None:
+        try:
+            return {field.lower() for field in self._session.table(name).columns}
+        except self._errors:
+            return None
+
+    def unique_columns(self, name: str) -> set[str]:
+        return set()  # Spark declares no enforced keys: every unit is bounded
+
+    def close(self) -> None:
+        try:
+            for view in self._views:
+                self._session.catalog.dropTempView(view)
+        except self._errors:
+            pass  # the session is already gone, and its views with it
+        self._views = []
+        stop, self._on_close = self._on_close, lambda: None
+        stop()
+
+
+def _release(context: Any) -> None:
+    """One adapter less on a SparkContext dpsql started; the last one stops it."""
+    with _lock:
+        _started[id(context)] -= 1
+        if not _started[id(context)]:
+            del _started[id(context)]
+            context.stop()
+
+
+def _condition(exc: Exception) -> str:
+    """The error's condition name (e.g. CAST_INVALID_INPUT): never its message, which may
+    quote a stored value."""
+    name = getattr(exc, "getCondition", lambda: None)()
+    return f"{type(exc).__name__} {name}" if name else type(exc).__name__
+
+
+def _py4j_errors() -> tuple[type[Exception], ...]:
+    """The JVM bridge's errors (a JVM that died); the Connect-only client has no py4j."""
+    try:
+        from py4j.protocol import Py4JError
+    except ImportError:
+        return ()
+    return (Py4JError,)
+
+
+def _quiet_query_loggers() -> None:
+    # PySpark logs a failed query's message, values included, through these.
+    from pyspark.logger import PySparkLogger
+
+    for name in _QUERY_CONTEXT_LOGGERS:
+        PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)

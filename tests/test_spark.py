@@ -1,0 +1,221 @@
+"""The Spark adapter: URLs, policy sources, sanitised errors, bounding on neighbours.
+
+The backend-parametrised suite (test_queries, test_refusals, test_budget) runs on
+Spark through the `spark` backend of conftest; this file holds what is Spark's
+own, on the same shared local SparkSession. The neighbouring-database checks of
+test_sensitivity run here batched: the full table and every neighbour go into
+one Spark job per plan (a UNION ALL of CTE-shadowed copies of the table).
+"""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import pytest
+import sqlglot
+import yaml
+from conftest import PUMS_TABLES, load_pums, pums_policy
+from sqlglot import exp
+from test_sensitivity import SHAPES, _l1_change, _plans
+
+import dpsql
+from dpsql.adapters import open_adapter
+from dpsql.adapters.spark import SparkAdapter
+from dpsql.errors import BackendError, PolicyError
+from dpsql.ledger import Ledger
+from dpsql.policy import Source, load_policy
+from dpsql.session import Session
+
+
+@pytest.fixture(scope="module")
+def spark(spark_session):
+    """The shared session, with a row-numbered copy of PUMS for row-level neighbours."""
+    spark_session.sql(
+        "CREATE OR REPLACE TEMP VIEW spark_rows AS SELECT *, row_number() OVER (ORDER BY "
+        "age, sex, educ, race, income, married) AS row_id FROM pums"
+    )  # identical rows may swap numbers: their neighbours are the same database
+    yield spark_session
+    spark_session.catalog.dropTempView("spark_rows")
+
+
+# -- bounding: sensitivity on neighbouring databases ----------------------------
+
+
+def _neighbour_rows(spark, sql: str, table: str, source: str, column: str, removed: list):
+    """The rows of `sql` on `source` (index 0) and on `source` less each removed value.
+
+    All in one Spark job: the table becomes one copy per neighbour, tagged by
+    __removal, which joins every window's partition and the grouping, so each
+    copy is bounded and aggregated exactly as the plan would on its own.
+    """
+    tree = sqlglot.parse_one(sql, dialect="spark")
+    tag = exp.column("__removal")
+    for window in tree.find_all(exp.Window):
+        window.set("partition_by", [tag.copy(), *(window.args.get("partition_by") or [])])
+    for inner in list(tree.find_all(exp.Select)):  # carry the tag through named projections
+        if inner is not tree and not any(isinstance(e, exp.Star) for e in inner.expressions):
+            inner.select(tag.copy(), copy=False)
+    tree.select(tag.copy(), copy=False).group_by(tag.copy(), copy=False)
+    pairs = ", ".join(f"({index}, {value})" for index, value in enumerate(removed, start=1))
+    copies = (
+        f"SELECT r.__removal, t.* FROM {source} AS t JOIN (SELECT * FROM VALUES (0, NULL), "
+        f"{pairs} AS r(__removal, removed)) AS r ON r.__removal = 0 OR t.{column} <> r.removed"
+    )
+    for node in tree.find_all(exp.Table):
+        if node.name == table:
+            node.replace(sqlglot.parse_one(f"({copies}) AS {table}", dialect="spark"))
+    results: list[list[tuple]] = [[] for _ in range(len(removed) + 1)]
+    for row in spark.sql(tree.sql(dialect="spark")).collect():
+        results[row[-1]].append(tuple(row)[:-1])
+    return results
+
+
+def _assert_bounded(spark, plans, table, source, column, removed, max_groups):
+    for plan in plans:
+        keys = len(plan.analysis.keys)
+        columns = len(plan.measures) + (plan.selection is not None)
+        limits = [m.noise.sensitivity for m in plan.measures]
+        if plan.selection is not None:  # distinct units per group, for key selection
+            limits.append(max_groups)
+        full, *neighbours = _neighbour_rows(spark, plan.sql, table, source, column, removed)
+        changes = np.array([_l1_change(full, rows, keys, columns) for rows in neighbours])
+        assert np.all(changes <= np.array(limits)), (plan.sql, changes.max(axis=0), limits)
+        if plan is plans[0]:  # COUNT(*): some removal moves it by exactly its sensitivity
+            assert changes[:, 0].max() == limits[0]
+
+
+def _first_column(spark, query: str) -> list:
+    return [row[0] for row in spark.sql(query).collect()]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(("base", "bounds"), [("pums_dup", (2, 2)), ("pums_null", (3, 1))])
+def test_user_level_measurements_change_at_most_by_their_sensitivity(spark, base, bounds):
+    policy = pums_policy()
+    table = policy["tables"]["pums_dup"]
+    table["max_groups_per_unit"], table["max_rows_per_unit"] = bounds
+    plans = _plans(SHAPES, "pums_dup", load_policy(policy), "spark")
+    removed = _first_column(
+        spark,
+        f"SELECT pid FROM {base} WHERE pid IS NOT NULL GROUP BY pid ORDER BY COUNT(*) DESC, pid "
+        "LIMIT 25",
+    )
+    _assert_bounded(spark, plans, "pums_dup", base, "pid", removed, bounds[0])
+
+
+@pytest.mark.spark
+def test_row_level_measurements_change_at_most_by_their_sensitivity(spark):
+    plans = _plans(
+        [s for s in SHAPES if "pid" not in s], "pums", load_policy(pums_policy()), "spark"
+    )
+    removed = _first_column(
+        spark, "SELECT row_id FROM spark_rows ORDER BY income DESC, row_id LIMIT 25"
+    )
+    _assert_bounded(spark, plans, "pums", "spark_rows", "row_id", removed, 1)
+
+
+# -- tables read from files named in the policy ---------------------------------
+
+
+def _policy_file(folder, tables: dict) -> str:
+    """A policy file over PUMS-shaped tables read from `tables` (key -> source)."""
+    columns = pums_policy()["tables"]["pums"]["columns"]
+    specs = {key: {"source": source, "columns": columns} for key, source in tables.items()}
+    path = folder / "policy.yaml"
+    path.write_text(yaml.safe_dump(pums_policy(tables=specs)))
+    return str(path)
+
+
+def test_sources_are_validated_and_resolved_beside_the_policy(tmp_path):
+    policy = load_policy(_policy_file(tmp_path, {"a": "parquet:data/*.parquet", "b": "csv:/x.csv"}))
+    assert policy.sources == {
+        "a": Source("parquet", str(tmp_path.resolve() / "data" / "*.parquet")),
+        "b": Source("csv", "/x.csv"),
+    }
+    for source, complaint in [("json:x.json", "parquet or csv"), ("parquet:", "parquet or csv"),
+                              (7, "parquet or csv")]:  # fmt: skip
+        with pytest.raises(PolicyError, match=complaint) as raised:
+            load_policy(
+                pums_policy(tables={"a": {"source": source, "columns": {"x": {"type": "int"}}}})
+            )
+        assert "tables.a.source" in str(raised.value)
+    with pytest.raises(PolicyError, match="without one"):
+        load_policy(_policy_file(tmp_path, {"s.t": "csv:t.csv"}))
+
+
+def test_sources_need_the_spark_backend(tmp_path):
+    with pytest.raises(dpsql.NotSupportedError, match="spark://local"):
+        dpsql.connect(":memory:", policy=_policy_file(tmp_path, {"pums": "csv:pums.csv"}))
+
+
+TOTALS = "SELECT sex, SUM(income) FROM pums GROUP BY sex"
+
+
+@pytest.mark.spark
+def test_parquet_and_csv_sources_are_queried_in_a_session_of_their_own(spark_session, tmp_path):
+    with duckdb.connect() as source:
+        load_pums(source, {"pums": PUMS_TABLES["pums"]})
+        source.execute(f"COPY pums TO '{tmp_path / 'pums.parquet'}' (FORMAT parquet)")
+        source.execute(f"COPY pums TO '{tmp_path / 'pums.csv'}' (HEADER)")
+    policy = _policy_file(tmp_path, {"from_parquet": "parquet:pums.parquet",
+                                     "from_csv": "csv:pums.csv"})  # fmt: skip
+    with dpsql.connect("spark://local[2]", policy, ledger=tmp_path / "l.sqlite", seed=3) as con:
+        for table in ("from_parquet", "from_csv"):
+            cursor = con.execute(f"SELECT sex, SUM(income) AS total FROM {table} GROUP BY sex")
+            truth = dict(
+                spark_session.sql("SELECT sex, SUM(income) FROM pums GROUP BY sex").collect()
+            )
+            half_width = cursor.accuracy["total"].interval95
+            for sex, total in cursor.fetchall():
+                assert abs(total - truth[sex]) <= 2 * half_width  # 2 x the 95% half-width
+        # the views live in the adapter's own session, not in the shared one
+        assert not spark_session.catalog.tableExists("from_parquet")
+    assert spark_session.sql("SELECT COUNT(*) FROM pums").collect()[0][0] == 1000  # still up
+
+
+@pytest.mark.spark
+def test_a_missing_source_is_a_backend_error_naming_the_policy_entry(spark_session, tmp_path):
+    with pytest.raises(BackendError, match=r"table 'gone'.*correct its 'source:'"):
+        SparkAdapter("spark://local[2]", {"gone": Source("parquet", str(tmp_path / "no.parquet"))})
+
+
+# -- what leaves the adapter ----------------------------------------------------
+
+
+@pytest.mark.spark
+def test_errors_name_the_condition_never_a_stored_value(spark_session, capfd):
+    adapter = SparkAdapter(spark_session)
+    with pytest.raises(BackendError, match="CAST_INVALID_INPUT") as raised:
+        adapter.execute("SELECT CAST('secret-4711' AS INT)")
+    assert "4711" not in str(raised.value)
+    assert "4711" not in "".join(capfd.readouterr())  # PySpark's query-context log is off
+    assert adapter.table_columns("pums") == {"age", "sex", "educ", "race", "income", "married"}
+    assert adapter.table_columns("no_such_table") is None
+    assert adapter.unique_columns("pums_pid") == set()  # Spark enforces no keys
+
+
+@pytest.mark.spark
+def test_one_row_per_group_comes_back(spark_session, tmp_path):
+    adapter = open_adapter(spark_session)
+    returned = []
+    execute = adapter.execute
+    adapter.execute = lambda sql: returned.append(execute(sql)) or returned[-1]
+    session = Session(adapter, load_policy(pums_policy()), Ledger(tmp_path / "l.sqlite"), seed=5)
+    session.execute("SELECT age, COUNT(*) FROM pums_dup GROUP BY age")
+    ((columns, rows),) = returned
+    ages = spark_session.sql("SELECT COUNT(DISTINCT age) FROM pums_dup").collect()[0][0]
+    assert len(rows) == ages and len({row[0] for row in rows}) == ages
+    assert all(name.startswith("__dpsql_") for name in columns)
+
+
+def test_spark_connect_without_its_client_says_what_to_install():
+    pytest.importorskip("pyspark")
+    try:
+        import grpc  # noqa: F401
+        import pyarrow  # noqa: F401
+    except ImportError:
+        with pytest.raises(BackendError, match=r"pip install 'pyspark\[connect\]'"):
+            SparkAdapter("sc://localhost:1")
+    else:
+        with pytest.raises(BackendError, match="Connect server runs there"):
+            SparkAdapter("sc://localhost:1")
