@@ -38,6 +38,7 @@ from dpsql.sql.synopsis import BuildSynopsisPlan, StoredSynopsisPlan, SynopsisSt
 from dpsql.sql.synopsis import count_query as synopsis_count_query
 from dpsql.sql.synopsis import declared as declared_synopses
 
+MAX_EPSILON = 1e6
 _SETTABLE = ("dpsql.epsilon", "dpsql.delta", "dpsql.mechanism", "dpsql.ldp_postprocess")
 
 
@@ -178,11 +179,12 @@ class Session:
         name = name.lower().removeprefix("dpsql.")
         if name in ("epsilon", "delta"):
             number = _number(value, name)
-            upper = math.inf if name == "epsilon" else 1.0
+            # An epsilon above MAX_EPSILON protects nothing and would not fit the ledger.
+            upper = MAX_EPSILON if name == "epsilon" else 1.0
             if not 0 < number < upper and not (name == "delta" and number == 0):
                 raise ProgrammingError(
-                    f"dpsql.{name} must be a positive finite number"
-                    + (" below 1" if name == "delta" else "")
+                    f"dpsql.{name} must be a positive finite number below "
+                    + ("1" if name == "delta" else f"{MAX_EPSILON:g}")
                     + f", got {value!r}"
                 )
             self.options = replace(self.options, **{name: number})

@@ -107,5 +107,7 @@ def test_set_show_and_explain(connect):
     assert budget[0] == "default"
     with pytest.raises(dpsql.ProgrammingError, match="positive"):
         connection.execute("SET dpsql.epsilon = -1")
+    with pytest.raises(dpsql.ProgrammingError, match="below 1e"):
+        connection.execute("SET dpsql.epsilon = 1e300")  # would not fit the ledger
     with pytest.raises(dpsql.ProgrammingError, match="unknown option"):
         connection.execute("SET dpsql.colour = 'red'")
