@@ -7,6 +7,7 @@ import getpass
 import sys
 
 from dpsql.errors import InterfaceError
+from dpsql.server.limits import Limits
 
 SERVE_EPILOG = """examples:
   dpsql serve --demo --trust                  # then: psql -h 127.0.0.1 -p 5433 -U default
@@ -46,6 +47,28 @@ def register(commands: argparse._SubParsersAction) -> None:
                          "allowed on a loopback --host")  # fmt: skip
     network.add_argument("--workers", type=int, default=8,
                          help="threads running queries (default: %(default)s)")  # fmt: skip
+    network.add_argument("--require-tls", action="store_true",
+                         help="refuse clients that do not use TLS (needs --tls-cert)")  # fmt: skip
+    limits = serve.add_argument_group("limits")
+    defaults = Limits()
+    limits.add_argument(
+        "--query-timeout",
+        type=float,
+        default=defaults.query_timeout,
+        help="seconds a statement may run; 0: no limit (default: %(default)s)",
+    )
+    limits.add_argument(
+        "--auth-timeout",
+        type=float,
+        default=defaults.auth_timeout,
+        help="seconds a client has to log in (default: %(default)s)",
+    )
+    limits.add_argument(
+        "--max-connections-per-analyst",
+        type=int,
+        default=defaults.connections_per_analyst,
+        help="connections one analyst may hold at once (default: %(default)s)",
+    )
     serve.set_defaults(run=_run_serve)
 
     passwd = commands.add_parser(
@@ -71,8 +94,14 @@ def _run_serve(args: argparse.Namespace) -> int:
     users = read_users(args.users) if args.users else None
     connection = _open(args)
     try:
+        limits = Limits(
+            auth_timeout=args.auth_timeout,
+            query_timeout=args.query_timeout,
+            connections_per_analyst=args.max_connections_per_analyst,
+            require_tls=args.require_tls,
+        )
         server = build(connection, host=args.host, users=users, trust=args.trust, tls=tls,
-                       workers=args.workers)  # fmt: skip
+                       workers=args.workers, limits=limits)  # fmt: skip
     except Exception:
         connection.close()
         raise

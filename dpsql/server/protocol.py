@@ -17,7 +17,11 @@ lacks is added here, by subclassing rather than forking:
   Query or Flush (one write per message cost about 20% of throughput),
   malformed messages answered with 08P01 instead of crashing the handler, a
   statement run at Bind so its columns are known (see statements.py), and a
-  client vanishing mid-query closing only its own connection.
+  client vanishing mid-query closing only its own connection;
+- the limits of `dpsql.server.limits`: a deadline for the whole login, a
+  per-address back-off before each login after failures, TLS required when
+  configured, connections per analyst, and statements and parameters per
+  connection, each refused with its SQLSTATE and what to do instead.
 
 Both override pg-mimic internals, which is why the version is pinned and
 tests/server/ exercises every client: an upgrade that changes them fails there.
@@ -40,9 +44,18 @@ from pg_mimic.results import format_code_for
 from pg_mimic.stream import ConnectionClosed, PgStream
 from pg_mimic.types import pack_int32, unpack_int32
 
-from dpsql.server.auth import Authenticator
+from dpsql.server.auth import Authenticator, is_loopback
 from dpsql.server.introspection import SERVER_VERSION, CatalogPortal
-from dpsql.server.sqlstate import FEATURE_NOT_SUPPORTED, PROTOCOL_VIOLATION, QUERY_CANCELED
+from dpsql.server.limits import Backoff, Limits
+from dpsql.server.sqlstate import (
+    FEATURE_NOT_SUPPORTED,
+    INVALID_AUTHORIZATION,
+    PROGRAM_LIMIT_EXCEEDED,
+    PROTOCOL_VIOLATION,
+    QUERY_CANCELED,
+    TOO_MANY_ARGUMENTS,
+    TOO_MANY_CONNECTIONS,
+)
 from dpsql.server.statements import Backend, PrivatePortal, PrivateStatement, WireSession
 
 MAX_STARTUP_LENGTH = 10_000  # as PostgreSQL's MAX_STARTUP_PACKET_LENGTH
@@ -113,7 +126,50 @@ class LimitedStream(PgStream):
 
 
 class WireConnection(Connection):
-    """pg-mimic's connection with batched writes, run-at-Bind portals and 08P01 for bad input."""
+    """pg-mimic's connection with batched writes, run-at-Bind portals, 08P01 for bad input,
+    and the server's limits."""
+
+    server: WireServer
+
+    def __init__(self, *args: object, address: str, deadline: float):
+        super().__init__(*args)
+        self.address = address  # the client's IP address, for the login back-off
+        self.deadline = deadline  # event-loop time by which the login must be complete
+        self._admitted = False
+
+    async def run(self) -> None:
+        try:
+            await super().run()
+        finally:
+            if self._admitted:
+                self.server.leave(self.username)
+
+    async def _authenticate(self) -> bool:
+        backoff = self.server.backoff
+        if self.server.auth_plugin_factory.trust and not is_loopback(self.address):
+            # build() refuses --trust off loopback; this holds whatever the bound address
+            await self.stream.fatal(
+                INVALID_AUTHORIZATION,
+                "this server trusts loopback clients only; connect from this machine",
+            )
+        try:
+            async with asyncio.timeout_at(self.deadline):
+                await backoff.wait(self.address)
+                ok = await super()._authenticate()
+        except TimeoutError:
+            raise ConnectionClosed(f"no login from {self.address} in time") from None
+        backoff.record(self.address, ok)
+        if ok:
+            limit = self.server.limits.connections_per_analyst
+            if not self.server.admit(self.username):
+                await self.stream.fatal(
+                    TOO_MANY_CONNECTIONS,
+                    f'too many connections for analyst "{self.username}": at most {limit} '
+                    "at once; close idle connections (or share one pool), or ask the operator "
+                    "to raise dpsql serve --max-connections-per-analyst",
+                )
+            self._admitted = True
+        return ok
 
     async def _command_loop(self) -> None:
         while True:
@@ -153,6 +209,12 @@ class WireConnection(Connection):
             raise PgError(
                 PROTOCOL_VIOLATION, f"malformed {tag.decode('latin-1')!r} message"
             ) from None
+        if tag == messages.PARSE:
+            self._check_room(self.statements, parsed.statement_name, "prepared statements")
+            self._check_parameters(len(parsed.param_oids))
+        elif tag == messages.BIND:
+            self._check_room(self.portals, parsed.portal_name, "portals")
+            self._check_parameters(len(parsed.params))
         handler = {
             messages.QUERY: self._handle_simple_query,
             messages.PARSE: self._handle_parse,
@@ -162,6 +224,25 @@ class WireConnection(Connection):
             messages.CLOSE: self._handle_close,
         }[tag]
         await handler(parsed)
+
+    def _check_room(self, kept: dict, name: str, what: str) -> None:
+        """Refuse a new named statement or portal beyond the limit: each holds memory."""
+        limit = self.server.limits.statements_per_connection
+        if name not in kept and len(kept) >= limit:
+            raise PgError(
+                PROGRAM_LIMIT_EXCEEDED,
+                f"this connection already keeps {limit} {what}, the most dpsql allows; "
+                "close some (Close message or DEALLOCATE), reuse names, or reconnect",
+            )
+
+    def _check_parameters(self, count: int) -> None:
+        limit = self.server.limits.parameters_per_statement
+        if count > limit:
+            raise PgError(
+                TOO_MANY_ARGUMENTS,
+                f"the statement has {count:,} parameters, over dpsql's limit of {limit:,}; "
+                "pass fewer values (e.g. split a long IN list over several queries)",
+            )
 
     def _error(self, code: str, message: str, fields: dict | None = None) -> None:
         response = {"S": "ERROR", "V": "ERROR", "C": code, "M": message, **(fields or {})}
@@ -205,6 +286,7 @@ class WireServer(PgServer):
         backend: Backend,
         authenticator: Authenticator,
         tls: ssl.SSLContext | None = None,
+        limits: Limits | None = None,
     ):
         super().__init__(
             lambda: WireSession(backend),
@@ -213,24 +295,48 @@ class WireServer(PgServer):
         )
         self.backend = backend
         self.tls = tls
+        self.limits = limits = limits or Limits()
+        self.backoff = Backoff(limits.backoff_base, limits.backoff_max)
+        self._analysts: dict[str, int] = {}  # analyst -> connections logged in now
+
+    def admit(self, analyst: str) -> bool:
+        """Count a logged-in connection of `analyst`, unless they are at the limit."""
+        count = self._analysts.get(analyst, 0)
+        if count >= self.limits.connections_per_analyst:
+            return False
+        self._analysts[analyst] = count + 1
+        return True
+
+    def leave(self, analyst: str) -> None:
+        count = self._analysts.pop(analyst) - 1
+        if count:
+            self._analysts[analyst] = count
 
     async def _handle_client(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         stream = LimitedStream(reader, writer)
+        peer = writer.get_extra_info("peername")
+        address = str(peer[0]) if peer else ""
+        deadline = asyncio.get_running_loop().time() + self.limits.auth_timeout
         try:
-            startup = await self._startup(stream, writer)
+            async with asyncio.timeout_at(deadline):
+                startup = await self._startup(stream, writer)
             if startup is None:
                 return
             pid = self._allocate_pid()
             secret = struct.unpack("!i", os.urandom(4))[0]
-            connection = WireConnection(stream, self.session_factory(), self, pid, secret, startup)
+            connection = WireConnection(
+                stream, self.session_factory(), self, pid, secret, startup,
+                address=address, deadline=deadline,
+            )  # fmt: skip
             self._connections[pid] = connection
             try:
                 await connection.run()
             finally:
                 self._connections.pop(pid, None)
-        except (ConnectionClosed, ConnectionError, OSError, ssl.SSLError, PgError) as exc:
+        except (ConnectionClosed, ConnectionError, OSError, ssl.SSLError, PgError,
+                TimeoutError) as exc:  # fmt: skip
             # a client that vanished or misbehaved: its connection ends, no one else's
             _logger.debug("connection ended: %s", exc)
         except Exception:
@@ -238,18 +344,26 @@ class WireServer(PgServer):
 
     async def _startup(self, stream: LimitedStream, writer: asyncio.StreamWriter) -> dict | None:
         code, payload = await stream.read_startup_packet()
-        if code == messages.SSL_REQUEST_CODE:
-            await _reply(stream, b"S" if self.tls else b"N")
-            if self.tls:
-                await writer.start_tls(self.tls)
-            code, payload = await stream.read_startup_packet()
-        if code == messages.GSSENC_REQUEST_CODE:
-            await _reply(stream, b"N")
+        asked: set[int] = set()
+        # libpq may ask for GSS encryption, then for TLS: each once, in either order
+        while code in (messages.SSL_REQUEST_CODE, messages.GSSENC_REQUEST_CODE):
+            if code in asked or writer.get_extra_info("ssl_object") is not None:
+                await stream.fatal(PROTOCOL_VIOLATION, "encryption was already negotiated")
+            asked.add(code)
+            tls = self.tls if code == messages.SSL_REQUEST_CODE else None
+            await _reply(stream, b"S" if tls else b"N")
+            if tls:
+                await writer.start_tls(tls)
             code, payload = await stream.read_startup_packet()
         if code == messages.CANCEL_REQUEST_CODE:
             if len(payload) == 8:
                 self.cancel(*messages.parse_cancel_request(payload))
             return None
+        if self.limits.require_tls and writer.get_extra_info("ssl_object") is None:
+            await stream.fatal(
+                INVALID_AUTHORIZATION,
+                "this dpsql server accepts only TLS connections; connect with sslmode=require",
+            )
         if code >> 16 != 3:
             await stream.fatal(
                 FEATURE_NOT_SUPPORTED,

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dpsql.dbapi import Connection
 from dpsql.errors import InterfaceError
 from dpsql.server.auth import Authenticator, is_loopback
+from dpsql.server.limits import Limits
 from dpsql.server.protocol import WireServer
 from dpsql.server.statements import Backend
 
@@ -28,22 +29,26 @@ def build(
     trust: bool = False,
     tls: ssl.SSLContext | None = None,
     workers: int = 8,
+    limits: Limits | None = None,
 ) -> WireServer:
     """A wire server over `connection`'s database, policy and ledger (not yet listening).
 
     `users` (analyst -> SCRAM verifier) adds to and overrides the policy's
     `password` entries; `trust` lets analysts in without a password and is
-    refused unless `host` is a loopback address.
+    refused unless `host` is a loopback address; `limits` defaults to `Limits()`.
     """
+    limits = limits or Limits()
+    if limits.require_tls and tls is None:
+        raise InterfaceError("--require-tls needs a certificate: give --tls-cert and --tls-key")
     if trust and not is_loopback(host):
         raise InterfaceError(
             f"--trust lets anyone connect without a password, so it is refused on {host!r}; "
             "bind to 127.0.0.1 (or ::1), or give analysts passwords with 'dpsql passwd'"
         )
-    backend = Backend(connection, workers)
+    backend = Backend(connection, workers, limits.query_timeout)
     policy = backend.policy
     verifiers = {**policy.credentials, **(users or {})}
-    return WireServer(backend, Authenticator(policy.analysts, verifiers, trust), tls)
+    return WireServer(backend, Authenticator(policy.analysts, verifiers, trust), tls, limits)
 
 
 async def listen(server: WireServer, host: str, port: int) -> int:

@@ -43,6 +43,10 @@ INVALID_PARAMETER_VALUE = "22023"
 SYSTEM_ERROR = "58000"
 INTERNAL_ERROR = "XX000"
 QUERY_CANCELED = "57014"
+INVALID_AUTHORIZATION = "28000"
+TOO_MANY_CONNECTIONS = "53300"
+PROGRAM_LIMIT_EXCEEDED = "54000"
+TOO_MANY_ARGUMENTS = "54023"
 
 # most specific first: PolicyError and QueryRefused are ProgrammingErrors
 _CODES: tuple[tuple[type[Error], str], ...] = (

@@ -31,7 +31,7 @@ from dpsql.dbapi import Connection as DbapiConnection
 from dpsql.errors import Error, InterfaceError
 from dpsql.mechanisms.samplers import secure_generator
 from dpsql.server import introspection
-from dpsql.server.sqlstate import INTERNAL_ERROR, pg_error
+from dpsql.server.sqlstate import INTERNAL_ERROR, QUERY_CANCELED, pg_error
 from dpsql.server.values import (
     announced_columns,
     convert,
@@ -49,7 +49,7 @@ ACCURACY_NOTICE = "dpsql accuracy"
 class Backend:
     """What every connection shares: one adapter, policy and ledger, and the thread pool."""
 
-    def __init__(self, connection: DbapiConnection, workers: int = 8):
+    def __init__(self, connection: DbapiConnection, workers: int = 8, query_timeout: float = 0.0):
         template = connection.session
         if type(template._rng.bit_generator) is not type(secure_generator().bit_generator):
             raise InterfaceError(
@@ -58,6 +58,7 @@ class Backend:
                 "open it without seed="
             )
         self.connection = connection
+        self.query_timeout = query_timeout  # seconds; 0: no limit
         self.adapter, self.policy, self.ledger = template.adapter, template.policy, template.ledger
         self.schema = introspection.catalog_schema(self.policy)
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="dpsql-wire")
@@ -110,10 +111,19 @@ class WireSession(MimicSession):
 
     async def execute(self, sql: str, parameters: list[Any]) -> Release:
         """Run one statement in the pool; dpsql errors become ErrorResponses."""
+        timeout = self.backend.query_timeout or None
+        running = self.backend.run(self.backend.execute, self.session, sql, parameters or None)
         try:
-            return await self.backend.run(
-                self.backend.execute, self.session, sql, parameters or None
-            )
+            return await asyncio.wait_for(running, timeout)
+        except TimeoutError:
+            # The worker thread cannot be interrupted: it finishes, and a charged
+            # answer lands in the release cache, so the same statement is free then.
+            raise PgError(
+                QUERY_CANCELED,
+                f"canceling statement due to statement timeout: it ran over {timeout:g} s "
+                "(dpsql serve --query-timeout); narrow the query, or run the same statement "
+                "again later: if it was charged, its answer is kept and the repeat is free",
+            ) from None
         except Error as exc:
             raise pg_error(exc) from None
         except PgError:

@@ -8,6 +8,7 @@ server with --trust on loopback, for raw-socket tests.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,3 +91,14 @@ def trusted(pums_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     )
     with BackgroundServer(build(connection, trust=True, workers=2)) as server:
         yield Served(server, connection)
+
+
+def self_signed(folder: Path) -> tuple[str, str]:
+    """A throwaway certificate and key for 127.0.0.1, as PEM file paths."""
+    key, cert = folder / "key.pem", folder / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return str(cert), str(key)

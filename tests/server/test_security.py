@@ -16,7 +16,7 @@ from dpsql.errors import InterfaceError
 from dpsql.server import BackgroundServer, build
 from dpsql.server.auth import read_users
 
-from .conftest import PASSWORDS, _policy
+from .conftest import PASSWORDS, _policy, self_signed
 
 
 def _count(served, analyst: str = "alice", sql: str = "SELECT COUNT(*) FROM pums") -> int:
@@ -193,17 +193,12 @@ def test_passwd_users_file_and_tls(pums_db, tmp_path) -> None:
     )  # fmt: skip
     assert list(read_users(users)) == ["default"] and "s3cret" not in users.read_text()
     assert users.stat().st_mode & 0o077 == 0
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-         "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+    cert, key = self_signed(tmp_path)
     from dpsql.server.protocol import tls_context
 
     connection = dpsql.connect(str(pums_db), policy=_policy(), analyst="alice",
                                ledger=str(tmp_path / "l.sqlite"))  # fmt: skip
-    server = build(connection, users=read_users(users), tls=tls_context(str(cert), str(key)))
+    server = build(connection, users=read_users(users), tls=tls_context(cert, key))
     with BackgroundServer(server) as running:
         dsn = f"host=127.0.0.1 port={running.port} user=default password='s3cret pass'"
         with psycopg.connect(dsn + " sslmode=require", autocommit=True) as conn:
