@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from fractions import Fraction
 
 import numpy as np
 
 from dpsql.ldp.base import FrequencyOracle
+from dpsql.mechanisms.samplers import laplace_sampler
 
 _CHUNK_ELEMENTS = 1 << 21
 
@@ -47,6 +49,9 @@ class HistogramEncoding(FrequencyOracle):
         self.k = int(resolution)
         self.alpha = math.exp(-self.epsilon / (2 * self.k))
         self.noise_variance = 2 * self.alpha / (1 - self.alpha) ** 2
+        # Exact discrete Laplace, P(z) proportional to exp(-|z| eps / (2k)): no floating-point
+        # outcome decisions (numpy's geometric is only as exact as a double's logarithm).
+        self._noise = laplace_sampler(Fraction(2 * self.k) / Fraction(self.epsilon))
         if kind == "the":
             if threshold is None:
                 taus = np.arange(1, self.k + 1)
@@ -72,9 +77,7 @@ class HistogramEncoding(FrequencyOracle):
         step = max(1, _CHUNK_ELEMENTS // self.d)
         for start in range(0, idx.size, step):
             part = idx[start : start + step]
-            shape = (part.size, self.d)
-            # Difference of two geometric counts (failures before success) is discrete Laplace.
-            noise = rng.geometric(1 - self.alpha, shape) - rng.geometric(1 - self.alpha, shape)
+            noise = self._noise(part.size * self.d, rng).reshape(part.size, self.d)
             noise[np.arange(part.size), part] += self.k
             out[start : start + part.size] = noise
         return out
@@ -93,10 +96,18 @@ class HistogramEncoding(FrequencyOracle):
         return (counts - n * self.q_star) / (self.p_star - self.q_star)
 
     def simulate_counts(self, true_counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Draw `aggregate`'s output from its exact distribution (sparse-aware experiments).
+        """Draw `aggregate`'s output from its exact distribution, for experiments only.
 
-        A sum of n geometric counts is negative binomial, so SHE's column sum is
-        k c_v + NB(n) - NB(n); THE's column count is Binomial(c_v, p*) + Binomial(n - c_v, q*).
+        Equal in distribution to perturbing c_v reports of each value v and
+        aggregating them, because noise is independent across people and
+        coordinates, so each column is a sum of independent terms:
+        - SHE: a discrete Laplace is G1 - G2 for i.i.d. geometric G (failures,
+          success probability 1 - alpha), and a sum of n of them is negative
+          binomial, so the column sum is k c_v + NB(n, 1 - alpha) - NB(n, 1 - alpha);
+        - THE: the column count is Binomial(c_v, p*) + Binomial(n - c_v, q*).
+        Columns are independent. numpy's (floating-point) samplers are fine
+        here: this simulates an experiment and releases nothing; `perturb` is the
+        client path and stays exact.
         """
         c = np.asarray(true_counts, dtype=np.int64)
         n = int(c.sum())

@@ -23,7 +23,13 @@ import math
 
 import numpy as np
 
-from dpsql.ldp.unary import UnaryEncoding, randomize_onehot, randomize_packed, unary_channel
+from dpsql.ldp.unary import (
+    UnaryEncoding,
+    exact_probability,
+    randomize_onehot,
+    randomize_packed,
+    unary_channel,
+)
 
 
 class Rappor(UnaryEncoding):
@@ -36,22 +42,26 @@ class Rappor(UnaryEncoding):
         if not 0 <= q < p <= 1:
             raise ValueError("RAPPOR needs 0 <= q < p <= 1")
         self.name = "rappor"
-        self.f = 2.0 / (1.0 + math.exp(self.epsilon / 2))
+        # SUE's exact (p, q) are RAPPOR's permanent (1 - f/2, f/2): f/2 = 1 / (1 + e^(eps/2)).
+        self.keep_exact, self.half_f_exact = self.p_exact, self.q_exact
+        self.f = 2 * self.q_star
         self.irr_p, self.irr_q = p, q
-        half = self.f / 2
-        self.p_star = (1 - half) * p + half * q
-        self.q_star = half * p + (1 - half) * q
+        irr_p, irr_q = exact_probability(p), exact_probability(q)
+        self.irr_exact = (irr_p, irr_q)
+        self.set_probabilities(
+            self.keep_exact * irr_p + self.half_f_exact * irr_q,
+            self.half_f_exact * irr_p + self.keep_exact * irr_q,
+        )
         q1, q0 = self.p_star, self.q_star
         self.epsilon_one = math.log(q1 * (1 - q0) / (q0 * (1 - q1))) if q1 < 1 else math.inf
 
     def permanent(self, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Permanent responses (packed rows) for values `idx`; the client stores these."""
-        half = self.f / 2
-        return randomize_onehot(idx, self.d, 1 - half, half, rng)
+        return randomize_onehot(idx, self.d, self.keep_exact, self.half_f_exact, rng)
 
     def instantaneous(self, permanent: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """A fresh report from stored permanent responses."""
-        return randomize_packed(permanent, self.d, self.irr_p, self.irr_q, rng)
+        return randomize_packed(permanent, self.d, *self.irr_exact, rng)
 
     def perturb_indices(self, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """First reports of people with no stored permanent response.
@@ -60,7 +70,7 @@ class Rappor(UnaryEncoding):
         same distribution as instantaneous(permanent(idx)), at unary speed.
         People who report again must keep `permanent` and call `instantaneous`.
         """
-        return randomize_onehot(idx, self.d, self.p_star, self.q_star, rng)
+        return randomize_onehot(idx, self.d, self.p_exact, self.q_exact, rng)
 
     def permanent_channel(self) -> np.ndarray:
         """P[permanent bits | x]: its worst-case ratio is exactly e^epsilon."""

@@ -90,16 +90,6 @@ def test_estimate_from_counts_matches_estimate():
         np.testing.assert_allclose(m.estimate_from_counts(halves, 5000), m.estimate(reports))
 
 
-def test_unary_count_simulation_matches_real_counts_in_distribution():
-    m = ldp.mechanism("oue", 1.0, range(COUNTS.size))
-    rng = np.random.default_rng(4)
-    sims = np.array([m.simulate_counts(COUNTS, rng) for _ in range(REPS)])
-    n = int(COUNTS.sum())
-    mean = COUNTS * m.p_star + (n - COUNTS) * m.q_star
-    var = COUNTS * m.p_star * (1 - m.p_star) + (n - COUNTS) * m.q_star * (1 - m.q_star)
-    assert np.all(np.abs(sims.mean(axis=0) - mean) <= 5 * np.sqrt(var / REPS))
-
-
 def test_olh_counting_paths_agree():
     from dpsql.ldp.hashing import _mod_inverse
 
