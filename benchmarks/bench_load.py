@@ -1,0 +1,180 @@
+"""Load: 32 concurrent wire clients against `dpsql serve` for a bounded time.
+
+The server runs as its own process (`dpsql serve --trust` on loopback) over the
+demo census table, in DuckDB and in PostgreSQL. Each client (8 analysts, 4
+connections each) runs distinct private COUNTs and SUMs back to back, so every
+query is planned, charged (an fsync'ed ledger write), run and noised. Reported
+per backend: throughput, p50/p99 latency, the server's resident memory over
+time (a leak shows as growth after warm-up), errors, and the ledger check: the
+ledger's total must equal the sum of the answered queries' costs exactly.
+
+    python benchmarks/bench_load.py [--seconds 600] [--clients 32] [--backend duckdb]
+
+PostgreSQL uses DPSQL_TEST_POSTGRES_URL (a scratch schema, dropped afterwards).
+Not a timed test: it prints figures, and exits non-zero only if a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from fractions import Fraction
+from pathlib import Path
+from urllib.parse import quote
+
+import psycopg
+import yaml
+from bench_postgres import load as load_postgres  # the sibling benchmark, shared
+
+from dpsql import demo
+from dpsql.ledger import Ledger
+
+ANALYSTS = [f"load{i}" for i in range(8)]
+
+
+def _policy(folder: Path) -> tuple[Path, Path]:
+    database, _ = demo.write_demo(folder)
+    policy = dict(demo.DEMO_POLICY)
+    policy["analysts"] = {name: {"epsilon": 1e9, "delta": 1e-3} for name in ANALYSTS}
+    path = folder / "load-policy.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    return database, path
+
+
+def _serve(database: str, policy: Path, ledger: Path, clients: int) -> tuple[subprocess.Popen, int]:
+    server = subprocess.Popen(
+        [sys.executable, "-m", "dpsql.cli", "serve", "--database", database, "--policy",
+         str(policy), "--ledger", str(ledger), "--trust", "--port", "0",
+         "--max-connections-per-analyst", str(clients)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    line = server.stdout.readline()
+    if "listening on" not in line:
+        server.kill()
+        raise SystemExit(f"dpsql serve did not start: {line}")
+    return server, int(line.rsplit(":", 1)[1])
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class Load:
+    """The clients' shared record: latencies of answered queries, and errors."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.latencies: list[float] = []
+        self.errors: list[str] = []
+
+
+def _client(port: int, number: int, until: float, load: Load) -> None:
+    analyst = ANALYSTS[number % len(ANALYSTS)]
+    latencies = []
+    try:
+        with psycopg.connect(f"host=127.0.0.1 port={port} user={analyst}", autocommit=True) as conn:
+            i = 0
+            while time.monotonic() < until:
+                aggregate = "COUNT(*)" if i % 2 else "SUM(age)"
+                sql = f"SELECT {aggregate} FROM census WHERE income > {number * 10**7 + i}"
+                start = time.perf_counter()
+                conn.execute(sql).fetchall()
+                latencies.append(time.perf_counter() - start)
+                i += 1
+    except psycopg.Error as error:
+        with load.lock:
+            load.errors.append(str(error))
+    with load.lock:
+        load.latencies.extend(latencies)
+
+
+def run(name: str, database: str, policy: Path, folder: Path, seconds: float, clients: int) -> bool:
+    ledger = folder / f"{name}-ledger.sqlite"
+    server, port = _serve(database, policy, ledger, clients)
+    load, memory = Load(), []
+    start = time.monotonic()
+    until = start + seconds
+    threads = [
+        threading.Thread(target=_client, args=(port, n, until, load)) for n in range(clients)
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+        while any(thread.is_alive() for thread in threads):
+            memory.append((time.monotonic() - start, _rss_mb(server.pid)))
+            time.sleep(min(1.0, seconds / 20))
+        for thread in threads:
+            thread.join()
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    elapsed = time.monotonic() - start
+    answered = len(load.latencies)
+    cost = Fraction(str(demo.DEMO_POLICY["defaults"]["epsilon_per_query"]))
+    with Ledger(ledger) as book:
+        total = sum((book.spent(a).epsilon for a in ANALYSTS), Fraction(0))
+    exact = total == cost * answered
+    ms = sorted(1000 * t for t in load.latencies)
+    print(f"\n{name}: {clients} clients for {elapsed:.0f} s")
+    print(f"  answered {answered} queries: {answered / elapsed:.1f} queries/s")
+    if ms:
+        p99 = ms[min(len(ms) - 1, int(0.99 * len(ms)))]
+        print(f"  latency p50 {statistics.median(ms):.1f} ms, p99 {p99:.1f} ms")
+    print(f"  errors: {len(load.errors)}" + (f" (first: {load.errors[0]})" if load.errors else ""))
+    print(f"  ledger total epsilon {float(total):g} = answered x {float(cost):g}: {exact}")
+    step = max(1, len(memory) // 10)
+    print("  server memory (s: MB): " + ", ".join(f"{t:.0f}: {m:.0f}" for t, m in memory[::step]))
+    if memory:
+        warm = memory[len(memory) // 5][1]
+        print(f"  after warm-up {warm:.0f} MB, at the end {memory[-1][1]:.0f} MB")
+    return exact and not load.errors
+
+
+def _postgres_database(folder: Path, census: Path) -> tuple[str, str] | None:
+    url = os.environ.get("DPSQL_TEST_POSTGRES_URL")
+    if not url:
+        print("\npostgres: skipped (set DPSQL_TEST_POSTGRES_URL)")
+        return None
+    schema = f"h11_load_{secrets.token_hex(4)}"
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+        load_postgres(admin, schema, census, keyed=True)
+    separator = "&" if "?" in url else "?"
+    return f"{url}{separator}options={quote(f'-c search_path={schema}')}", schema
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=600.0)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--backend", choices=["duckdb", "postgres", "both"], default="both")
+    args = parser.parse_args()
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        census, policy = _policy(folder)
+        if args.backend in ("duckdb", "both"):
+            ok &= run("duckdb", str(census), policy, folder, args.seconds, args.clients)
+        if args.backend in ("postgres", "both") and (pg := _postgres_database(folder, census)):
+            url, schema = pg
+            try:
+                ok &= run("postgres", url, policy, folder, args.seconds, args.clients)
+            finally:
+                admin_url = os.environ["DPSQL_TEST_POSTGRES_URL"]
+                with psycopg.connect(admin_url, autocommit=True) as admin:
+                    admin.execute(f"DROP SCHEMA {schema} CASCADE")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
