@@ -356,3 +356,14 @@ def test_build_sql_caps_rows_per_unit_and_bin(visits_db: Path) -> None:
         built = dict(raw.execute(_histogram_sql(domain, "duckdb", 5)).fetchall())
     assert built == truth
     assert sum(truth.values()) < 30_000  # some visitors do have more than 2 rows of one age
+
+
+def test_build_sql_skips_bounding_when_the_database_keeps_units_unique(visits_db: Path) -> None:
+    table = replace(load_policy(visits_policy()).table("synopsis_visits"), unique_unit=True)
+    sql = _histogram_sql(Domain.of(table, table.column("age")), "duckdb", 5)
+    assert "OVER" not in sql and 'NOT "visitor" IS NULL' in sql  # rows of no unit left out
+    with duckdb.connect(str(visits_db), read_only=True) as raw:
+        truth = dict(
+            raw.execute("SELECT age, COUNT(*) FROM synopsis_visits GROUP BY age").fetchall()
+        )
+        assert dict(raw.execute(sql).fetchall()) == truth

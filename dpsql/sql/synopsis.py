@@ -716,17 +716,21 @@ def _histogram_sql(domain: Domain, dialect: str, seed: int) -> str:
     """
     table = domain.table
     column = exp.column(domain.column.name, quoted=True)
-    bounded = bool(table.privacy_unit) and not table.unique_unit
-    unit = exp.column(table.column(table.privacy_unit).name, quoted=True) if bounded else None
+    unit = (
+        exp.column(table.column(table.privacy_unit).name, quoted=True)
+        if table.privacy_unit
+        else None
+    )
     # a row without a unit belongs to nobody we can bound: it is left out
     present = [exp.Not(this=exp.Is(this=c.copy(), expression=exp.Null()))
                for c in (column, unit) if c is not None]  # fmt: skip
+    bounded = unit is not None and not table.unique_unit
     rows = (
-        exp.select(domain.bin_sql().as_(_BIN), *([unit] if unit is not None else []))
+        exp.select(domain.bin_sql().as_(_BIN), *([unit] if bounded else []))
         .from_(exp.to_table(table.name))
         .where(exp.and_(*present))
     )
-    if unit is not None:
+    if bounded:
         ranks, kept = _bounding(table.max_groups_per_unit, table.max_rows_per_unit)
         order = exp.Order(expressions=[
             exp.Ordered(this=_keyed_hash(dialect, seed, [exp.column(_BIN)])),
