@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import duckdb
+import pytest
 
 import dpsql
 
@@ -60,3 +61,19 @@ def test_a_condition_mixing_keys_and_other_columns_keeps_every_key():
             "SELECT grade, COUNT(*) FROM t WHERE grade > 3 OR score > 5 GROUP BY grade"
         ).fetchall()]  # fmt: skip
         assert keys == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_domain_too_large_to_release_is_refused_before_any_charge():
+    policy = {
+        "analysts": {"default": {"epsilon": 100.0}},
+        "tables": {"t": {"columns": {
+            name: {"type": "int", "lower": 0, "upper": 200, "public": True}
+            for name in ("grade", "score", "extra")
+        }}},
+    }  # fmt: skip
+    database = duckdb.connect(":memory:")
+    database.execute("CREATE TABLE t (grade INT, score INT, extra INT)")
+    with dpsql.connect(database, policy=policy, ledger=":memory:", seed=3) as connection:
+        with pytest.raises(dpsql.QueryRefused, match="8,120,601 keys"):
+            connection.execute("SELECT grade, score, extra, COUNT(*) FROM t GROUP BY 1, 2, 3")
+        assert connection.budget().epsilon_spent == 0

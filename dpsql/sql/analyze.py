@@ -902,11 +902,18 @@ def _require_safe_cast(node: exp.Cast | exp.TryCast, table: Table, clause: str) 
 def clamp(value: exp.Expression, interval: Interval) -> exp.Expression:
     """CASE that clamps `value` to `interval` and keeps NULL (GREATEST/LEAST differ on NULL)."""
 
+    def bound(value: float) -> exp.Expression:
+        # Integer bounds as integer literals: a literal like 0.0 is a DECIMAL in
+        # DuckDB, and a CASE mixing it with an integer column is computed in
+        # DECIMAL, many times slower than in BIGINT.
+        integral = interval.integer and float(value).is_integer()
+        return exp.convert(int(value) if integral else value)
+
     def low() -> exp.Expression:
-        return exp.convert(interval.lower)
+        return bound(interval.lower)
 
     def high() -> exp.Expression:
-        return exp.convert(interval.upper)
+        return bound(interval.upper)
 
     return exp.Case(
         ifs=[

@@ -115,6 +115,8 @@ class DirectPlan:
         self.options = options
         self.notes: list[str] = []  # why a special planner left the query to this plan
         table = analysis.table
+        if analysis.grouped and analysis.public_keys:
+            _check_domain_size(analysis)
         self.selection = None if analysis.public_keys else self._selection_needed(options)
         parts = len(analysis.measurements) + (self.selection is not None)
         self.share = round_down(Fraction(options.epsilon) / parts)
@@ -328,18 +330,22 @@ def _integer_matrix(rows: list[tuple], width: int) -> np.ndarray:
     )
 
 
-def _fill_domain(
-    analysis: Analysis, keys: list[tuple], exact: np.ndarray
-) -> tuple[list[tuple], np.ndarray]:
-    """Every key of the public domain, with zeros for the groups the data lacks."""
-    domains = [key.domain for key in analysis.keys]
-    size = math.prod(len(d) for d in domains)
+def _check_domain_size(analysis: Analysis) -> None:
+    """Refuse, before anything is charged, a release of more public keys than dpsql allows."""
+    size = math.prod(len(key.domain) for key in analysis.keys)
     if size > MAX_PUBLIC_KEYS:
         raise QueryRefused(
             f"a GROUP BY over a public domain of {size:,} keys",
             f"dpsql releases at most {MAX_PUBLIC_KEYS:,} groups per query",
             "group by fewer or coarser columns",
         )
+
+
+def _fill_domain(
+    analysis: Analysis, keys: list[tuple], exact: np.ndarray
+) -> tuple[list[tuple], np.ndarray]:
+    """Every key of the public domain, with zeros for the groups the data lacks."""
+    domains = [key.domain for key in analysis.keys]
     position = {_normal(key): i for i, key in enumerate(keys)}
     full = _keys_passing_where(analysis, list(itertools.product(*domains)))
     filled = np.zeros((len(full), exact.shape[1]), dtype=np.int64)

@@ -59,7 +59,7 @@ def rewrite(
     table = analysis.table
     keys = [key.expression for key in analysis.keys]
     where = _where(analysis)
-    source = _clamped_source(table)
+    source = _clamped_source(table, _computed_columns(analysis))
     unit = (
         exp.column(table.column(table.privacy_unit).name, quoted=True)
         if table.privacy_unit
@@ -95,15 +95,45 @@ def rewrite(
     return _in_dialect(query, dialect)
 
 
-def _clamped_source(table: Table) -> exp.Expression:
-    """The table with every bounded numeric column clamped to its declared bounds and
-    widened to BIGINT or DOUBLE, before WHERE, GROUP BY or an aggregate reads it.
+# Reading a column only to compare it cannot fail, whatever its value.
+_COMPARISONS = (
+    exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ,
+    exp.In, exp.Between, exp.Is,
+)  # fmt: skip
+
+
+def _computed_columns(analysis: Analysis) -> set[str]:
+    """Lower-case names of the columns the query computes with (arithmetic, functions,
+    CASE values), as opposed to only comparing them, grouping by them or aggregating
+    them bare (an aggregate clamps its own argument)."""
+    roots = [
+        analysis.where,
+        *[key.expression for key in analysis.keys],
+        *[m.argument for m in analysis.measurements],
+    ]
+    computed = set()
+    for root in roots:
+        if root is None:
+            continue
+        for column in root.find_all(exp.Column):
+            if column is not root and not isinstance(column.parent, _COMPARISONS):
+                computed.add(column.name.lower())
+    return computed
+
+
+def _clamped_source(table: Table, computed: set[str]) -> exp.Expression:
+    """The table with every bounded numeric column widened to BIGINT or DOUBLE, and
+    clamped to its declared bounds when the query computes with it, before WHERE,
+    GROUP BY or an aggregate reads it.
 
     This is what makes analyze.require_total's proofs hold for every row, whatever
     the data: arithmetic on clamped, widened values cannot overflow or leave the
     domain it was proven in, so no row can make the query fail (a failure would
     be a noiseless answer). Values outside the bounds count as the nearest bound,
-    as they already did inside SUM and AVG.
+    as they already did inside SUM and AVG. A column that is only compared, grouped
+    by or aggregated bare is only widened, not clamped: those uses cannot fail,
+    aggregates clamp their arguments themselves, and a clamp there would cost a
+    CASE per row for nothing.
     """
     stored = exp.Table(
         this=exp.to_identifier(table.name.split(".")[-1], quoted=True),
@@ -115,7 +145,9 @@ def _clamped_source(table: Table) -> exp.Expression:
         interval = column_interval(column)
         if interval is not None and column.name.lower() != table.privacy_unit:
             widened = _BIGINT if column.type == "int" else _DOUBLE
-            value = exp.Cast(this=clamp(value, interval), to=widened.copy())
+            if column.name.lower() in computed:
+                value = clamp(value, interval)
+            value = exp.Cast(this=value, to=widened.copy())
         items.append(exp.alias_(value, column.name, quoted=True))
     return exp.select(*items).from_(stored).subquery(_SOURCE)
 
