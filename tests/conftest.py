@@ -156,8 +156,8 @@ class Backend:
         """A writable database of its own holding copies of PUMS tables (new name -> table)."""
         if self.name == "spark":
             pytest.skip(
-                "Spark: the neighbouring-database checks run batched in tests/test_spark.py "
-                "(one Spark job per plan instead of one per removal)"
+                "Spark: tests that rewrite tables per statement are too slow there (a Spark "
+                "job each); bounding on neighbouring databases runs batched in test_spark.py"
             )
         if self.name == "duckdb":
             connection = duckdb.connect()
