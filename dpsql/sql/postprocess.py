@@ -73,7 +73,7 @@ def query_released(columns: dict[str, list | np.ndarray], query: exp.Select) -> 
     cursor = _connection().cursor()
     try:
         cursor.register(RELEASED, arrays)
-        return cursor.execute(query.sql(dialect="duckdb")).fetchall()
+        return cursor.execute(query.sql(dialect="duckdb", copy=False)).fetchall()
     except duckdb.Error as exc:
         # It ran on noisy values only, so its message reveals nothing more than they do.
         raise DataError(

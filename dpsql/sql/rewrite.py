@@ -59,7 +59,7 @@ def rewrite(
     table = analysis.table
     keys = [key.expression for key in analysis.keys]
     where = _where(analysis)
-    source = _clamped_source(table, _computed_columns(analysis))
+    source = _clamped_source(table, *_columns_read(analysis))
     unit = (
         exp.column(table.column(table.privacy_unit).name, quoted=True)
         if table.privacy_unit
@@ -102,29 +102,30 @@ _COMPARISONS = (
 )  # fmt: skip
 
 
-def _computed_columns(analysis: Analysis) -> set[str]:
-    """Lower-case names of the columns the query computes with (arithmetic, functions,
-    CASE values), as opposed to only comparing them, grouping by them or aggregating
-    them bare (an aggregate clamps its own argument)."""
+def _columns_read(analysis: Analysis) -> tuple[set[str], set[str]]:
+    """Lower-case names of the columns the query reads, and of those it computes with
+    (arithmetic, functions, CASE values) rather than only comparing them, grouping by
+    them or aggregating them bare (an aggregate clamps its own argument)."""
     roots = [
         analysis.where,
         *[key.expression for key in analysis.keys],
         *[m.argument for m in analysis.measurements],
     ]
-    computed = set()
+    read, computed = set(), set()
     for root in roots:
         if root is None:
             continue
         for column in root.find_all(exp.Column):
+            read.add(column.name.lower())
             if column is not root and not isinstance(column.parent, _COMPARISONS):
                 computed.add(column.name.lower())
-    return computed
+    return read, computed
 
 
-def _clamped_source(table: Table, computed: set[str]) -> exp.Expression:
-    """The table with every bounded numeric column widened to BIGINT or DOUBLE, and
-    clamped to its declared bounds when the query computes with it, before WHERE,
-    GROUP BY or an aggregate reads it.
+def _clamped_source(table: Table, read: set[str], computed: set[str]) -> exp.Expression:
+    """The columns the query reads (and the unit), each bounded numeric one widened to
+    BIGINT or DOUBLE and clamped to its declared bounds when the query computes with
+    it, before WHERE, GROUP BY or an aggregate reads it.
 
     This is what makes analyze.require_total's proofs hold for every row, whatever
     the data: arithmetic on clamped, widened values cannot overflow or leave the
@@ -141,14 +142,19 @@ def _clamped_source(table: Table, computed: set[str]) -> exp.Expression:
     )
     items = []
     for column in table.columns.values():
+        name = column.name.lower()
+        if name not in read and name != table.privacy_unit:
+            continue
         value: exp.Expression = exp.column(column.name, quoted=True)
         interval = column_interval(column)
-        if interval is not None and column.name.lower() != table.privacy_unit:
+        if interval is not None and name != table.privacy_unit:
             widened = _BIGINT if column.type == "int" else _DOUBLE
-            if column.name.lower() in computed:
+            if name in computed:
                 value = clamp(value, interval)
             value = exp.Cast(this=value, to=widened.copy())
         items.append(exp.alias_(value, column.name, quoted=True))
+    if not items:  # COUNT(*) of a row-level table reads no column
+        items.append(exp.alias_(exp.convert(1), "__dpsql_row", quoted=True))
     return exp.select(*items).from_(stored).subquery(_SOURCE)
 
 
@@ -161,7 +167,10 @@ def _in_dialect(query: exp.Select, dialect: str) -> str:
     """
     for identifier in query.find_all(exp.Identifier):
         identifier.set("quoted", False)
-    return normalize_identifiers(query, dialect=dialect).sql(dialect=dialect, identify=True)
+    # copy=False: the query was built for this call only, so the generator may mutate it
+    return normalize_identifiers(query, dialect=dialect).sql(
+        dialect=dialect, identify=True, copy=False
+    )
 
 
 def _where(analysis: Analysis) -> exp.Expression | None:
