@@ -127,14 +127,20 @@ def plot(rows: list[dict], title: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
+    # colour by branching, style by method: raw dotted, consistent solid, Gaussian dashed
+    branchings = sorted({r["method"].split()[1] for r in rows if " b=" in r["method"]},
+                        key=lambda b: int(b[2:]))  # fmt: skip
+    colours = {b: f"C{i}" for i, b in enumerate(branchings)}
     for method in dict.fromkeys(r["method"] for r in rows):
         mine = [r for r in rows if r["method"] == method]
         lengths = [r["length"] for r in mine]
-        style = {"flat": "-", "tree": ":", "gaussian": "--"}[method.split()[0]]
-        style = "-" if method.startswith("tree") and "consistency" in method else style
-        line = axis.plot(lengths, [r["empirical"] for r in mine], style, marker="o", ms=3,
-                         label=method)[0]  # fmt: skip
-        axis.plot(lengths, [r["closed"] for r in mine], "x", color=line.get_color(), ms=5)
+        kind = method.split()[0]
+        style = {"flat": "-", "tree": ":", "gaussian": "--"}[kind]
+        style = "-" if kind == "tree" and "consistency" in method else style
+        colour = "black" if kind == "flat" else colours[method.split()[1]]
+        axis.plot(lengths, [r["empirical"] for r in mine], style, color=colour, marker="o", ms=3,
+                  label=method)  # fmt: skip
+        axis.plot(lengths, [r["closed"] for r in mine], "x", color=colour, ms=5)
     axis.set(xscale="log", yscale="log", xlabel="range length (bins)", ylabel="RMSE")
     axis.set_title(f"{title} (lines: empirical, x: closed form)", fontsize=9)
     axis.legend(fontsize=7)
