@@ -8,8 +8,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from dpsql.accounting import zcdp_epsilon
-from dpsql.mechanisms.choice import choose, rho_for
+from dpsql.accounting import zcdp_epsilon, zcdp_rho
+from dpsql.mechanisms.choice import choose
 from dpsql.mechanisms.gaussian import GridGaussian
 from dpsql.mechanisms.laplace import DiscreteLaplace, GridLaplace
 from dpsql.mechanisms.samplers import secure_generator
@@ -69,14 +69,14 @@ def test_choice_is_the_least_closed_form_error(
         "staircase": staircase(exact_l1, epsilon).expected_abs_error(),
     }
     if delta:
-        errors["gaussian"] = GridGaussian(l2, rho_for(epsilon, delta)).expected_abs_error()
+        errors["gaussian"] = GridGaussian(l2, zcdp_rho(epsilon, delta)).expected_abs_error()
     # the grid versions agree with the closed forms the choice uses to within 1e-4
     assert errors[name] <= min(errors.values()) * (1 + 1e-4)
 
 
-def test_rho_for_is_valid_and_nearly_largest() -> None:
+def test_zcdp_rho_is_valid_and_nearly_largest() -> None:
     for epsilon, delta in ((1.0, 1e-6), (0.1, 1e-10), (8.0, 1e-3)):
-        rho = rho_for(epsilon, delta)
+        rho = zcdp_rho(epsilon, delta)
         assert zcdp_epsilon(Fraction(rho), Fraction(delta)) <= Fraction(epsilon)
         assert zcdp_epsilon(Fraction(rho * (1 + 1e-8)), Fraction(delta)) > Fraction(repr(epsilon))
 

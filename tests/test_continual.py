@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpsql.accounting import zcdp_epsilon
+from dpsql.accounting import zcdp_epsilon, zcdp_rho
 from dpsql.mechanisms.continual import (
     NOISE_GRID,
     BinaryTree,
@@ -19,7 +19,6 @@ from dpsql.mechanisms.continual import (
     column_norm_squared,
     keyed_generator,
     laplace_tree,
-    rho_for,
     sqrt_coefficients,
 )
 from dpsql.mechanisms.laplace import DiscreteLaplace
@@ -64,7 +63,7 @@ def test_tree_sensitivity_is_its_number_of_levels():
 
 
 def test_rho_converts_to_the_asked_epsilon():
-    rho = rho_for(0.5, 1e-10)
+    rho = zcdp_rho(0.5, 1e-10)
     assert float(zcdp_epsilon(Fraction(rho), Fraction(1, 10**10))) <= 0.5
     assert float(zcdp_epsilon(Fraction(rho * 1.001), Fraction(1, 10**10))) > 0.5
 

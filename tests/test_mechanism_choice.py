@@ -8,9 +8,8 @@ import pytest
 
 import dpsql
 from dpsql import demo
-from dpsql.accounting import zcdp_epsilon
+from dpsql.accounting import zcdp_epsilon, zcdp_rho
 from dpsql.errors import QueryRefused
-from dpsql.mechanisms.choice import rho_for
 
 
 def _connect(delta: float = 1e-3, epsilon: float = 1000.0, **options: object):
@@ -40,7 +39,7 @@ def test_gaussian_is_charged_in_rho_and_the_budget_converts_it():
         (charge,) = connection.session.ledger.charges()
         assert charge.cost.epsilon == 0 and charge.cost.delta == 0
         # one measurement with the whole query epsilon (1.0) at the query delta (1e-6)
-        assert float(charge.cost.rho) == pytest.approx(rho_for(1.0, 1e-6), rel=1e-9)
+        assert float(charge.cost.rho) == pytest.approx(zcdp_rho(1.0, 1e-6), rel=1e-9)
         budget = connection.budget()
         assert budget.rho_spent == pytest.approx(float(charge.cost.rho), rel=1e-9)
         converted = float(zcdp_epsilon(charge.cost.rho, 1e-3))
@@ -62,7 +61,7 @@ def test_zcdp_charges_stop_when_the_converted_epsilon_would_exceed_the_budget():
             for income in range(1000):  # distinct queries, so none is served from the cache
                 connection.execute(f"SELECT COUNT(*) FROM census WHERE income > {income}")
                 answered += 1
-        rho = rho_for(1.0, 1e-6)
+        rho = zcdp_rho(1.0, 1e-6)
         # k queries fit exactly while the conversion of k * rho stays within epsilon 3
         fits = max(k for k in range(1, 1000) if zcdp_epsilon(k * rho, 1e-5) <= 3.0)
         assert answered == fits

@@ -27,7 +27,6 @@ _STAIRCASE_INTEGER_LIMIT = (1 << 31) - 1  # Staircase's largest integer sensitiv
 
 
 # the inverse conversion lives in accounting; plans and synopses import it from here too
-rho_for = zcdp_rho
 
 
 def _laplace_error(l1: float, epsilon: float) -> float:
@@ -43,7 +42,7 @@ def _staircase_error(l1: float, epsilon: float) -> float:
 
 
 def _gaussian_error(l2: float, epsilon: float, delta: float) -> float:
-    sigma = l2 / math.sqrt(2 * rho_for(epsilon, delta))
+    sigma = l2 / math.sqrt(2 * zcdp_rho(epsilon, delta))
     return sigma * math.sqrt(2 / math.pi)
 
 

@@ -31,12 +31,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from fractions import Fraction
 
 import numpy as np
 from randomgen import AESCounter
 
-from dpsql.accounting import zcdp_epsilon
 from dpsql.mechanisms.laplace import DiscreteLaplace
 from dpsql.mechanisms.samplers import discrete_laplace
 
@@ -69,19 +67,6 @@ def sqrt_coefficients(horizon: int) -> np.ndarray:
 def column_norm_squared(horizon: int) -> float:
     """||R||_{1->2}^2 = sum_{k<T} f(k)^2: 3.4932 at T = 2048, 4.5964 at T = 2^16."""
     return float(np.sum(sqrt_coefficients(horizon) ** 2))
-
-
-def rho_for(epsilon: float, delta: float) -> float:
-    """The largest rho (to 1e-9 relative) whose zCDP guarantee converts to (epsilon, delta)-DP."""
-    eps, dlt = Fraction(repr(epsilon)), Fraction(repr(delta))
-    low, high = 0.0, epsilon
-    for _ in range(80):
-        middle = (low + high) / 2
-        if zcdp_epsilon(Fraction(middle), dlt) <= eps:
-            low = middle
-        else:
-            high = middle
-    return low
 
 
 def _snap(values: np.ndarray) -> np.ndarray:
@@ -238,6 +223,5 @@ __all__ = [
     "column_norm_squared",
     "keyed_generator",
     "laplace_tree",
-    "rho_for",
     "sqrt_coefficients",
 ]

@@ -19,10 +19,10 @@ from typing import Protocol
 import numpy as np
 from sqlglot import exp
 
-from dpsql.accounting import Cost, round_down, round_up
+from dpsql.accounting import Cost, round_down, round_up, zcdp_rho
 from dpsql.errors import QueryRefused
 from dpsql.mechanisms.base import NoiseMechanism
-from dpsql.mechanisms.choice import choose, rho_for
+from dpsql.mechanisms.choice import choose
 from dpsql.mechanisms.gaussian import DiscreteGaussian
 from dpsql.mechanisms.laplace import DiscreteLaplace
 from dpsql.mechanisms.selection import PartitionSelection
@@ -159,7 +159,7 @@ class DirectPlan:
                     "SET dpsql.delta = 1e-6 (within your budget's delta), or SET "
                     "dpsql.mechanism = 'laplace'",
                 )
-            rho = rho_for(self.share, self.options.delta)
+            rho = zcdp_rho(self.share, self.options.delta)
             return _Measure(DiscreteGaussian(l2, rho), step, reason)
         return _Measure(DiscreteLaplace(l1, self.share), step, reason)
 

@@ -33,14 +33,13 @@ from typing import Any
 import numpy as np
 from sqlglot import exp
 
-from dpsql.accounting import Cost
+from dpsql.accounting import Cost, zcdp_rho
 from dpsql.errors import QueryRefused
 from dpsql.mechanisms.continual import (
     BinaryTree,
     ContinualStream,
     Factorization,
     laplace_tree,
-    rho_for,
 )
 from dpsql.mechanisms.gaussian import discrete_gaussian
 from dpsql.policy import Column, ContinualSpec, Table
@@ -507,7 +506,7 @@ def _counter(
 ) -> tuple[BinaryTree | Factorization, Cost]:
     if spec.mechanism == "binary":
         return laplace_tree(horizon, spec.epsilon, sensitivity), Cost.of(spec.epsilon)
-    rho = rho_for(spec.epsilon, spec.delta)
+    rho = zcdp_rho(spec.epsilon, spec.delta)
     return Factorization(horizon, rho, sensitivity, _gaussian_sampler()), Cost.of(
         spec.epsilon, spec.delta
     )
