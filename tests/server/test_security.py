@@ -51,15 +51,27 @@ def test_cancel_while_waiting_charges_nothing(duck) -> None:
     release = threading.Event()
     before = duck.spent("alice")
     with psycopg.connect(duck.dsn(), autocommit=True) as conn:
-        blockers = [backend.pool.submit(release.wait) for _ in range(2)]  # occupy both workers
+        # occupy both workers; bounded, so a missed cancel fails the test instead of hanging it
+        blockers = [backend.pool.submit(release.wait, 60) for _ in range(2)]
+        answered = threading.Event()
+
+        def cancel_until_answered() -> None:
+            # a cancel that arrives before the server has the query is ignored: send again
+            while not answered.wait(0.3):
+                conn.cancel_safe()
+
+        canceller = threading.Thread(target=cancel_until_answered)
+        canceller.start()
         try:
-            timer = threading.Timer(0.5, conn.cancel_safe)
-            timer.start()
             with pytest.raises(psycopg.errors.QueryCanceled):
                 conn.execute("SELECT COUNT(*) FROM pums WHERE age > 61")
+            answered.set()
+            canceller.join()
             release.set()
             assert conn.execute("SELECT 1").fetchone() == (1,)  # ReadyForQuery came back
         finally:
+            answered.set()
+            canceller.join()
             release.set()
             for blocker in blockers:
                 blocker.result(timeout=10)
