@@ -80,8 +80,17 @@ class BudgetExhausted(OperationalError):
         return (
             f"privacy budget exhausted for analyst '{self.analyst}': the query costs "
             f"{self.cost} but only {self.remaining} remains. Ask the data owner for more "
-            "budget, or lower the cost with SET dpsql.epsilon = <smaller value> (more noise)."
+            f"budget, or {self._cheaper()}"
         )
+
+    def _cheaper(self) -> str:
+        """What to write instead: zCDP (Gaussian) charges need delta left over to convert."""
+        if getattr(self.cost, "rho", 0) and not getattr(self.remaining, "delta", 1):
+            return (
+                "use noise that needs no delta: SET dpsql.mechanism = 'laplace' (Gaussian "
+                "noise is converted with delta, and none is left)."
+            )
+        return "lower the cost with SET dpsql.epsilon = <smaller value> (more noise)."
 
 
 class DatasetBudgetExhausted(BudgetExhausted):
@@ -94,8 +103,7 @@ class DatasetBudgetExhausted(BudgetExhausted):
         return (
             "the dataset-wide privacy budget, shared by all analysts, is exhausted: the query "
             f"of analyst '{self.analyst}' costs {self.cost} but only {self.remaining} remains "
-            "of it. Ask the data owner to raise 'budget' in the policy, or lower the cost "
-            "with SET dpsql.epsilon = <smaller value> (more noise)."
+            f"of it. Ask the data owner to raise 'budget' in the policy, or {self._cheaper()}"
         )
 
 

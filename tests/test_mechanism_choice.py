@@ -94,3 +94,37 @@ def test_auto_picks_gaussian_when_a_unit_spans_many_groups():
         assert accuracy.mechanism == "gaussian"
         assert "L2 sensitivity" in accuracy.note
         assert math.isfinite(accuracy.interval95)
+
+
+def test_gaussian_noise_is_calibrated_to_the_l2_sensitivity_across_groups():
+    # a unit keeps at most 2 rows in each of at most 4 groups: its change to the count
+    # vector has L2 norm at most 2 * sqrt(4) = 4 (L1 would be 8)
+    database = demo.demo_connection()
+    database.execute("CREATE TABLE visits AS SELECT * FROM census")
+    table = demo.DEMO_POLICY["tables"]["census"] | {
+        "max_groups_per_unit": 4,
+        "max_rows_per_unit": 2,
+    }
+    policy = demo.DEMO_POLICY | {
+        "analysts": {"default": {"epsilon": 100.0, "delta": 1e-3}},
+        "tables": {"visits": table},
+    }
+    with dpsql.connect(
+        database, policy=policy, ledger=":memory:", seed=5, mechanism="gaussian"
+    ) as connection:
+        cursor = connection.execute("SELECT race, COUNT(*) AS n FROM visits GROUP BY race")
+        cursor.fetchall()
+        accuracy = cursor.accuracy["n"]
+        assert accuracy.sensitivity == pytest.approx(4.0)
+        # sigma = Delta2 / sqrt(2 rho), rho the whole query's for its one measurement
+        assert accuracy.scale == pytest.approx(4.0 / math.sqrt(2 * zcdp_rho(1.0, 1e-6)), rel=1e-6)
+
+
+def test_gaussian_without_delta_left_says_to_use_noise_that_needs_none():
+    policy = demo.DEMO_POLICY | {"analysts": {"default": {"epsilon": 10.0}}}
+    with dpsql.connect(
+        demo.demo_connection(), policy=policy, ledger=":memory:", mechanism="gaussian"
+    ) as connection:
+        with pytest.raises(dpsql.OperationalError, match=r"SET dpsql\.mechanism = 'laplace'"):
+            connection.execute("SELECT COUNT(*) FROM census")
+        assert connection.budget().epsilon_spent == 0
