@@ -21,6 +21,7 @@ Var = n / (p - q)^2 - c_v.
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 
 import numpy as np
 
@@ -136,7 +137,45 @@ class HadamardResponse(IntegerReports, FrequencyOracle):
         return np.where(same_block & plus, e, 1.0) / self.norm
 
 
-class HadamardMechanism(IntegerReports, FrequencyOracle):
+class OneBitProjection(IntegerReports, FrequencyOracle):
+    """A report of (a uniform row j, one randomised sign of row j's entry for the value).
+
+    The sign is kept with probability `keep` = e^eps / (e^eps + 1); j does not depend
+    on the value, so a report is eps-LDP. Reports are codes 2 j + bit (bit 1: a +
+    sign), counted with a plain GROUP BY. Subclasses give the sign matrix (`_plus`)
+    and how to decode the counts.
+    """
+
+    size: int  # number of rows j
+    keep: float
+
+    @abstractmethod
+    def _plus(self, values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Whether entry (row, value) of the sign matrix is +, elementwise (broadcasting)."""
+
+    def perturb_indices(self, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        idx = np.asarray(idx, dtype=np.int64)
+        j = rng.integers(0, self.size, size=idx.size)
+        sign = self._plus(idx, j) == (rng.random(idx.size) < self.keep)
+        return 2 * j + sign
+
+    def aggregate(self, reports: np.ndarray) -> np.ndarray:
+        """Histogram of report codes 2 j + bit (COUNT(*) GROUP BY report in SQL)."""
+        return np.bincount(np.asarray(reports, dtype=np.int64), minlength=2 * self.size)
+
+    @property
+    def message_bits(self) -> int:
+        return bits_for(self.size) + 1
+
+    def channel(self) -> np.ndarray:
+        plus = self._plus(np.arange(self.d)[:, None], np.arange(self.size)[None, :])
+        out = np.empty((self.d, self.size, 2))
+        out[:, :, 1] = np.where(plus, self.keep, 1 - self.keep)
+        out[:, :, 0] = 1 - out[:, :, 1]
+        return out.reshape(self.d, -1) / self.size
+
+
+class HadamardMechanism(OneBitProjection):
     """One-bit Hadamard mechanism: (column index, one randomised sign bit) per person."""
 
     name = "hm"
@@ -148,17 +187,8 @@ class HadamardMechanism(IntegerReports, FrequencyOracle):
         self.keep = e / (e + 1)
         self.gap = (e - 1) / (e + 1)  # p - q
 
-    def perturb_indices(self, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        idx = np.asarray(idx, dtype=np.int64)
-        j = rng.integers(0, self.size, size=idx.size)
-        plus = _parity(idx & j) == 0
-        sign = plus == (rng.random(idx.size) < self.keep)
-        # code = 2 j + bit, bit 1 meaning +1, so counting is a plain GROUP BY.
-        return 2 * j + sign
-
-    def aggregate(self, reports: np.ndarray) -> np.ndarray:
-        """Histogram of report codes 2 j + bit (COUNT(*) GROUP BY report in SQL)."""
-        return np.bincount(np.asarray(reports, dtype=np.int64), minlength=2 * self.size)
+    def _plus(self, values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return _parity(values & rows) == 0  # the Hadamard matrix's sign
 
     def estimate_from_counts(self, counts: np.ndarray, n: int) -> np.ndarray:
         counts = np.asarray(counts, dtype=np.float64).reshape(self.size, 2)
@@ -168,17 +198,5 @@ class HadamardMechanism(IntegerReports, FrequencyOracle):
     def variance(self, n: int, count: float = 0.0) -> float:
         return n / self.gap**2 - count
 
-    @property
-    def message_bits(self) -> int:
-        return bits_for(self.size) + 1
-
     def server_cost(self, n: int) -> float:
         return float(n + self.size * math.log2(self.size))
-
-    def channel(self) -> np.ndarray:
-        j = np.arange(self.size)
-        plus = _parity(np.arange(self.d)[:, None] & j[None, :]) == 0
-        out = np.empty((self.d, self.size, 2))
-        out[:, :, 1] = np.where(plus, self.keep, 1 - self.keep)
-        out[:, :, 0] = 1 - out[:, :, 1]
-        return out.reshape(self.d, -1) / self.size

@@ -24,42 +24,35 @@ import math
 
 import numpy as np
 
-from dpsql.ldp.base import FrequencyOracle, IntegerReports, bits_for
+from dpsql.ldp.hadamard import OneBitProjection
 
 
-class RandomMatrix(IntegerReports, FrequencyOracle):
-    """Reports are codes 2 r + bit (bit 1: a + sign), counted with a plain GROUP BY."""
+class RandomMatrix(OneBitProjection):
+    """The one-bit projection on a public random sign matrix (`size` rows)."""
 
     name = "rm"
 
     def __init__(self, epsilon: float, domain, rows: int | None = None, matrix_seed: int = 0):
         super().__init__(epsilon, domain)
-        self.rows = int(rows) if rows is not None else self.d
-        if self.rows < 1:
+        self.size = int(rows) if rows is not None else self.d
+        if self.size < 1:
             raise ValueError(f"the matrix needs at least one row, got {rows}")
         e = math.exp(self.epsilon)
         self.keep = e / (e + 1)
         self.c = (e + 1) / (e - 1)
         # Public randomness, not a secret: numpy's PCG64 from the public seed.
-        signs = np.random.default_rng(matrix_seed).integers(0, 2, size=(self.rows, self.d))
+        signs = np.random.default_rng(matrix_seed).integers(0, 2, size=(self.size, self.d))
         self.signs = (2 * signs - 1).astype(np.float64)  # Phi * sqrt(m)
 
     @property
     def matrix(self) -> np.ndarray:
-        return self.signs / math.sqrt(self.rows)
+        return self.signs / math.sqrt(self.size)
 
-    def perturb_indices(self, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        idx = np.asarray(idx, dtype=np.int64)
-        r = rng.integers(0, self.rows, size=idx.size)
-        plus = self.signs[r, idx] > 0
-        bit = plus == (rng.random(idx.size) < self.keep)
-        return 2 * r + bit
-
-    def aggregate(self, reports: np.ndarray) -> np.ndarray:
-        return np.bincount(np.asarray(reports, dtype=np.int64), minlength=2 * self.rows)
+    def _plus(self, values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return self.signs[rows, values] > 0
 
     def estimate_from_counts(self, counts: np.ndarray, n: int) -> np.ndarray:
-        counts = np.asarray(counts, dtype=np.float64).reshape(self.rows, 2)
+        counts = np.asarray(counts, dtype=np.float64).reshape(self.size, 2)
         signed = counts[:, 1] - counts[:, 0]
         # c sqrt(m) * sum_r signed_r Phi[r, i] = c * sum_r signed_r signs[r, i]
         return self.c * (self.signs.T @ signed)
@@ -81,16 +74,5 @@ class RandomMatrix(IntegerReports, FrequencyOracle):
         mean_sq = count * 1.0 + (n - count) * float(np.mean(others**2))
         return n * self.c**2 - mean_sq
 
-    @property
-    def message_bits(self) -> int:
-        return bits_for(self.rows) + 1
-
     def server_cost(self, n: int) -> float:
-        return float(n + self.rows * self.d)
-
-    def channel(self) -> np.ndarray:
-        plus = self.signs.T > 0  # (d, rows)
-        out = np.empty((self.d, self.rows, 2))
-        out[:, :, 1] = np.where(plus, self.keep, 1 - self.keep)
-        out[:, :, 0] = 1 - out[:, :, 1]
-        return out.reshape(self.d, -1) / self.rows
+        return float(n + self.size * self.d)
