@@ -119,8 +119,17 @@ class LocalPlan:
         aggregate = self.oracle.aggregate(np.repeat(distinct, counts, axis=0))
         unbiased = self.oracle.estimate_from_counts(aggregate, n)
         plug_in = np.clip(unbiased, 0, n)
-        variance = np.array([self.oracle.variance(n, float(c)) for c in plug_in])
-        return ldp.postprocess(unbiased, self.method, n), variance, n
+        return ldp.postprocess(unbiased, self.method, n), self._variances(n, plug_in), n
+
+    def _variances(self, n: int, counts: np.ndarray) -> np.ndarray:
+        """Each estimate's variance at the plugged-in counts, without a loop where possible."""
+        covariance = getattr(self.oracle, "covariance", None)
+        if covariance is not None:  # exact for the whole estimated distribution, one matrix
+            return np.diag(covariance(counts)).copy()
+        try:  # most closed forms are plain arithmetic in the count
+            return np.broadcast_to(self.oracle.variance(n, counts), counts.shape).astype(float)
+        except ValueError:  # a closed form that branches on the count takes one at a time
+            return np.array([self.oracle.variance(n, float(c)) for c in counts])
 
     def _measure(
         self, estimate: np.ndarray, variance: np.ndarray
