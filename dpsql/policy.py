@@ -310,7 +310,6 @@ def _build(document: dict, source: str) -> Policy:
     ledger = document.get("ledger")
     if ledger is not None and not isinstance(ledger, str):
         raise read.fail("ledger", "must be a path to the ledger file, e.g. 'ledger: budget.sqlite'")
-    digest = hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
     return Policy(
         tables=tables,
         analysts=analysts,
@@ -318,10 +317,29 @@ def _build(document: dict, source: str) -> Policy:
         ledger=ledger,
         data_version=str(document.get("data_version", "")),
         source=source,
-        digest=digest,
+        digest=_digest(document),
         credentials=_credentials(read, raw_analysts),
         dataset_budget=_dataset_budget(read, document.get("budget")),
     )
+
+
+def _digest(document: dict) -> str:
+    """A hash of what the policy says about data and privacy, keyed into cached releases.
+
+    Password verifiers are left out: changing a password changes nothing a release depends on,
+    so it must not make every cached release (and its free repeat) disappear.
+    """
+    analysts = document.get("analysts")
+    if isinstance(analysts, dict):
+        document = document | {
+            "analysts": {
+                name: {k: v for k, v in spec.items() if k != "password"}
+                if isinstance(spec, dict)
+                else spec
+                for name, spec in analysts.items()
+            }
+        }
+    return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _defaults(read: _Reader, spec: dict) -> Defaults:

@@ -106,3 +106,17 @@ def test_sum_of_unbounded_column_is_refused_with_advice(pums_db, tmp_path):
         pytest.raises(dpsql.QueryRefused, match="lower/upper"),
     ):
         connection.execute("SELECT SUM(income) FROM pums_pid")
+
+
+def test_digest_ignores_passwords_but_not_privacy_settings(tmp_path):
+    """The digest keys cached releases: a new password must not drop them, a new bound must."""
+    from dpsql.server.auth import make_verifier
+
+    plain = load_policy(write(tmp_path, GOOD)).digest
+    with_password = GOOD.replace(
+        "alice: {epsilon: 5.0, delta: 1.0e-5}",
+        f"alice: {{epsilon: 5.0, delta: 1.0e-5, password: '{make_verifier('s3cret', 4096)}'}}",
+    )
+    assert load_policy(write(tmp_path, with_password)).digest == plain
+    wider = GOOD.replace("upper: 500000", "upper: 600000")
+    assert load_policy(write(tmp_path, wider)).digest != plain
