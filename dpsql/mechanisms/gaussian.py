@@ -43,6 +43,7 @@ from dpsql.mechanisms.grid import (
     power_of_two_exponent,
     privacy_parameter,
 )
+from dpsql.mechanisms.pool import Draw, NoisePool
 from dpsql.mechanisms.samplers import ExactReal, below, in_chunks, laplace_sampler
 
 GRANULARITY_BITS = 19  # the grid version runs at sigma ~ 2^19 grid steps, as grid Laplace does
@@ -70,6 +71,7 @@ class _Plan:
         self._half_inverse = float(1 / (2 * sigma2))
         self.acceptance = self._acceptance()
         self._laplace = laplace_sampler(self.t)
+        self.sample = NoisePool(functools.partial(in_chunks, self._chunk))  # draw(size, rng)
 
     def _acceptance(self) -> float:
         """P(a candidate is accepted), in floating point: it only sizes the batches."""
@@ -88,9 +90,6 @@ class _Plan:
     def _probability(self, candidates: np.ndarray) -> np.ndarray:
         gap = np.abs(candidates) - self._shift
         return np.exp(-(gap * gap) * self._half_inverse)
-
-    def sample(self, size: int, rng: np.random.Generator) -> np.ndarray:
-        return in_chunks(self._chunk, size, rng)
 
     def _chunk(self, size: int, rng: np.random.Generator) -> np.ndarray:
         out = np.empty(size, dtype=np.int64)
@@ -212,6 +211,7 @@ class DiscreteGaussian:
             raise ValueError(
                 "discrete Gaussian sigma is above 2^40; use GridGaussian for large sensitivities"
             )
+        self._draw: Draw | None = None  # bound at the first sample: tables take ms to build
 
     @property
     def scale(self) -> float:
@@ -219,7 +219,9 @@ class DiscreteGaussian:
 
     def sample(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         exact = as_integers(values, "the discrete Gaussian")
-        return exact + discrete_gaussian(self.sigma2, exact.size, rng).reshape(exact.shape)
+        if self._draw is None:
+            self._draw = _plan(self.sigma2).sample
+        return exact + self._draw(exact.size, rng).reshape(exact.shape)
 
     def interval95(self) -> float:
         return _sums(self.sigma2).interval95()

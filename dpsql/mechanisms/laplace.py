@@ -31,7 +31,8 @@ from dpsql.mechanisms.grid import (
     power_of_two_exponent,
     privacy_parameter,
 )
-from dpsql.mechanisms.samplers import ExactReal, discrete_laplace
+from dpsql.mechanisms.pool import Draw
+from dpsql.mechanisms.samplers import ExactReal, laplace_sampler
 
 GRANULARITY_BITS = 19
 _MISS = Fraction(COVERAGE_MISS).limit_denominator(100)
@@ -73,6 +74,7 @@ class DiscreteLaplace:
         self.epsilon = epsilon
         self.cost = Cost.of(epsilon, 0)
         self.exact_scale = Fraction(self.sensitivity) / privacy_parameter(epsilon, "epsilon")
+        self._draw: Draw | None = None  # bound at the first sample: tables take ms to build
 
     @classmethod
     def with_scale(cls, scale: Fraction, epsilon: float | Fraction) -> DiscreteLaplace:
@@ -87,8 +89,9 @@ class DiscreteLaplace:
 
     def sample(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         exact = as_integers(values, "discrete Laplace")
-        noise = discrete_laplace(self.exact_scale, exact.size, rng)
-        return exact + noise.reshape(exact.shape)
+        if self._draw is None:
+            self._draw = laplace_sampler(self.exact_scale)
+        return exact + self._draw(exact.size, rng).reshape(exact.shape)
 
     def interval95(self) -> float:
         return interval95_units(self.exact_scale)

@@ -34,6 +34,7 @@ import numpy as np
 from randomgen import AESCounter
 
 from dpsql.errors import InternalError
+from dpsql.mechanisms.pool import NoisePool, PoolableGenerator
 
 _MAX64 = (1 << 64) - 1
 _MASK64 = _MAX64
@@ -60,11 +61,12 @@ def secure_generator(seed: int | None = None) -> np.random.Generator:
     and plugs into numpy as a BitGenerator, so vectorised draws read it at
     hundreds of millions of words per second; a hand-written AES-CTR would be
     slower and would need its own review. An int seed gives PCG64, which is not
-    cryptographic and exists only so tests are reproducible.
+    cryptographic and exists only so tests are reproducible. Either way the
+    samplers keep a pool of values drawn ahead for it (pool.py).
     """
     if seed is None:
-        return np.random.Generator(AESCounter(key=secrets.randbits(128)))
-    return np.random.Generator(np.random.PCG64(seed))
+        return PoolableGenerator(AESCounter(key=secrets.randbits(128)))
+    return PoolableGenerator(np.random.PCG64(seed))
 
 
 def _draw_words(rng: np.random.Generator, shape: int | tuple[int, ...]) -> np.ndarray:
@@ -596,6 +598,7 @@ class _Plan:
     def __init__(self, scale: Fraction) -> None:
         rate = 1 / scale  # a = e^-rate
         self.scale = scale
+        self.sample = NoisePool(functools.partial(in_chunks, self._chunk))  # draw(size, rng)
         a = ExactReal.exp_neg(rate)
         if scale <= _TOP_SCALE:
             self._first = None
@@ -670,9 +673,6 @@ class _Plan:
         cuts = self._top.cuts + sum(level.cuts for level, _ in self._digits)
         cuts += self._first.cuts if self._first is not None else 0
         return (cuts + (1 << self._top.tail_bits)) / _HALF
-
-    def sample(self, size: int, rng: np.random.Generator) -> np.ndarray:
-        return in_chunks(self._chunk, size, rng)
 
     def _chunk(self, size: int, rng: np.random.Generator) -> np.ndarray:
         words = _draw_words(rng, (self.words_per_sample, size))

@@ -44,6 +44,7 @@ from dpsql.mechanisms.grid import (
     steps_apart,
 )
 from dpsql.mechanisms.laplace import DiscreteLaplace
+from dpsql.mechanisms.pool import Draw, NoisePool
 from dpsql.mechanisms.samplers import (
     ExactReal,
     SortedCuts,
@@ -162,9 +163,7 @@ class _Plan:
             self._words = 2
         self._delta = delta
         self._laplace = laplace_sampler(1 / epsilon)
-
-    def sample(self, size: int, rng: np.random.Generator) -> np.ndarray:
-        return in_chunks(self._chunk, size, rng)
+        self.sample = NoisePool(functools.partial(in_chunks, self._chunk))  # draw(size, rng)
 
     def _chunk(self, size: int, rng: np.random.Generator) -> np.ndarray:
         words = rng.bit_generator.random_raw((self._words, size))
@@ -214,6 +213,7 @@ class Staircase:
         self._shape = _Shape(self.sensitivity, self.steps, float(epsilon))
         # Delta = 1: the staircase is the geometric mechanism, whose sampler is cheaper
         self._geometric = DiscreteLaplace(1, epsilon) if self.sensitivity == 1 else None
+        self._draw: Draw | None = None  # bound at the first sample: tables take ms to build
 
     @property
     def scale(self) -> float:
@@ -223,8 +223,9 @@ class Staircase:
         if self._geometric is not None:
             return self._geometric.sample(values, rng)
         exact = as_integers(values, "the staircase mechanism")
-        noise = _plan(self.sensitivity, self.steps, self.exact_epsilon).sample(exact.size, rng)
-        return exact + noise.reshape(exact.shape)
+        if self._draw is None:
+            self._draw = _plan(self.sensitivity, self.steps, self.exact_epsilon).sample
+        return exact + self._draw(exact.size, rng).reshape(exact.shape)
 
     def weight_exponent(self, i: int) -> int:
         """e with P(Z = i) = P(Z = 0) * e^(-epsilon * e): the exact pmf, up to its constant."""

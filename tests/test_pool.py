@@ -1,0 +1,124 @@
+"""The noise pool: pooled values are the sampler's own draws in order, each served once.
+
+A counting stand-in sampler (every value it ever returns is distinct) shows
+which values a pool serves, drops and never repeats, including under threads;
+the real mechanisms show that single pooled calls return exactly what one
+vectorised draw from the same seed returns, so pooling cannot change the law.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import threading
+
+import numpy as np
+import pytest
+
+from dpsql.mechanisms.gaussian import DiscreteGaussian, GridGaussian
+from dpsql.mechanisms.laplace import DiscreteLaplace, GridLaplace
+from dpsql.mechanisms.pool import FIRST_FILL, FULL_FILL, POOL_REQUEST, NoisePool, PoolableGenerator
+from dpsql.mechanisms.samplers import secure_generator
+from dpsql.mechanisms.staircase import Staircase
+
+
+class Counter:
+    """A stand-in sampler returning 0, 1, 2, ... across calls, and recording each call's size."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+        self._next = itertools.count()
+        self._lock = threading.Lock()
+
+    def __call__(self, size: int, rng: np.random.Generator) -> np.ndarray:
+        with self._lock:
+            self.sizes.append(size)
+            return np.array([next(self._next) for _ in range(size)], dtype=np.int64)
+
+
+def test_refills_double_up_to_the_full_fill() -> None:
+    counter = Counter()
+    pool, rng = NoisePool(counter), secure_generator(1)
+    served = [int(pool(1, rng)[0]) for _ in range(10_000)]
+    assert served == list(range(10_000))  # one at a time, in order, none skipped or repeated
+    fills = [FIRST_FILL]
+    while sum(fills) < 10_000:
+        fills.append(min(FULL_FILL, 2 * fills[-1]))
+    assert counter.sizes == fills
+
+
+def test_a_request_that_does_not_fit_drops_the_rest_and_never_serves_it() -> None:
+    counter = Counter()
+    pool, rng = NoisePool(counter), secure_generator(1)
+    half = (FIRST_FILL - 4) // 2
+    assert pool(half, rng).tolist() + pool(half, rng).tolist() == list(range(2 * half))
+    again = pool(POOL_REQUEST, rng)  # 4 values left: not enough
+    assert again.tolist() == list(range(FIRST_FILL, FIRST_FILL + POOL_REQUEST))
+    assert counter.sizes == [FIRST_FILL, 2 * FIRST_FILL]
+
+
+def test_large_requests_and_plain_generators_go_straight_to_the_sampler() -> None:
+    counter = Counter()
+    pool = NoisePool(counter)
+    assert pool(POOL_REQUEST + 1, secure_generator(1)).size == POOL_REQUEST + 1
+    assert pool(1, np.random.default_rng(1)).size == 1
+    assert counter.sizes == [POOL_REQUEST + 1, 1]
+
+
+def test_threads_sharing_a_generator_never_get_the_same_value() -> None:
+    counter = Counter()
+    pool, rng = NoisePool(counter), secure_generator(2)
+    results: list[list[int]] = [[] for _ in range(8)]
+
+    def work(out: list[int], seed: int) -> None:
+        sizes = np.random.default_rng(seed).integers(1, POOL_REQUEST + 1, 400)
+        for size in sizes:
+            out.extend(pool(int(size), rng).tolist())
+
+    threads = [threading.Thread(target=work, args=(out, i)) for i, out in enumerate(results)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    served = [value for out in results for value in out]
+    assert len(served) == len(set(served))
+    assert max(served) < sum(counter.sizes)  # only values the sampler drew
+
+
+def test_reserves_are_per_generator_and_go_with_it() -> None:
+    counter = Counter()
+    pool = NoisePool(counter)
+    first, second = secure_generator(3), secure_generator(3)
+    assert pool(1, first)[0] == 0 and pool(1, second)[0] == FIRST_FILL  # not first's reserve
+    assert pool(1, first)[0] == 1
+    del first, second
+    gc.collect()
+    assert len(pool._reserves) == 0
+
+
+def test_secure_generators_are_poolable() -> None:
+    assert isinstance(secure_generator(), PoolableGenerator)
+    assert isinstance(secure_generator(5), PoolableGenerator)
+
+
+@pytest.mark.parametrize(
+    "mechanism",
+    [
+        DiscreteLaplace(1, 1.0),
+        DiscreteLaplace(3, 0.01),
+        Staircase(100, 0.5),
+        Staircase(10_000, 5.0),
+        DiscreteGaussian(1, 0.5),
+        DiscreteGaussian(10_000, 0.5),
+        GridLaplace(1000.0, 1.0),
+        GridGaussian(2.5, 0.1),
+    ],
+    ids=lambda mechanism: f"{type(mechanism).__name__}-{mechanism.scale:g}",
+)
+def test_single_calls_are_the_batch_draw_of_the_same_seed(mechanism) -> None:
+    pooled = secure_generator(7)
+    singles = [mechanism.sample(np.zeros(1, dtype=np.int64), pooled)[0] for _ in range(FIRST_FILL)]
+    # the same stream, read by one vectorised draw of FIRST_FILL values on an unpooled generator
+    plain = np.random.Generator(np.random.PCG64(7))
+    batch = mechanism.sample(np.zeros(FIRST_FILL, dtype=np.int64), plain)
+    assert np.array_equal(np.array(singles), batch)
