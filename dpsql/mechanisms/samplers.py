@@ -17,7 +17,9 @@ operations and the same number of random words (1 when scale <= 128, 2 up to
 and the far tail (together below 2^-48 per sample, see
 `slow_path_probability`) take an exact Python slow path. Table lookups still
 touch memory at value-dependent addresses, so cache state can shift a single
-call's time by ~0.2 us (see benchmarks/bench_samplers.py).
+call's time by ~0.2 us (see benchmarks/bench_samplers.py); single values are
+therefore served from a pool drawn ahead (pool.py), which also saves the
+fixed cost of the numpy operations.
 """
 
 from __future__ import annotations
@@ -593,6 +595,7 @@ class _Plan:
     independent digits: the first word picks zero-or-(sign, 1 + R0) from 2*L0
     nearly even cuts; each next word picks a truncated-geometric digit; the
     last word picks H, geometric with parameter a^(L0*L1*...), from a tail table.
+    `sample(size, rng)` draws; small requests come from its pool.
     """
 
     def __init__(self, scale: Fraction) -> None:
