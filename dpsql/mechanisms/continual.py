@@ -107,25 +107,55 @@ class BinaryTree:
                 v[h] = 1.0 / (1.0 / self.node_variance + 1.0 / (2.0 * v[h - 1]))
         return v
 
-    def noise(self, rng: np.random.Generator) -> np.ndarray:
-        """eta_1..eta_T: the noise of each prefix estimate, from node noise drawn level by level."""
-        block = self._block_variances()
-        estimates: list[np.ndarray] = []
+    def nodes(self, rng: np.random.Generator, runs: int | None = None) -> list[np.ndarray]:
+        """The node noise, level by level from the leaves: level h has 2^(height-h) nodes.
+
+        With `runs`, each level has a leading axis of `runs` independent trees
+        (one sampler call per level, so simulations need no Python loop per run).
+        """
+        levels = []
         for h in range(self.levels):
-            nodes = self.sampler(1 << (self.height - h), rng).astype(np.float64)
-            if h and self.honaker:
-                # BLUE of the node's sum from itself and its children's estimates
-                weight = (1.0 / self.node_variance) / (
-                    1.0 / self.node_variance + 0.5 / block[h - 1]
+            width = 1 << (self.height - h)
+            values = np.asarray(self.sampler(width * (runs or 1), rng))
+            # integer draws become float64 (Honaker's weights); float32 draws stay float32
+            values = values.astype(np.result_type(values.dtype, np.float32), copy=False)
+            levels.append(values if runs is None else values.reshape(runs, width))
+        return levels
+
+    def prefixes(self, nodes: list[np.ndarray]) -> np.ndarray:
+        """eta_1..eta_T (unsnapped) from the node noise of `nodes`, over its last axis.
+
+        With Honaker's estimator each node is first replaced, bottom-up, by the
+        best linear unbiased estimate of its sum from itself and its children's
+        estimates. eta_t sums the estimates of the nodes of the dyadic
+        decomposition of [1, t], one per set bit h of t: node (t >> h) - 1 of
+        level h. That sum is built top-down in O(T): `above[b]` holds the part
+        of eta_t from the levels at and above h for every t with t >> h == b.
+        """
+        estimates = list(nodes)
+        if self.honaker:
+            block = self._block_variances()
+            for h in range(1, self.levels):
+                # a Python float keeps float32 node noise in float32 (simulations)
+                weight = float(
+                    (1.0 / self.node_variance) / (1.0 / self.node_variance + 0.5 / block[h - 1])
                 )
-                children = estimates[h - 1][0::2] + estimates[h - 1][1::2]
-                nodes = weight * nodes + (1.0 - weight) * children
-            estimates.append(nodes)
-        t = np.arange(1, self.horizon + 1)
-        eta = np.zeros(self.horizon)
-        for h, values in enumerate(estimates):
-            used = ((t >> h) & 1).astype(bool)
-            eta[used] += values[(t[used] >> h) - 1]
+                children = estimates[h - 1][..., 0::2] + estimates[h - 1][..., 1::2]
+                estimates[h] = weight * estimates[h] + (1.0 - weight) * children
+        top = estimates[-1]  # the root: eta_T when T = 2^height
+        above = np.zeros(top.shape, dtype=top.dtype)  # t >> height == 0 for every t < 2^height
+        for h in range(self.height, 0, -1):
+            below = np.empty((*above.shape, 2), dtype=above.dtype)
+            below[..., 0] = above  # t >> (h-1) even: bit h-1 of t is clear
+            np.add(above, estimates[h - 1][..., 0::2], out=below[..., 1])
+            above = below.reshape(*above.shape[:-1], -1)
+        # `above` is eta_0..eta_{2^height - 1}; eta_{2^height} is the root alone
+        eta = np.concatenate([above[..., 1:], top], axis=-1)
+        return eta[..., : self.horizon]
+
+    def noise(self, rng: np.random.Generator) -> np.ndarray:
+        """eta_1..eta_T: the noise of each prefix estimate, snapped when Honaker weights it."""
+        eta = self.prefixes(self.nodes(rng))
         return _snap(eta) if self.honaker else eta
 
     def variance(self) -> np.ndarray:
@@ -151,12 +181,20 @@ class Factorization:
         self.sigma = sensitivity * self.norm / math.sqrt(2 * rho)
         self.sampler = sampler
 
-    def noise(self, rng: np.random.Generator) -> np.ndarray:
-        """eta = L z for the whole horizon, by one zero-padded FFT convolution."""
-        z = self.sampler(self.horizon, self.sigma, rng).astype(np.float64)
+    def apply(self, z: np.ndarray) -> np.ndarray:
+        """L z over the last axis of `z` (unsnapped), by one zero-padded FFT convolution.
+
+        Float32 `z` is convolved in float32 (simulations); float64 otherwise.
+        """
         size = 1 << (2 * self.horizon - 1).bit_length()
-        product = np.fft.rfft(self.coefficients, size) * np.fft.rfft(z, size)
-        return _snap(np.fft.irfft(product, size)[: self.horizon])
+        spectrum = np.fft.rfft(self.coefficients.astype(z.dtype, copy=False), size)
+        product = np.fft.rfft(z, size, axis=-1) * spectrum
+        return np.fft.irfft(product, size, axis=-1)[..., : self.horizon]
+
+    def noise(self, rng: np.random.Generator) -> np.ndarray:
+        """eta = L z for the whole horizon, snapped to the noise grid."""
+        z = np.asarray(self.sampler(self.horizon, self.sigma, rng), dtype=np.float64)
+        return _snap(self.apply(z))
 
     def variance(self) -> np.ndarray:
         """Var(eta_t) = sigma^2 sum_{k<t} f(k)^2 for t = 1..T."""
