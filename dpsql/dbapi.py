@@ -71,6 +71,7 @@ def connect(
     ledger: str | os.PathLike | Ledger | None = None,
     *,
     seed: int | None = None,
+    continual: str | None = None,
 ) -> Connection:
     """Open a private connection to `database` under `policy` for `analyst`.
 
@@ -80,7 +81,9 @@ def connect(
     policy's `ledger:` entry, else a file beside a DuckDB file
     (`<database>.ledger.sqlite`); a database named by URL needs one of the two,
     since a budget kept in memory would silently reset. `seed` makes noise
-    reproducible and is for tests only.
+    reproducible and is for tests only. `continual` picks the mechanism of
+    running totals ('binary' or 'factorization'; default: each column's policy
+    choice), as SET dpsql.continual does.
     """
     if policy is None:
         raise InterfaceError(
@@ -93,8 +96,9 @@ def connect(
         loaded.check_schema({key: adapter.table_columns(key) for key in loaded.tables})
         book = ledger if isinstance(ledger, Ledger) else open_ledger(path)
         session = Session(
-            adapter, loaded, book, analyst, epsilon=epsilon, mechanism=mechanism, seed=seed
-        )
+            adapter, loaded, book, analyst, epsilon=epsilon, mechanism=mechanism, seed=seed,
+            continual=continual,
+        )  # fmt: skip
     except Exception:
         adapter.close()
         raise

@@ -207,3 +207,58 @@ def test_factorization_noise_has_its_closed_form_variance():
     draws = np.stack([counter.noise(keyed_generator(k)) for k in range(1, 1501)])
     ratio = draws.var(axis=0, ddof=1) / counter.variance()
     assert np.abs(ratio - 1).max() < 5 * math.sqrt(2 / 1500)
+
+
+def test_set_continual_picks_the_mechanism_and_makes_its_own_stream(events, tmp_path):
+    con = _connect(events, tmp_path, epsilon=2.0)
+    query = f"{RUNNING} WHERE day < '2024-01-06' GROUP BY day"
+    assert con.execute("SHOW dpsql.continual").fetchall() == [("policy",)]
+    tree = con.execute(query).fetchall()
+    con.execute("SET dpsql.continual = 'factorization'")
+    lines = dict(con.execute(f"EXPLAIN {query}").fetchall())
+    assert "factorization" in lines["mechanism"] and "SET dpsql.continual" in lines["mechanism"]
+    assert "once for the whole horizon" in lines["cost"]  # another stream: not paid for yet
+    cur = con.execute(query)
+    gaussian = cur.fetchall()
+    assert "factorization" in cur.accuracy["so_far"].mechanism
+    assert [d for d, _ in gaussian] == [d for d, _ in tree] and gaussian != tree
+    budget = con.budget()  # charged twice: 2 (tree), then (2, the session's delta 1e-6)
+    assert budget.epsilon_spent == pytest.approx(4.0)
+    assert budget.delta_spent == pytest.approx(1e-6)
+    # a restart with the same setting continues the same stream, for free
+    again = dpsql.connect(events, policy=_policy(2.0), ledger=tmp_path / "ledger.sqlite",
+                          continual="factorization", seed=9)  # fmt: skip
+    assert again.execute(query).fetchall() == gaussian
+    again.execute("SET dpsql.continual = 'policy'")
+    assert again.execute(query).fetchall() == tree
+    assert again.budget().epsilon_spent == pytest.approx(4.0)
+
+
+def test_set_continual_binary_overrides_a_declared_factorization(events, tmp_path):
+    con = _connect(events, tmp_path, epsilon=2.0, delta=1e-9, mechanism="factorization")
+    con.execute("SET dpsql.continual = 'binary'")
+    lines = dict(con.execute(f"EXPLAIN {RUNNING} GROUP BY day").fetchall())
+    assert (
+        "Honaker" in lines["mechanism"]
+        and "policy's choice for day is factorization" in (lines["mechanism"])
+    )
+    con.execute(f"{RUNNING} WHERE day < '2024-01-03' GROUP BY day").fetchall()
+    assert con.budget().epsilon_spent == pytest.approx(2.0)
+    assert con.budget().delta_spent == 0  # pure epsilon
+
+
+def test_factorization_is_refused_without_delta_with_what_to_do(events, tmp_path):
+    policy = _policy(2.0)
+    policy["analysts"]["default"]["delta"] = 0.0
+    con = dpsql.connect(events, policy=policy, ledger=tmp_path / "ledger.sqlite",
+                        continual="factorization")  # fmt: skip
+    with pytest.raises(QueryRefused, match=r"budget has no delta.*SET dpsql.continual = 'binary'"):
+        con.execute(f"{RUNNING} GROUP BY day")
+    con = _connect(events, tmp_path, epsilon=2.0)
+    con.execute("SET dpsql.continual = 'factorization'")
+    con.execute("SET dpsql.delta = 0")
+    with pytest.raises(QueryRefused, match=r"dpsql\.delta is 0.*SET dpsql\.delta = 1e-9"):
+        con.execute(f"EXPLAIN {RUNNING} GROUP BY day")
+    assert con.budget().epsilon_spent == 0
+    with pytest.raises(dpsql.ProgrammingError, match="binary, factorization, policy"):
+        con.execute("SET dpsql.continual = 'gaussian'")

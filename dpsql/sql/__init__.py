@@ -8,6 +8,7 @@ from typing import Protocol
 
 from sqlglot import exp
 
+from dpsql.accounting import Cost
 from dpsql.policy import Policy, Table
 from dpsql.sql.analyze import analyze
 from dpsql.sql.check import check_query
@@ -43,6 +44,7 @@ class PlanContext:
     seed: int  # secret per plan: keys the contribution-bounding hash
     unique_units: frozenset[str] = frozenset()
     stored: StoredState = field(default_factory=_NothingStored)
+    budget: Cost | None = None  # the analyst's whole budget, when a planner needs to know it
 
 
 # Planners for query shapes that have a plan of their own (range synopses,

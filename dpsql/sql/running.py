@@ -286,8 +286,11 @@ class _Domain:
     def bucket(self, column: exp.Column) -> exp.Expression:
         """SQL for the 0-based step of a row."""
         if self.column.type == "date":
-            offset = exp.Sub(
-                this=column.copy(), expression=exp.cast(exp.convert(str(self.start)), "DATE")
+            # DATEDIFF, not date - date: that is an INTERVAL in Spark and elsewhere
+            offset = exp.DateDiff(
+                this=column.copy(),
+                expression=exp.cast(exp.convert(str(self.start)), "DATE"),
+                unit=exp.var("DAY"),
             )
             width = self.spec.step.days
         elif self.column.type == "timestamp":
@@ -362,6 +365,55 @@ def _upper_bound(condition: exp.Expression, order: str, domain: _Domain) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class _Choice:
+    """A stream's mechanism, the delta its Gaussian noise is converted with, and why."""
+
+    mechanism: str  # one of policy.CONTINUAL_MECHANISMS
+    delta: float  # 0 for the binary tree (pure epsilon)
+    reason: str
+
+
+def _choose(spec: ContinualSpec, column: str, context: Any) -> _Choice:
+    """SET dpsql.continual (or connect(continual=...)) if set, else the policy's choice.
+
+    The stream costs the epsilon the policy declares either way. A factorization
+    the policy declares is converted with the policy's delta; one the analyst
+    picks, with the session's dpsql.delta, which must be positive, as must the
+    delta of the analyst's budget.
+    """
+    asked = context.options.continual
+    mechanism = spec.mechanism if asked == "policy" else asked
+    if asked == "policy":
+        reason = f"the policy's choice for {column}"
+    elif asked == spec.mechanism:
+        reason = f"SET dpsql.continual = '{asked}', the policy's choice for {column} too"
+    else:
+        reason = (
+            f"SET dpsql.continual = '{asked}' "
+            f"(the policy's choice for {column} is {spec.mechanism})"
+        )
+    if mechanism == "binary":
+        return _Choice(mechanism, 0.0, f"{reason}: pure epsilon, Laplace noise")
+    delta = spec.delta if spec.mechanism == "factorization" else context.options.delta
+    budget = context.budget
+    no_budget = budget is not None and not budget.delta
+    if no_budget or not delta:
+        who = "your budget has no delta" if no_budget else "this session's dpsql.delta is 0"
+        raise _refuse(
+            f"a factorization stream on {column}",
+            f"its Gaussian noise is (epsilon, delta)-DP and needs a delta > 0, but {who}",
+            "SET dpsql.continual = 'binary' (the binary tree: pure epsilon, no delta)"
+            + (
+                ", or ask the data owner for a delta"
+                if no_budget
+                else ", or SET dpsql.delta = 1e-9"
+            ),
+        )
+    return _Choice(mechanism, delta, f"{reason}: Gaussian noise, (epsilon, delta) = "
+                   f"({spec.epsilon:g}, {delta:g}) through zCDP")  # fmt: skip
+
+
 @dataclass
 class _Stream:
     """One stream: what is counted, over which steps, with which counter, and its identity."""
@@ -377,6 +429,7 @@ class _Stream:
     cost: Cost
     grid: SumGrid | None
     sensitivity: int
+    choice: _Choice
 
     @classmethod
     def of(
@@ -415,7 +468,10 @@ class _Stream:
             grid, sensitivity = _stream_grid(
                 probe.measurements[0].bounds, contributions, spec.epsilon
             )
-        counter, cost = _counter(spec, horizon, sensitivity)
+        choice = _choose(spec, column.name, context)
+        counter, cost = _counter(spec, choice, horizon, sensitivity)
+        # the mechanism and its price are part of the identity: switching mechanism
+        # is another stream, with its own charge, noise key and released steps
         identity = hashlib.sha256(
             json.dumps(
                 [
@@ -426,6 +482,7 @@ class _Stream:
                     filters.sql(dialect="duckdb", normalize=True) if filters is not None else None,
                     context.policy.digest,
                     context.policy.data_version,
+                    [choice.mechanism, spec.epsilon, choice.delta],
                 ]
             ).encode()
         ).hexdigest()[:32]
@@ -441,6 +498,7 @@ class _Stream:
             cost,
             grid,
             sensitivity,
+            choice,
         )
 
     def complete_steps(self) -> int:
@@ -502,13 +560,13 @@ def _stream_grid(bounds: Interval, contributions: int, epsilon: float) -> tuple[
 
 
 def _counter(
-    spec: ContinualSpec, horizon: int, sensitivity: int
+    spec: ContinualSpec, choice: _Choice, horizon: int, sensitivity: int
 ) -> tuple[BinaryTree | Factorization, Cost]:
-    if spec.mechanism == "binary":
+    if choice.mechanism == "binary":
         return laplace_tree(horizon, spec.epsilon, sensitivity), Cost.of(spec.epsilon)
-    rho = zcdp_rho(spec.epsilon, spec.delta)
+    rho = zcdp_rho(spec.epsilon, choice.delta)
     return Factorization(horizon, rho, sensitivity, _gaussian_sampler()), Cost.of(
-        spec.epsilon, spec.delta
+        spec.epsilon, choice.delta
     )
 
 
@@ -631,7 +689,7 @@ class RunningPlan:
         charged = f"{stream.cost}, once for the whole horizon"
         return [
             ("sql", self.sql or "none: every complete step is already released"),
-            ("mechanism", stream.counter.name),
+            ("mechanism", f"{stream.counter.name}, {stream.choice.reason}"),
             (
                 "horizon",
                 f"{stream.domain.horizon} steps of {stream.domain.spec.step} from "
