@@ -107,5 +107,25 @@ class DatasetBudgetExhausted(BudgetExhausted):
         )
 
 
+class TooManyGroups(OperationalError):
+    """A release has more groups than the session's `max_groups` allows.
+
+    Raised after the charge: the count of released groups is known only after
+    partition selection, and refusing on the count before it would let the
+    data decide whether a query is charged.
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        super().__init__(
+            f"refused a release of more than {limit:,} groups (the max_groups limit, which "
+            "keeps one query from exhausting memory): the query was charged, because the "
+            "number of released groups is only known after the noisy selection, and nothing "
+            "was cached, so running it again charges again. Instead: group by fewer or "
+            "coarser columns, add a WHERE, or raise max_groups (connect(max_groups=...), "
+            "dpsql serve --max-groups)"
+        )
+
+
 class BackendError(OperationalError):
     """The database behind dpsql failed while running a rewritten query."""

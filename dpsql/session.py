@@ -28,20 +28,18 @@ from dpsql.errors import InterfaceError, OperationalError, ProgrammingError, Que
 from dpsql.ldp.postprocess import METHODS as LDP_METHODS
 from dpsql.ledger import Ledger
 from dpsql.mechanisms.samplers import secure_generator
-from dpsql.policy import CONTINUAL_MECHANISMS, MECHANISMS, Policy
+from dpsql.policy import MECHANISMS, Policy
 from dpsql.sql import PlanContext, plan_query
 from dpsql.sql.check import refuse_statement
 from dpsql.sql.parse import Statement, parse_statement
-from dpsql.sql.plan import Accuracy, Options, Plan, Release
+from dpsql.sql.plan import MAX_GROUPS, Accuracy, Options, Plan, Release, release_stream
 from dpsql.sql.running import RunningPlan
 from dpsql.sql.synopsis import BuildSynopsisPlan, StoredSynopsisPlan, SynopsisStatus
 from dpsql.sql.synopsis import count_query as synopsis_count_query
 from dpsql.sql.synopsis import declared as declared_synopses
 
 MAX_EPSILON = 1e6
-_SETTABLE = (
-    "dpsql.epsilon", "dpsql.delta", "dpsql.mechanism", "dpsql.ldp_postprocess", "dpsql.continual",
-)  # fmt: skip
+_SETTABLE = ("dpsql.epsilon", "dpsql.delta", "dpsql.mechanism", "dpsql.ldp_postprocess")
 
 
 @dataclass(frozen=True)
@@ -71,7 +69,7 @@ class Session:
         epsilon: float | None = None,
         mechanism: str | None = None,
         seed: int | None = None,
-        continual: str | None = None,
+        max_groups: int = MAX_GROUPS,
     ):
         self.adapter = adapter
         self.policy = policy
@@ -84,14 +82,15 @@ class Session:
             self.set_option("epsilon", epsilon)
         if mechanism is not None:
             self.set_option("mechanism", mechanism)
-        if continual is not None:
-            self.set_option("continual", continual)
         self.unique_units = frozenset(
             key for key, table in policy.tables.items()
             if table.privacy_unit and table.privacy_unit in adapter.unique_columns(key)
         )  # fmt: skip
         self._rng = secure_generator(seed)
         self._rng_lock = threading.Lock()
+        # Released groups per query: the result is read in batches and only kept
+        # groups are held, so this bounds a query's memory (TooManyGroups above).
+        self.max_groups = max_groups
 
     # -- the pipeline -------------------------------------------------------
 
@@ -119,7 +118,6 @@ class Session:
             secret,
             self.unique_units,
             _AnalystState(self.ledger, self.analyst),
-            self.total,
         )
         return plan_query(tree, context)
 
@@ -133,21 +131,25 @@ class Session:
         plan = self.plan(tree)
         if not plan.cost.epsilon and not plan.cost.delta and not plan.cost.rho:
             # Free: a statement without a table, or one answered from stored state.
-            columns, rows = self.adapter.execute(plan.sql) if plan.sql else ([], [])
-            with self._rng_lock:
-                return self._keep_state(plan.release(columns, rows, self._rng))
+            return self._keep_state(self._release(plan))
         # The charge is committed before the database runs: a crash after it
         # loses budget, never privacy.
         self._charge(plan.cost, fingerprint)
-        columns, rows = self.adapter.execute(plan.sql)
-        with self._rng_lock:
-            release = self._keep_state(plan.release(columns, rows, self._rng))
+        release = self._keep_state(self._release(plan))
         if not getattr(plan, "cacheable", True):  # a stream: later runs release more steps
             return release
         stored = self.ledger.store_release(
             self.analyst, fingerprint, _encode(release), durable=False
         )
         return _decode(stored)
+
+    def _release(self, plan: Plan) -> Release:
+        """Run the plan's SQL and release its result as it streams in."""
+        if not plan.sql:
+            with self._rng_lock:
+                return release_stream(plan, [], [], self._rng, self.max_groups)
+        with self.adapter.stream(plan.sql) as (columns, batches), self._rng_lock:
+            return release_stream(plan, columns, batches, self._rng, self.max_groups)
 
     def _charge(self, cost: Cost, fingerprint: str) -> None:
         """Charge the analyst's budget and, if the policy sets one, the dataset's, atomically."""
@@ -181,7 +183,7 @@ class Session:
     # -- options and budget -------------------------------------------------
 
     def set_option(self, name: str, value: Any) -> None:
-        """Set a per-session option: epsilon, delta, mechanism, ldp_postprocess or continual."""
+        """Set a per-session option: epsilon, delta, mechanism or ldp_postprocess."""
         name = name.lower().removeprefix("dpsql.")
         if name in ("epsilon", "delta"):
             number = _number(value, name)
@@ -207,14 +209,6 @@ class Session:
                     f"{', '.join(LDP_METHODS)}"
                 )
             self.options = replace(self.options, ldp_postprocess=value)
-        elif name == "continual":
-            choices = (*CONTINUAL_MECHANISMS, "policy")
-            if value not in choices:
-                raise ProgrammingError(
-                    f"unknown continual mechanism {value!r}; choose one of: {', '.join(choices)} "
-                    "(the policy's choice per column)"
-                )
-            self.options = replace(self.options, continual=value)
         else:
             raise ProgrammingError(f"unknown option dpsql.{name}; settable: {', '.join(_SETTABLE)}")
 

@@ -1,13 +1,25 @@
-"""The small Adapter protocol every backend implements.
+"""The small Adapter protocol every backend implements, and the bookkeeping they share.
 
 An adapter runs one rewritten, bounded SQL statement and returns its column
-names and rows; it also tells which columns a table has, so a policy can be
-checked against the database. It knows nothing of privacy.
+names and rows, all at once (`execute`) or in batches (`stream`, so a GROUP BY
+with millions of groups never sits in Python's memory whole); it can interrupt
+the statement another thread is running (the server's query timeout and a
+client's cancel request); it also tells which columns a table has, so a
+policy can be checked against the database. It knows nothing of privacy.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Protocol
+
+# Rows per batch of a streamed result: small enough that a batch of wide rows
+# stays within a few MB, large enough that per-batch overhead is negligible.
+BATCH_ROWS = 10_000
+
+Batches = Iterator[list[tuple]]
 
 
 class Adapter(Protocol):
@@ -15,6 +27,18 @@ class Adapter(Protocol):
 
     def execute(self, sql: str) -> tuple[list[str], list[tuple]]:
         """Run one statement; return (column names, rows)."""
+
+    def stream(
+        self, sql: str, batch_rows: int = BATCH_ROWS
+    ) -> AbstractContextManager[tuple[list[str], Batches]]:
+        """Run one statement; within the context, (column names, batches of rows).
+
+        Leaving the context early stops the statement and frees its connection.
+        """
+
+    def interrupt(self, thread: int) -> None:
+        """Stop the statement that thread `thread` (a `threading.get_ident()`) is running,
+        if any; its `stream`/`execute` then raises BackendError. Safe from any thread."""
 
     def table_columns(self, name: str) -> set[str] | None:
         """Lower-case column names of table `name` (possibly schema-qualified), or None."""
@@ -24,3 +48,54 @@ class Adapter(Protocol):
         (a single-column PRIMARY KEY or UNIQUE constraint)."""
 
     def close(self) -> None: ...
+
+
+def fetch_all(adapter: Adapter, sql: str) -> tuple[list[str], list[tuple]]:
+    """`execute` in terms of `stream`: every batch, joined."""
+    with adapter.stream(sql) as (columns, batches):
+        return columns, [row for batch in batches for row in batch]
+
+
+class Running:
+    """Which thread runs which statement, so that another thread can interrupt it.
+
+    A handle (a DuckDB cursor, a psycopg connection, a Spark job tag) is
+    registered for the span of one statement; `interrupt` applies the adapter's
+    way of stopping it under the same lock, so it never reaches a handle whose
+    statement has ended and whose thread may already run someone else's.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._handles: dict[int, Any] = {}
+        self._interrupted: set[int] = set()
+
+    @contextmanager
+    def statement(self, handle: Any) -> Iterator[None]:
+        thread = threading.get_ident()
+        with self._lock:
+            self._handles[thread] = handle
+            self._interrupted.discard(thread)
+        try:
+            yield
+        finally:
+            with self._lock:
+                del self._handles[thread]
+
+    def interrupt(self, thread: int, stop: Callable[[Any], None]) -> None:
+        with self._lock:
+            handle = self._handles.get(thread)
+            if handle is not None:
+                self._interrupted.add(thread)
+                stop(handle)
+
+    def was_interrupted(self) -> bool:
+        """Whether this thread's current statement was interrupted (to word its error)."""
+        with self._lock:
+            return threading.get_ident() in self._interrupted
+
+
+INTERRUPTED = (
+    "the query was interrupted (dpsql serve --query-timeout, or the client cancelled it); "
+    "narrow it (a WHERE, fewer groups) or raise the timeout"
+)

@@ -3,15 +3,20 @@
 Database files are opened read-only and with file-system access disabled, so
 even a statement that slipped past the SQL gate could neither change data nor
 read a file. Each thread gets its own cursor: DuckDB connections are not
-thread-safe, their cursors are.
+thread-safe, their cursors are. Results are fetched in batches (DuckDB streams
+a result to `fetchmany` rather than materialising it), and a thread's running
+statement is stopped with its cursor's `interrupt()`.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 
 import duckdb
 
+from dpsql.adapters.base import BATCH_ROWS, INTERRUPTED, Batches, Running, fetch_all
 from dpsql.errors import BackendError
 
 # DuckDB shares one instance per file within a process, and every connection to
@@ -32,6 +37,7 @@ class DuckDBAdapter:
             except duckdb.Error as exc:
                 raise BackendError(f"cannot open DuckDB database {database!r}: {exc}") from None
         self._local = threading.local()
+        self._running = Running()
 
     @property
     def connection(self) -> duckdb.DuckDBPyConnection:
@@ -44,18 +50,50 @@ class DuckDBAdapter:
         return cursor
 
     def execute(self, sql: str) -> tuple[list[str], list[tuple]]:
+        return fetch_all(self, sql)
+
+    @contextmanager
+    def stream(self, sql: str, batch_rows: int = BATCH_ROWS) -> Iterator[tuple[list[str], Batches]]:
         cursor = self._cursor()
-        try:
-            cursor.execute(sql)
-            rows = cursor.fetchall()
-        except duckdb.Error as exc:
-            # DuckDB's message can quote a stored value (a failed conversion, say):
-            # only the kind of error leaves the adapter.
-            raise BackendError(
-                f"DuckDB could not run the rewritten query ({type(exc).__name__}); check "
-                "the types of literals and columns in the query"
-            ) from None
-        return [d[0] for d in cursor.description or []], rows
+        with self._running.statement(cursor):
+            try:
+                cursor.execute(sql)
+            except duckdb.Error as exc:
+                raise self._error(exc) from None
+            ended = []  # set once the last batch was fetched
+            try:
+                yield (
+                    [d[0] for d in cursor.description or []],
+                    self._batches(cursor, batch_rows, ended),
+                )
+            finally:
+                if not ended:
+                    with suppress(duckdb.Error):  # the statement's own error is what matters
+                        cursor.execute("SELECT 1")  # drops the rest of an unread result
+
+    def _batches(self, cursor: duckdb.DuckDBPyConnection, batch_rows: int, ended: list) -> Batches:
+        while True:
+            try:
+                batch = cursor.fetchmany(batch_rows)
+            except duckdb.Error as exc:
+                raise self._error(exc) from None
+            if not batch:
+                ended.append(True)
+                return
+            yield batch
+
+    def _error(self, exc: duckdb.Error) -> BackendError:
+        if self._running.was_interrupted():
+            return BackendError(f"DuckDB stopped: {INTERRUPTED}")
+        # DuckDB's message can quote a stored value (a failed conversion, say):
+        # only the kind of error leaves the adapter.
+        return BackendError(
+            f"DuckDB could not run the rewritten query ({type(exc).__name__}); check "
+            "the types of literals and columns in the query"
+        )
+
+    def interrupt(self, thread: int) -> None:
+        self._running.interrupt(thread, lambda cursor: cursor.interrupt())
 
     def _catalog(self, select: str, name: str, levels: tuple[str, ...]) -> list[tuple]:
         """Rows of a catalog query about table `name` (optionally schema/catalog-qualified).

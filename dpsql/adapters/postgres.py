@@ -12,17 +12,30 @@ statement that slipped past the SQL gate could neither change data nor hold
 the server. Server messages can quote stored
 values (a failed cast, say): only the SQLSTATE and the kind of error leave
 the adapter.
+
+Rewritten queries run through a server-side cursor and are fetched in
+batches, so a result of millions of groups never sits in memory whole; a
+running one is stopped with libpq's cancel request. The pool checks each
+connection before lending it, so after the server restarts, dead connections
+are replaced rather than handed out: queries resume without restarting dpsql.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from dpsql.adapters.base import BATCH_ROWS, INTERRUPTED, Batches, Running
 from dpsql.errors import BackendError
 
 _QUERY_CANCELED = "57014"
+# The server went away: class 08 (connection exception) and the shutdown codes a
+# backend sends its clients when the server stops or restarts.
+_CONNECTION_LOST = ("08", "57P01", "57P02", "57P03")
 
 # Columns of a table, view or materialised view; `to_regclass` resolves the name
 # by PostgreSQL's rules: search_path, schema qualification, unquoted names folded.
@@ -57,11 +70,13 @@ class PostgresAdapter:
     ):
         self._where = _describe(conninfo)
         self._timeout = statement_timeout
+        self._running = Running()
         self._pool = ConnectionPool(
             make_conninfo(conninfo, connect_timeout=max(1, int(connect_timeout))),
             min_size=1,
             max_size=pool_size,
             configure=self._configure,
+            check=ConnectionPool.check_connection,
             name="dpsql",
             open=False,
         )
@@ -83,16 +98,13 @@ class PostgresAdapter:
         connection.autocommit = False
         connection.read_only = True  # every transaction starts BEGIN READ ONLY
 
-    def _run(self, sql: str, parameters: list | None = None) -> tuple[list[str], list[tuple]]:
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection]:
+        """A pooled connection, rolled back after use; errors come out sanitised."""
         try:
             with self._pool.connection() as connection:
                 try:
-                    # Binary results make psycopg use the extended protocol, which
-                    # runs one statement per call: "SET TRANSACTION READ WRITE;
-                    # DELETE ..." cannot get out of the read-only transaction.
-                    cursor = connection.execute(sql, parameters, prepare=False, binary=True)
-                    rows = cursor.fetchall() if cursor.description else []
-                    return [d.name for d in cursor.description or []], rows
+                    yield connection
                 finally:
                     connection.rollback()  # nothing a statement did may stay
         except PoolTimeout:
@@ -101,10 +113,41 @@ class PostgresAdapter:
                 "may be down or every pooled connection busy: retry, or raise pool_size"
             ) from None
         except psycopg.Error as exc:
-            raise _sanitised(exc, self._timeout) from None
+            raise self._sanitised(exc) from None
+
+    def _run(self, sql: str, parameters: list | None = None) -> tuple[list[str], list[tuple]]:
+        with self._connection() as connection:
+            # Binary results make psycopg use the extended protocol, which runs
+            # one statement per call: "SET TRANSACTION READ WRITE; DELETE ..."
+            # cannot get out of the read-only transaction.
+            cursor = connection.execute(sql, parameters, prepare=False, binary=True)
+            rows = cursor.fetchall() if cursor.description else []
+            return [d.name for d in cursor.description or []], rows
 
     def execute(self, sql: str) -> tuple[list[str], list[tuple]]:
         return self._run(sql)
+
+    @contextmanager
+    def stream(self, sql: str, batch_rows: int = BATCH_ROWS) -> Iterator[tuple[list[str], Batches]]:
+        # A server-side cursor (DECLARE ... CURSOR FOR <one statement>, in the
+        # read-only transaction) keeps the result on the server until fetched.
+        with (
+            self._connection() as connection,
+            self._running.statement(connection),
+            connection.cursor(name="dpsql", binary=True) as cursor,
+        ):
+            cursor.execute(sql)
+            yield [d.name for d in cursor.description or []], self._batches(cursor, batch_rows)
+
+    def _batches(self, cursor: psycopg.ServerCursor, batch_rows: int) -> Batches:
+        try:
+            while batch := cursor.fetchmany(batch_rows):
+                yield batch
+        except psycopg.Error as exc:
+            raise self._sanitised(exc) from None
+
+    def interrupt(self, thread: int) -> None:
+        self._running.interrupt(thread, lambda connection: connection.cancel_safe(timeout=5))
 
     def table_columns(self, name: str) -> set[str] | None:
         try:
@@ -123,6 +166,29 @@ class PostgresAdapter:
     def close(self) -> None:
         self._pool.close()
 
+    def _sanitised(self, exc: psycopg.Error) -> BackendError:
+        state = exc.sqlstate or "none"
+        if state == _QUERY_CANCELED and self._running.was_interrupted():
+            return BackendError(f"PostgreSQL stopped: {INTERRUPTED}")
+        if state == _QUERY_CANCELED:
+            return BackendError(
+                f"PostgreSQL cancelled the rewritten query after the statement timeout of "
+                f"{self._timeout:g} s; narrow the query (fewer groups, a WHERE) or raise "
+                "statement_timeout"
+            )
+        if state.startswith(_CONNECTION_LOST) or (
+            isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None
+        ):
+            return BackendError(
+                f"the connection to PostgreSQL at {self._where} was lost while running the "
+                "query (the server restarted, stopped or is unreachable); retry: dpsql "
+                "reconnects by itself once the server is back"
+            )
+        return BackendError(
+            f"PostgreSQL could not run the rewritten query (SQLSTATE {state}, "
+            f"{type(exc).__name__}); check the types of literals and columns in the query"
+        )
+
 
 def _describe(conninfo: str) -> str:
     """host:port/dbname of a conninfo, never its password."""
@@ -134,21 +200,3 @@ def _describe(conninfo: str) -> str:
         ) from None
     host = parts.get("host") or "localhost"
     return f"{host}:{parts.get('port') or 5432}/{parts.get('dbname') or parts.get('user') or ''}"
-
-
-def _sanitised(exc: psycopg.Error, timeout: float) -> BackendError:
-    state = exc.sqlstate or "none"
-    if state == _QUERY_CANCELED:
-        return BackendError(
-            f"PostgreSQL cancelled the rewritten query after the statement timeout of "
-            f"{timeout:g} s; narrow the query (fewer groups, a WHERE) or raise statement_timeout"
-        )
-    if isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None:
-        return BackendError(
-            "the connection to PostgreSQL failed while running the query; check that the "
-            "server is up and retry"
-        )
-    return BackendError(
-        f"PostgreSQL could not run the rewritten query (SQLSTATE {state}, "
-        f"{type(exc).__name__}); check the types of literals and columns in the query"
-    )

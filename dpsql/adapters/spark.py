@@ -12,7 +12,9 @@ What Spark needs from the rewrite: window functions (ROW_NUMBER and
 DENSE_RANK over PARTITION BY unit, for contribution bounding) and a keyed
 hash to order each unit's rows by, `xxhash64(secret, values...)`; sqlglot
 writes both in the Spark dialect. Spark runs the whole bounded aggregate and
-`collect()` brings back its result, one row per group: never a raw row.
+`toLocalIterator()` brings back its result a partition at a time, one row per
+group: never a raw row. Each statement's jobs carry a tag of the thread that
+runs it, so `interrupt` stops them (`SparkSession.interruptTag`).
 
 Spark's messages can quote stored values (a failed cast, say), and PySpark
 logs them too: only the error's condition name leaves the adapter, and the
@@ -21,13 +23,16 @@ loggers that would print the message are silenced.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl
 
+from dpsql.adapters.base import BATCH_ROWS, INTERRUPTED, Batches, Running, fetch_all
 from dpsql.errors import BackendError
 from dpsql.policy import Source
 
@@ -70,6 +75,7 @@ class SparkAdapter:
         _quiet_query_loggers()
         self._on_close: Callable[[], None] = lambda: None  # stops what this adapter started
         self._views: list[str] = []
+        self._running = Running()
         try:
             if is_spark_session(database):
                 self._session = database
@@ -163,15 +169,40 @@ class SparkAdapter:
     # -- the Adapter protocol -----------------------------------------------
 
     def execute(self, sql: str) -> tuple[list[str], list[tuple]]:
+        return fetch_all(self, sql)
+
+    @contextmanager
+    def stream(self, sql: str, batch_rows: int = BATCH_ROWS) -> Iterator[tuple[list[str], Batches]]:
+        tag = f"dpsql-{threading.get_ident()}"
+        self._session.addTag(tag)  # thread-local: only this thread's jobs carry it
         try:
-            frame = self._session.sql(sql)
-            rows = frame.collect()
+            with self._running.statement(tag):
+                try:
+                    frame = self._session.sql(sql)
+                    rows = frame.toLocalIterator(prefetchPartitions=True)
+                except self._errors as exc:
+                    raise self._error(exc) from None
+                yield list(frame.columns), self._batches(rows, batch_rows)
+        finally:
+            self._session.removeTag(tag)
+
+    def _batches(self, rows: Iterator[Any], batch_rows: int) -> Batches:
+        try:
+            while batch := [tuple(row) for row in itertools.islice(rows, batch_rows)]:
+                yield batch
         except self._errors as exc:
-            raise BackendError(
-                f"Spark could not run the rewritten query ({_condition(exc)}); check the types "
-                "of literals and columns in the query"
-            ) from None
-        return list(frame.columns), [tuple(row) for row in rows]
+            raise self._error(exc) from None
+
+    def _error(self, exc: Exception) -> BackendError:
+        if self._running.was_interrupted():
+            return BackendError(f"Spark stopped: {INTERRUPTED}")
+        return BackendError(
+            f"Spark could not run the rewritten query ({_condition(exc)}); check the types "
+            "of literals and columns in the query"
+        )
+
+    def interrupt(self, thread: int) -> None:
+        self._running.interrupt(thread, self._session.interruptTag)
 
     def table_columns(self, name: str) -> set[str] | None:
         try:

@@ -14,6 +14,7 @@ the DB-API raises (psycopg maps SQLSTATE classes to exception classes):
 - InterfaceError: 08P01 protocol_violation (parameters that do not fit).
 - NotSupportedError: 0A000 feature_not_supported.
 - other ProgrammingError (e.g. a bad SET dpsql.x): 22023 invalid_parameter_value.
+- TooManyGroups: 54000 program_limit_exceeded (a release over max_groups).
 - BackendError: 58000 system_error (the database behind dpsql failed).
 - any other dpsql error: XX000 internal_error.
 """
@@ -31,6 +32,7 @@ from dpsql.errors import (
     PolicyError,
     ProgrammingError,
     QueryRefused,
+    TooManyGroups,
 )
 
 SYNTAX_ERROR = "42601"
@@ -55,6 +57,7 @@ _CODES: tuple[tuple[type[Error], str], ...] = (
     (QueryRefused, INSUFFICIENT_PRIVILEGE),
     (InterfaceError, PROTOCOL_VIOLATION),
     (NotSupportedError, FEATURE_NOT_SUPPORTED),
+    (TooManyGroups, PROGRAM_LIMIT_EXCEEDED),
     (BackendError, SYSTEM_ERROR),
     (ProgrammingError, INVALID_PARAMETER_VALUE),
 )

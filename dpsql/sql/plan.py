@@ -3,14 +3,15 @@
 A plan is the small protocol of DESIGN section 1: `sql`, `cost`,
 `release(columns, rows, rng)` and `explain()`. `DirectPlan` answers an
 aggregate query with noisy measurements; `ConstantPlan` answers a statement
-that touches no table. The Session never branches on the kind of plan.
+that touches no table. The Session never branches on the kind of plan:
+`release_stream` hands a plan the database's result batch by batch.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -20,7 +21,7 @@ import numpy as np
 from sqlglot import exp
 
 from dpsql.accounting import Cost, round_down, round_up, zcdp_rho
-from dpsql.errors import QueryRefused
+from dpsql.errors import QueryRefused, TooManyGroups
 from dpsql.mechanisms.base import NoiseMechanism
 from dpsql.mechanisms.choice import choose
 from dpsql.mechanisms.gaussian import DiscreteGaussian
@@ -36,6 +37,10 @@ from dpsql.sql.rewrite import SumGrid, rewrite
 GRID_BITS = 20
 MAX_PUBLIC_KEYS = 1_000_000
 MIN_GRID_EXPONENT = -1000  # 2^-1000 is still a normal float: steps never round to zero
+# Released groups per query unless the session says otherwise: as many as the
+# largest public domain, so a query the planner accepts before the charge is
+# not refused after it by default.
+MAX_GROUPS = MAX_PUBLIC_KEYS
 
 
 @dataclass(frozen=True)
@@ -46,8 +51,6 @@ class Options:
     delta: float
     mechanism: str = "laplace"
     ldp_postprocess: str = "none"  # for tables of local reports: dpsql.ldp.METHODS
-    # running totals: 'binary' or 'factorization', or 'policy' for each column's own choice
-    continual: str = "policy"
 
 
 @dataclass(frozen=True)
@@ -188,30 +191,70 @@ class DirectPlan:
         return True
 
     def release(self, columns: list[str], rows: list[tuple], rng: np.random.Generator) -> Release:
+        return self.release_batches(columns, [rows], rng)
+
+    def release_batches(
+        self,
+        columns: list[str],
+        batches: Iterable[list[tuple]],
+        rng: np.random.Generator,
+        max_groups: int | None = None,
+    ) -> Release:
+        """The release of a result read batch by batch: keys from the data are selected
+        per batch and only passing keys are kept, so memory follows the released groups,
+        not the groups in the data. Refuses more than `max_groups` released groups."""
         analysis = self.analysis
         width = len(analysis.keys)
         measured = width + len(self.measures)
-        keys = [row[:width] for row in rows]
-        exact = _integer_matrix([row[width:measured] for row in rows], len(self.measures))
-        if analysis.grouped and analysis.public_keys:
-            keys, exact = _fill_domain(analysis, keys, exact)
-        noisy = [measure.noise.sample(exact[:, i], rng) for i, measure in enumerate(self.measures)]
         notes = list(self.notes)
         if self.selection is not None:
-            units = np.array([int(row[measured]) for row in rows], dtype=np.int64)
-            keep = self.selection.keep(units, rng)
-            keys = [key for key, kept in zip(keys, keep, strict=True) if kept]
-            noisy = [values[keep] for values in noisy]
+            keys, noisy = self._select(batches, rng, max_groups)
             notes.append(
                 f"group keys come from the data: a key is released only when its noisy count of "
                 f"distinct units reaches {self.selection.tau}; groups below were suppressed"
             )
+        else:
+            if analysis.grouped:  # public keys: at most the domain, whatever the data
+                keys, exact = _fill_domain(analysis, batches, width, measured)
+            else:
+                rows = [row for batch in batches for row in batch]
+                keys = [row[:width] for row in rows]
+                exact = _integer_matrix([row[width:measured] for row in rows], len(self.measures))
+            check_groups(len(keys), max_groups)
+            noisy = [m.noise.sample(exact[:, i], rng) for i, m in enumerate(self.measures)]
         values = [self._aggregate_values(agg, noisy) for agg in analysis.aggregates]
         order = key_order(keys)
         keys = [keys[i] for i in order]
         values = [column[order] if len(order) else column for column in values]
         result_columns, result_rows = project(analysis, keys, values)
         return Release(result_columns, result_rows, self._accuracy(), notes)
+
+    def _select(
+        self, batches: Iterable[list[tuple]], rng: np.random.Generator, max_groups: int | None
+    ) -> tuple[list[tuple], list[np.ndarray]]:
+        """Noisy values and partition selection, batch by batch; the passing keys and values.
+
+        Each key's noise and threshold test are independent of every other key's,
+        so drawing them per batch gives the same distribution as drawing them at once.
+        """
+        width = len(self.analysis.keys)
+        measured = width + len(self.measures)
+        keys: list[tuple] = []
+        parts: list[list[np.ndarray]] = [[] for _ in self.measures]
+        read = False
+        for batch in itertools.chain(batches, [[]]):
+            if read and not batch:
+                continue  # the empty batch only stands in for an empty result
+            read = True
+            exact = _integer_matrix([row[width:measured] for row in batch], len(self.measures))
+            noisy = [m.noise.sample(exact[:, i], rng) for i, m in enumerate(self.measures)]
+            units = np.array([int(row[measured]) for row in batch], dtype=np.int64)
+            keep = self.selection.keep(units, rng)
+            keys.extend(itertools.compress((row[:width] for row in batch), keep))
+            for part, values in zip(parts, noisy, strict=True):
+                part.append(values[keep])
+            check_groups(len(keys), max_groups)
+        return keys, [np.concatenate(part) for part in parts]
 
     def _aggregate_values(self, aggregate: Aggregate, noisy: list[np.ndarray]) -> np.ndarray:
         first = self.measures[aggregate.measurements[0]]
@@ -344,17 +387,20 @@ def _check_domain_size(analysis: Analysis) -> None:
 
 
 def _fill_domain(
-    analysis: Analysis, keys: list[tuple], exact: np.ndarray
+    analysis: Analysis, batches: Iterable[list[tuple]], width: int, measured: int
 ) -> tuple[list[tuple], np.ndarray]:
-    """Every key of the public domain, with zeros for the groups the data lacks."""
+    """Every key of the public domain, with the result's measurements, and zeros for the
+    groups the data lacks; result rows of keys outside the domain are dropped."""
     domains = [key.domain for key in analysis.keys]
-    position = {_normal(key): i for i, key in enumerate(keys)}
     full = _keys_passing_where(analysis, list(itertools.product(*domains)))
-    filled = np.zeros((len(full), exact.shape[1]), dtype=np.int64)
-    for i, key in enumerate(full):
-        found = position.get(_normal(key))
-        if found is not None:
-            filled[i] = exact[found]
+    position = {_normal(key): i for i, key in enumerate(full)}
+    filled = np.zeros((len(full), measured - width), dtype=np.int64)
+    for batch in batches:
+        for row in batch:
+            found = position.get(_normal(row[:width]))
+            if found is not None:
+                # exact aggregates arrive as int, HUGEINT or Decimal; NULL is an empty SUM
+                filled[found] = [int(v or 0) for v in row[width:measured]]
     return full, filled
 
 
@@ -389,6 +435,42 @@ def _keys_passing_where(analysis: Analysis, keys: list[tuple]) -> list[tuple]:
     }
     columns["__dpsql_row"] = np.arange(len(keys))
     return [keys[row] for (row,) in sorted(query_released(columns, query))]
+
+
+def check_groups(count: int, max_groups: int | None) -> None:
+    """Refuse a release of more than `max_groups` groups (None: no limit).
+
+    `count` must be known from the release alone (post-processing): never the
+    number of groups the database returned before partition selection.
+    """
+    if max_groups is not None and count > max_groups:
+        raise TooManyGroups(max_groups)
+
+
+def release_stream(
+    plan: Plan,
+    columns: list[str],
+    batches: Iterable[list[tuple]],
+    rng: np.random.Generator,
+    max_groups: int | None = None,
+) -> Release:
+    """`plan`'s release of a result read in batches, with at most `max_groups` groups.
+
+    A plan with `release_batches` (DirectPlan) consumes the batches itself;
+    other plans release keys from public domains or stored state, so their
+    result is bounded by the policy and is handed over whole.
+    """
+    streaming = getattr(plan, "release_batches", None)
+    if streaming is not None:
+        return streaming(columns, batches, rng, max_groups)
+    rows: list[tuple] = []
+    for batch in batches:
+        rows.extend(batch)
+        if isinstance(plan, ConstantPlan):  # reads no table: its row count is public
+            check_groups(len(rows), max_groups)
+    release = plan.release(columns, rows, rng)
+    check_groups(len(release.rows), max_groups)
+    return release
 
 
 def _normal(key: tuple) -> tuple:
