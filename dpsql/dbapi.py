@@ -71,6 +71,7 @@ def connect(
     ledger: str | os.PathLike | Ledger | None = None,
     *,
     seed: int | None = None,
+    continual: str | None = None,
     max_groups: int = MAX_GROUPS,
 ) -> Connection:
     """Open a private connection to `database` under `policy` for `analyst`.
@@ -81,7 +82,9 @@ def connect(
     policy's `ledger:` entry, else a file beside a DuckDB file
     (`<database>.ledger.sqlite`); a database named by URL needs one of the two,
     since a budget kept in memory would silently reset. `seed` makes noise
-    reproducible and is for tests only. `max_groups` caps the groups one
+    reproducible and is for tests only. `continual` picks the mechanism of
+    running totals ('binary' or 'factorization'; default: each column's policy
+    choice), as SET dpsql.continual does. `max_groups` caps the groups one
     query may release (default 1,000,000); a larger release is refused after
     its charge (TooManyGroups), and memory follows released groups, not the
     groups in the data.
@@ -98,7 +101,7 @@ def connect(
         book = ledger if isinstance(ledger, Ledger) else open_ledger(path)
         session = Session(
             adapter, loaded, book, analyst, epsilon=epsilon, mechanism=mechanism, seed=seed,
-            max_groups=max_groups,
+            continual=continual, max_groups=max_groups,
         )  # fmt: skip
     except Exception:
         adapter.close()

@@ -28,7 +28,7 @@ from dpsql.errors import InterfaceError, OperationalError, ProgrammingError, Que
 from dpsql.ldp.postprocess import METHODS as LDP_METHODS
 from dpsql.ledger import Ledger
 from dpsql.mechanisms.samplers import secure_generator
-from dpsql.policy import MECHANISMS, Policy
+from dpsql.policy import CONTINUAL_MECHANISMS, MECHANISMS, Policy
 from dpsql.sql import PlanContext, plan_query
 from dpsql.sql.check import refuse_statement
 from dpsql.sql.parse import Statement, parse_statement
@@ -39,7 +39,9 @@ from dpsql.sql.synopsis import count_query as synopsis_count_query
 from dpsql.sql.synopsis import declared as declared_synopses
 
 MAX_EPSILON = 1e6
-_SETTABLE = ("dpsql.epsilon", "dpsql.delta", "dpsql.mechanism", "dpsql.ldp_postprocess")
+_SETTABLE = (
+    "dpsql.epsilon", "dpsql.delta", "dpsql.mechanism", "dpsql.ldp_postprocess", "dpsql.continual",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class Session:
         epsilon: float | None = None,
         mechanism: str | None = None,
         seed: int | None = None,
+        continual: str | None = None,
         max_groups: int = MAX_GROUPS,
     ):
         self.adapter = adapter
@@ -82,6 +85,8 @@ class Session:
             self.set_option("epsilon", epsilon)
         if mechanism is not None:
             self.set_option("mechanism", mechanism)
+        if continual is not None:
+            self.set_option("continual", continual)
         self.unique_units = frozenset(
             key for key, table in policy.tables.items()
             if table.privacy_unit and table.privacy_unit in adapter.unique_columns(key)
@@ -118,6 +123,7 @@ class Session:
             secret,
             self.unique_units,
             _AnalystState(self.ledger, self.analyst),
+            self.total,
         )
         return plan_query(tree, context)
 
@@ -183,7 +189,7 @@ class Session:
     # -- options and budget -------------------------------------------------
 
     def set_option(self, name: str, value: Any) -> None:
-        """Set a per-session option: epsilon, delta, mechanism or ldp_postprocess."""
+        """Set a per-session option: epsilon, delta, mechanism, ldp_postprocess or continual."""
         name = name.lower().removeprefix("dpsql.")
         if name in ("epsilon", "delta"):
             number = _number(value, name)
@@ -209,6 +215,14 @@ class Session:
                     f"{', '.join(LDP_METHODS)}"
                 )
             self.options = replace(self.options, ldp_postprocess=value)
+        elif name == "continual":
+            choices = (*CONTINUAL_MECHANISMS, "policy")
+            if value not in choices:
+                raise ProgrammingError(
+                    f"unknown continual mechanism {value!r}; choose one of: {', '.join(choices)} "
+                    "(the policy's choice per column)"
+                )
+            self.options = replace(self.options, continual=value)
         else:
             raise ProgrammingError(f"unknown option dpsql.{name}; settable: {', '.join(_SETTABLE)}")
 

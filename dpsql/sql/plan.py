@@ -51,6 +51,8 @@ class Options:
     delta: float
     mechanism: str = "laplace"
     ldp_postprocess: str = "none"  # for tables of local reports: dpsql.ldp.METHODS
+    # running totals: 'binary' or 'factorization', or 'policy' for each column's own choice
+    continual: str = "policy"
 
 
 @dataclass(frozen=True)
