@@ -1,16 +1,21 @@
 """Wire throughput: private COUNTs over `dpsql serve` against the same queries in-process.
 
-1, 4 and 16 concurrent psycopg clients (one analyst each, so the ledger is
-shared) run a trivial private COUNT over the demo census table. Two kinds of
+The server runs as its own process (`dpsql serve --trust` on loopback), as in
+production: clients in the same process would share its interpreter lock and
+be counted as wire cost. 1, 4 and 16 concurrent psycopg clients (over
+bench_load's 8 analysts) run a trivial private COUNT over the demo census table. Two kinds of
 query are timed separately:
 
+- repeats: one query again and again, answered from the release cache (free);
 - distinct: a different constant in WHERE each time, so each is planned,
-  charged (one fsync'ed ledger write), run and noised;
-- repeats: one query again and again, answered from the release cache (free).
+  charged (one fsync'ed ledger write), run and noised.
 
-The same queries through the DB-API in one thread give the baseline; "added"
-is the wire layer's cost per query (wire time per query from one client minus
-in-process time per query). Prints ratios; not a timed test.
+The same queries through the DB-API in this process give the baseline. The
+wire layer's cost per query is printed two ways, from the 1-client run:
+wall time per query over the wire minus in-process wall time per query (it
+includes the client's and the loopback's share), and the server process's
+CPU time per query minus in-process CPU time per query (the server's own
+share, which a loaded machine disturbs less). Prints ratios; not a timed test.
 
     python benchmarks/bench_wire.py [--queries 400]
 """
@@ -18,24 +23,18 @@ in-process time per query). Prints ratios; not a timed test.
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 import psycopg
+from bench_load import ANALYSTS, _policy, _serve  # the sibling benchmark's server process
 
 import dpsql
-from dpsql import demo
-from dpsql.server import BackgroundServer, build
 
-ANALYSTS = [f"a{i}" for i in range(16)]
-
-
-def _policy() -> dict:
-    policy = dict(demo.DEMO_POLICY)
-    policy["analysts"] = {name: {"epsilon": 1e9, "delta": 1e-3} for name in ANALYSTS}
-    return policy
+CLIENTS = (1, 4, 16)
 
 
 def _queries(kind: str, client: int, count: int) -> list[str]:
@@ -47,24 +46,36 @@ def _queries(kind: str, client: int, count: int) -> list[str]:
     ]
 
 
-def _in_process(connection: dpsql.Connection, queries: list[str]) -> float:
+def _cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _in_process(connection: dpsql.Connection, queries: list[str]) -> tuple[float, float]:
+    """Wall and CPU seconds for `queries` through the DB-API in this thread."""
     cursor = connection.cursor()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.thread_time()
     for sql in queries:
         cursor.execute(sql)
         cursor.fetchall()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.thread_time() - cpu
 
 
-def _wire(port: int, clients: int, kind: str, per_client: int, offset: int) -> float:
+def _wire(port: int, server: int, clients: int, kind: str, n: int, offset: int) -> tuple:
+    """Wall seconds and server CPU seconds for `clients` clients sending `n` queries each."""
     connections = [
-        psycopg.connect(f"host=127.0.0.1 port={port} user={ANALYSTS[i]}", autocommit=True)
+        psycopg.connect(
+            f"host=127.0.0.1 port={port} user={ANALYSTS[i % len(ANALYSTS)]}", autocommit=True
+        )
         for i in range(clients)
     ]
+    for connection in connections:
+        connection.execute(_queries(kind, offset + 99, 1)[0]).fetchall()  # warm each session
     barrier = threading.Barrier(clients + 1)
 
     def run(index: int) -> None:
-        queries = _queries(kind, offset + index, per_client)
+        queries = _queries(kind, offset + index, n)
         barrier.wait()
         for sql in queries:
             connections[index].execute(sql).fetchall()
@@ -73,41 +84,53 @@ def _wire(port: int, clients: int, kind: str, per_client: int, offset: int) -> f
     for thread in threads:
         thread.start()
     barrier.wait()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu_seconds(server)
     for thread in threads:
         thread.join()
-    elapsed = time.perf_counter() - start
+    elapsed, used = time.perf_counter() - start, _cpu_seconds(server) - cpu
     for connection in connections:
         connection.close()
-    return elapsed
+    return elapsed, used
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", type=int, default=400, help="queries per client")
     args = parser.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="dpsql-bench-wire-"))
-    database, _ = demo.write_demo(folder)
-    policy, ledger = _policy(), str(folder / "ledger.sqlite")
-    local = dpsql.connect(str(database), policy=policy, analyst="a0", ledger=ledger)
-    served = dpsql.connect(str(database), policy=policy, analyst="a0", ledger=ledger)
     n = args.queries
-    print(f"{n} queries per client; demo census (50,000 rows); ms per query and queries/s")
-    with BackgroundServer(build(served, trust=True, workers=4)) as server:
-        for kind in ("repeats", "distinct"):
-            _in_process(local, _queries(kind, 90, 5))  # warm up caches and the ledger
-            baseline = _in_process(local, _queries(kind, 99, n)) / n
-            print(f"\n{kind}: in-process DB-API {baseline * 1e3:.3f} ms/query "
-                  f"({1 / baseline:,.0f} queries/s)")  # fmt: skip
-            for clients in (1, 4, 16):
-                elapsed = _wire(server.port, clients, kind, n, offset=clients * 100)
-                rate = clients * n / elapsed
-                line = f"  wire, {clients:2d} clients: {rate:8,.0f} queries/s"
-                if clients == 1:
-                    added = elapsed / n - baseline
-                    line += f", {added * 1e3:+.3f} ms/query added by the wire layer"
-                print(line)
-    local.close()
+    with tempfile.TemporaryDirectory(prefix="dpsql-bench-wire-") as name:
+        folder = Path(name)
+        database, policy = _policy(folder)
+        server, port = _serve(str(database), policy, folder / "served.sqlite", max(CLIENTS))
+        local = dpsql.connect(
+            str(database),
+            policy=str(policy),
+            analyst=ANALYSTS[0],
+            ledger=str(folder / "local.sqlite"),
+        )
+        print(f"{n} queries per client; demo census (50,000 rows); load {os.getloadavg()[0]:.1f}")
+        try:
+            for kind in ("repeats", "distinct"):
+                _in_process(local, _queries(kind, 90, 5))  # warm up caches and the ledger
+                wall, cpu = (t / n for t in _in_process(local, _queries(kind, 99, n)))
+                print(f"\n{kind}: in-process DB-API {wall * 1e3:.3f} ms/query "
+                      f"({1 / wall:,.0f} queries/s), CPU {cpu * 1e3:.3f} ms/query")  # fmt: skip
+                for clients in CLIENTS:
+                    elapsed, used = _wire(port, server.pid, clients, kind, n, clients * 100)
+                    total = clients * n
+                    line = (f"  wire, {clients:2d} clients: {total / elapsed:8,.0f} queries/s, "
+                            f"server CPU {used / total * 1e3:.3f} ms/query")  # fmt: skip
+                    if clients == 1:
+                        line += (
+                            f"; wire layer adds {(elapsed / n - wall) * 1e3:+.3f} ms/query wall, "
+                            f"{(used / n - cpu) * 1e3:+.3f} ms/query server CPU"
+                        )
+                    print(line)
+        finally:
+            local.close()
+            server.terminate()
+            server.wait(timeout=60)
+        print(f"\nload at the end {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

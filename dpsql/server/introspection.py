@@ -202,15 +202,37 @@ def _in_lists(tree: exp.Expression) -> exp.Expression:
 
 _CATALOG_LINKS = (information_schema, pg_catalog)
 
+# Every link below that parses the statement answers only statements that name a
+# catalog (pg_*, information_schema) or a session function (version(), current_*,
+# session_user, set_config, pg_backend_pid); sqlglot reads `user` as a column.
+# A statement naming none of them, as private queries do, skips those links and
+# the parse they share (about 0.1 ms a statement).
+_ABOUT_THE_SERVER = re.compile(
+    r"information_schema|pg_|version|current_|session_user|set_config", re.I
+)
+
+
+def _if_named(*links: Any) -> Any:
+    """The links, run in order, only for statements that `_ABOUT_THE_SERVER` matches."""
+
+    async def about_the_server(ctx: MiddlewareContext) -> Statement | None:
+        if not _ABOUT_THE_SERVER.search(ctx.sql):
+            return None
+        for link in links:
+            statement = await link(ctx)
+            if statement is not None:
+                return statement
+        return None
+
+    return about_the_server
+
+
 MIDDLEWARE: tuple[Any, ...] = (
     savepoints,
     transaction_control,
     no_ops,
     settings,
-    server_functions,
-    catalog_with_parameters,
-    session_functions,
-    information_schema,
+    _if_named(server_functions, catalog_with_parameters, session_functions, information_schema),
     asyncpg_typeinfo,
-    pg_catalog,
+    _if_named(pg_catalog),
 )
