@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokens import TokenType
 
 from dpsql.errors import InterfaceError, QueryRefused
 
@@ -36,6 +38,10 @@ class Statement:
     tree: exp.Expression | None = None
     name: str = ""
     value: Any = None
+    # The statement as the release cache knows it: its tokens with the case of
+    # keywords and unquoted names folded (whitespace and comments dropped) and
+    # the values bound to its placeholders, in order.
+    key: str = ""
 
 
 def parse_statement(
@@ -50,9 +56,10 @@ def parse_statement(
             f"it is {len(sql):,} characters long, over the limit of {MAX_SQL_LENGTH:,}",
             "send a shorter query; pass long value lists as parameters",
         )
-    keyword = _first_keyword(sql, dialect)
+    tokens = _tokens(sql, dialect)
+    keyword = tokens[0].text.upper() if tokens else ""
     if keyword == "EXPLAIN":
-        inner = parse_statement(_after_first_keyword(sql, dialect), dialect, parameters)
+        inner = parse_statement(sql[tokens[0].end + 1 :], dialect, parameters)
         if inner.kind != "query":
             raise QueryRefused(
                 "EXPLAIN of a statement that is not a SELECT",
@@ -61,13 +68,13 @@ def parse_statement(
             )
         return Statement("explain", inner.tree)
     if keyword == "SHOW":
-        return Statement("show", name=_after_first_keyword(sql, dialect).strip().rstrip(";"))
-    tree = _parse_one(sql, dialect)
-    tree = bind_parameters(tree, parameters)
+        return Statement("show", name=sql[tokens[0].end + 1 :].strip().rstrip(";"))
+    tree = _parse_one(sql, tokens, dialect)
+    bound = _bind(tree, parameters)
     if isinstance(tree, exp.Set):
         return _set_statement(tree)
     if isinstance(tree, exp.Select):
-        return Statement("query", tree)
+        return Statement("query", tree, key=_key(tree, tokens, bound, dialect))
     return Statement("other", tree)
 
 
@@ -80,19 +87,42 @@ def _tokens(sql: str, dialect: str) -> list:
         ) from None
 
 
-def _first_keyword(sql: str, dialect: str) -> str:
-    tokens = _tokens(sql, dialect)
-    return tokens[0].text.upper() if tokens else ""
+def _key(tree: exp.Expression, tokens: list, bound: list[Any], dialect: str) -> str:
+    """The release cache's name for a statement.
+
+    Without parameters it is read off the tokens, which costs far less than
+    generating SQL from the tree: only differences the parser ignores are
+    folded (whitespace, comments, the case of keywords and unquoted names;
+    quoted names and strings are kept as written), so two texts with one key
+    parse to the same query. Texts that sqlglot would print alike but are
+    spelled differently (`x::INT` and `CAST(x AS INT)`) get different keys:
+    the second is charged and answered afresh, which costs budget, never
+    privacy. With parameters it is the bound tree printed normalised, so `?`,
+    `$1` and `:name` binding the same values share one release.
+    """
+    if bound:
+        return "bound:" + tree.sql(dialect=dialect, normalize=True)
+    parts = [
+        (token.token_type.name,
+         token.text if token.token_type in _EXACT_TOKENS else token.text.lower())
+        for token in tokens
+    ]  # fmt: skip
+    return "tokens:" + json.dumps(parts)
 
 
-def _after_first_keyword(sql: str, dialect: str) -> str:
-    first = _tokens(sql, dialect)[0]
-    return sql[first.end + 1 :]
+# Tokens whose case is part of their meaning.
+_EXACT_TOKENS = frozenset(
+    {TokenType.IDENTIFIER, TokenType.STRING, TokenType.NATIONAL_STRING, TokenType.RAW_STRING,
+     TokenType.NATIONAL_RAW_STRING,
+     TokenType.BIT_STRING, TokenType.HEX_STRING, TokenType.BYTE_STRING, TokenType.HEREDOC_STRING,
+     TokenType.UNICODE_STRING}
+)  # fmt: skip
 
 
-def _parse_one(sql: str, dialect: str) -> exp.Expression:
+def _parse_one(sql: str, tokens: list, dialect: str) -> exp.Expression:
     try:
-        trees = [tree for tree in sqlglot.parse(sql, read=dialect) if tree is not None]
+        parser = sqlglot.Dialect.get_or_raise(dialect).parser()
+        trees = [tree for tree in parser.parse(tokens, sql) if tree is not None]
     except (ParseError, TokenError) as exc:
         message = str(exc).splitlines()[0]
         raise QueryRefused(
@@ -149,6 +179,12 @@ def bind_parameters(
     tree: exp.Expression, parameters: Sequence[Any] | Mapping[str, Any] | None
 ) -> exp.Expression:
     """Replace `?`, `$1` and `:name` placeholders by literals; refuse leftovers."""
+    _bind(tree, parameters)
+    return tree
+
+
+def _bind(tree: exp.Expression, parameters: Sequence[Any] | Mapping[str, Any] | None) -> list[Any]:
+    """Bind `parameters` into `tree` in place; return the values bound, in placeholder order."""
     # `$1` is a Placeholder in DuckDB's dialect and a Parameter in PostgreSQL's
     placeholders = [node for node in tree.walk() if _is_placeholder(node)]
     if not placeholders:
@@ -156,12 +192,12 @@ def bind_parameters(
             raise InterfaceError(
                 f"{len(parameters)} parameters were given but the statement has no placeholders"
             )
-        return tree
+        return []
     if parameters is None:
         raise InterfaceError(
             f"the statement has {len(placeholders)} placeholders but no parameters were given"
         )
-    positional = 0
+    positional, bound = 0, []
     for node in placeholders:
         key = node.this.name if isinstance(node, exp.Parameter) else node.this
         if key is None:
@@ -173,7 +209,8 @@ def bind_parameters(
                 raise InterfaceError(f"no value for the named parameter :{key}")
             value = parameters[key]
         node.replace(literal(value))
-    return tree
+        bound.append(value)
+    return bound
 
 
 def _is_placeholder(node: exp.Expression) -> bool:
