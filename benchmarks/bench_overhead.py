@@ -1,19 +1,31 @@
 """Proxy overhead per query: parse, check, rewrite, charge, release (database time excluded).
 
 Runs ten PUMS-style queries through a Session on the demo census table and
-prints, per query, the median time dpsql adds around the database call.
-Target: median <= 1 ms. Usage: python benchmarks/bench_overhead.py [--repeat 50]
+prints, per query, the median time dpsql adds around the database call:
+
+* cold: each run is a text dpsql has never seen (the table alias differs), so
+  it is parsed, planned, charged (one durable ledger commit) and released
+  afresh; this is the figure the target (median <= 1 ms) is judged on;
+* the cold run's ledger charge alone, which is bounded below by one fsync of
+  the ledger file (also measured bare, as the disk's floor), and the cold
+  overhead without it (the CPU part dpsql controls);
+* cached: a repeat of a text already answered, served from the release cache.
+
+Usage: python benchmarks/bench_overhead.py [--repeat 50]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from dpsql import demo
+from dpsql.accounting import Cost
 from dpsql.adapters.duckdb import DuckDBAdapter
 from dpsql.ledger import Ledger
 from dpsql.policy import load_policy
@@ -33,17 +45,68 @@ QUERIES = [
 ]
 
 
+class _TimedCursor:
+    """A DuckDB cursor that adds the time spent in its calls to a counter."""
+
+    def __init__(self, cursor: Any, owner: TimedAdapter):
+        self._cursor, self._owner = cursor, owner
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._cursor, name)
+        if name not in ("execute", "fetchall", "fetchmany", "fetchone"):
+            return attribute
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return attribute(*args, **kwargs)
+            finally:
+                self._owner.database_seconds += time.perf_counter() - start
+
+        return timed
+
+
 class TimedAdapter(DuckDBAdapter):
-    """The DuckDB adapter, adding up the time spent inside the database."""
+    """The DuckDB adapter, adding up the time spent inside the database (whether the
+    session fetches the result at once or in batches)."""
 
     database_seconds = 0.0
 
-    def execute(self, sql: str) -> tuple[list[str], list[tuple]]:
+    def _cursor(self) -> Any:
+        return _TimedCursor(super()._cursor(), self)
+
+
+class TimedLedger(Ledger):
+    """The SQLite ledger, adding up the time spent charging."""
+
+    charge_seconds = 0.0
+
+    def charge(self, *args: Any, **kwargs: Any) -> Cost:
         start = time.perf_counter()
         try:
-            return super().execute(sql)
+            return super().charge(*args, **kwargs)
         finally:
-            self.database_seconds += time.perf_counter() - start
+            self.charge_seconds += time.perf_counter() - start
+
+
+def fresh_text(sql: str, run: int) -> str:
+    """The same query under a table alias never used before: planned and charged afresh."""
+    return sql.replace(" FROM census", f" FROM census AS run{run}", 1)
+
+
+def fsync_floor(folder: str, repeat: int) -> float:
+    """Median seconds of one fsync after a 4 KiB append, in the ledger's folder."""
+    samples = []
+    descriptor = os.open(Path(folder) / "fsync.probe", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        for _ in range(repeat):
+            os.write(descriptor, b"x" * 4096)
+            start = time.perf_counter()
+            os.fsync(descriptor)
+            samples.append(time.perf_counter() - start)
+    finally:
+        os.close(descriptor)
+    return statistics.median(samples)
 
 
 def main() -> None:
@@ -55,29 +118,37 @@ def main() -> None:
     )
     adapter = TimedAdapter(demo.demo_connection())
     with tempfile.TemporaryDirectory() as folder:
-        ledger = Ledger(Path(folder) / "ledger.sqlite")
+        ledger = TimedLedger(Path(folder) / "ledger.sqlite")
         session = Session(adapter, policy, ledger)
-        medians = []
-        print(f"{'query':<90} {'overhead ms':>12} {'database ms':>12}")
+        rows, run = [], 0
+        print(f"{'query':<72} {'cold ms':>8} {'charge':>7} {'cold-charge':>11} {'cached':>7}")
         for sql in QUERIES:
-            overheads, database = [], []
-            for _ in range(args.repeat + 1):
-                # a fresh release each time: charged, not served from the cache
-                ledger.clear_cache()
-                adapter.database_seconds = 0.0
-                start = time.perf_counter()
-                session.execute(sql)
-                total = time.perf_counter() - start
-                overheads.append(total - adapter.database_seconds)
-                database.append(adapter.database_seconds)
-            del overheads[0], database[0]  # the first run builds the sampler's tables
-            medians.append(statistics.median(overheads) * 1e3)
-            print(f"{sql[:88]:<90} {medians[-1]:>12.3f} {statistics.median(database) * 1e3:>12.3f}")
-        print(
-            f"\nmedian proxy overhead over {len(QUERIES)} queries: "
-            f"{statistics.median(medians):.3f} ms "
-            "(target <= 1 ms; SmartNoise SQL 1.0.10 adds 23-95 ms)"
-        )
+            cold, charge, cached = [], [], []
+            session.execute(sql)  # the first run builds the sampler's tables
+            for _ in range(args.repeat):
+                run += 1
+                for text, samples in ((fresh_text(sql, run), cold), (sql, cached)):
+                    adapter.database_seconds = ledger.charge_seconds = 0.0
+                    start = time.perf_counter()
+                    session.execute(text)
+                    samples.append(time.perf_counter() - start - adapter.database_seconds)
+                    if samples is cold:
+                        charge.append(ledger.charge_seconds)
+            row = [statistics.median(v) * 1e3 for v in (cold, charge)]
+            row += [statistics.median(c - g for c, g in zip(cold, charge, strict=True)) * 1e3]
+            row += [statistics.median(cached) * 1e3]
+            rows.append(row)
+            print(f"{sql[:70]:<72} {row[0]:>8.3f} {row[1]:>7.3f} {row[2]:>11.3f} {row[3]:>7.3f}")
+        floor = fsync_floor(folder, args.repeat) * 1e3
+    cold, charge, cpu, cached = (statistics.median(column) for column in zip(*rows, strict=True))
+    print(
+        f"\nmedian over {len(QUERIES)} queries (load average {os.getloadavg()[0]:.2f}):\n"
+        f"  cold overhead     {cold:.3f} ms (target <= 1 ms; SmartNoise SQL 1.0.10 adds 23-95 ms)\n"
+        f"  of which charge   {charge:.3f} ms (one durable commit; a bare fsync here: "
+        f"{floor:.3f} ms)\n"
+        f"  cold minus charge {cpu:.3f} ms\n"
+        f"  cached repeat     {cached:.3f} ms"
+    )
 
 
 if __name__ == "__main__":
