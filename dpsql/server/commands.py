@@ -55,7 +55,15 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--query-timeout",
         type=float,
         default=defaults.query_timeout,
-        help="seconds a statement may run; 0: no limit (default: %(default)s)",
+        help="seconds a statement may run before it is stopped in the database; 0: no "
+        "limit (default: %(default)s)",
+    )
+    limits.add_argument(
+        "--max-groups",
+        type=int,
+        default=defaults.max_groups,
+        help="groups one query may release; a larger release is refused after its charge "
+        "(default: %(default)s)",
     )
     limits.add_argument(
         "--auth-timeout",
@@ -97,6 +105,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         limits = Limits(
             auth_timeout=args.auth_timeout,
             query_timeout=args.query_timeout,
+            max_groups=args.max_groups,
             connections_per_analyst=args.max_connections_per_analyst,
             require_tls=args.require_tls,
         )

@@ -1,10 +1,11 @@
 """The wire server's resource limits and its per-address back-off on failed logins.
 
 `Limits` is what one `dpsql serve` allows a client: time to log in, statements
-and parameters per connection, connections per analyst, time per query, and
-whether TLS is required. `Backoff` slows password guessing: each failed login
-from an address makes the next login from it wait longer, whichever user name
-it tries, so unknown users and wrong passwords still look alike.
+and parameters per connection, connections per analyst, time per query,
+groups per released result, and whether TLS is required. `Backoff` slows
+password guessing: each failed login from an address makes the next login
+from it wait longer, whichever user name it tries, so unknown users and wrong
+passwords still look alike.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from dpsql.sql.plan import MAX_GROUPS
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -22,8 +25,12 @@ class Limits:
     #: Seconds from accepting a connection to a completed login (PostgreSQL's
     #: authentication_timeout): a client that stalls during startup is dropped.
     auth_timeout: float = 60.0
-    #: Seconds a statement may run before the client gets 57014 (0: no limit).
+    #: Seconds a statement may run before the client gets 57014 and the statement
+    #: is interrupted in the database (0: no limit).
     query_timeout: float = 300.0
+    #: Groups one query may release; more is refused after the charge (54000).
+    #: Only released groups are held, so this bounds a query's memory.
+    max_groups: int = MAX_GROUPS
     #: Authenticated connections one analyst may hold at once.
     connections_per_analyst: int = 32
     #: Prepared statements and named portals one connection may keep.

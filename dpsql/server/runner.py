@@ -45,7 +45,7 @@ def build(
             f"--trust lets anyone connect without a password, so it is refused on {host!r}; "
             "bind to 127.0.0.1 (or ::1), or give analysts passwords with 'dpsql passwd'"
         )
-    backend = Backend(connection, workers, limits.query_timeout)
+    backend = Backend(connection, workers, limits.query_timeout, limits.max_groups)
     policy = backend.policy
     verifiers = {**policy.credentials, **(users or {})}
     return WireServer(backend, Authenticator(policy.analysts, verifiers, trust), tls, limits)

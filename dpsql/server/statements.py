@@ -9,6 +9,10 @@ Bind (or at a parameterless Describe): its columns are only known from the
 release, and the release is what is charged. After a noisy release the
 portal sends a NoticeResponse `dpsql accuracy` whose detail is JSON
 {column: {mechanism, scale, interval95, sensitivity}}; `dpsql shell` reads it.
+
+A statement that runs over the query timeout, or that the client cancels,
+is answered 57014 at once and its statement is interrupted in the database
+(the adapter's `interrupt`), so the worker thread is soon free again.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import sqlglot
@@ -40,16 +45,34 @@ from dpsql.server.values import (
     released_columns,
 )
 from dpsql.session import Session
-from dpsql.sql.plan import Release
+from dpsql.sql.plan import MAX_GROUPS, Release
 
 _logger = logging.getLogger(__name__)
 ACCURACY_NOTICE = "dpsql accuracy"
+# How often a stopped statement's interrupt is repeated until its worker is free:
+# the worker may be planning or charging when the first one comes, before the
+# database has a statement to interrupt.
+INTERRUPT_EVERY = 0.05
+
+
+@dataclass(eq=False)
+class Job:
+    """One statement handed to the pool: the worker thread running it, while it runs."""
+
+    thread: int | None = None
+    ended: bool = False
 
 
 class Backend:
     """What every connection shares: one adapter, policy and ledger, and the thread pool."""
 
-    def __init__(self, connection: DbapiConnection, workers: int = 8, query_timeout: float = 0.0):
+    def __init__(
+        self,
+        connection: DbapiConnection,
+        workers: int = 8,
+        query_timeout: float = 0.0,
+        max_groups: int = MAX_GROUPS,
+    ):
         template = connection.session
         if type(template._rng.bit_generator) is not type(secure_generator().bit_generator):
             raise InterfaceError(
@@ -59,15 +82,20 @@ class Backend:
             )
         self.connection = connection
         self.query_timeout = query_timeout  # seconds; 0: no limit
+        self.max_groups = max_groups
         self.adapter, self.policy, self.ledger = template.adapter, template.policy, template.ledger
         self.schema = introspection.catalog_schema(self.policy)
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="dpsql-wire")
         self._stripes = [threading.Lock() for _ in range(256)]
+        self._jobs = threading.Lock()  # guards every Job's thread and ended
+        self._stopping: set[asyncio.Task] = set()
 
     def open_session(self, analyst: str) -> Session:
-        return Session(self.adapter, self.policy, self.ledger, analyst)
+        return Session(self.adapter, self.policy, self.ledger, analyst, max_groups=self.max_groups)
 
-    def execute(self, session: Session, sql: str, parameters: list[Any] | None) -> Release:
+    def execute(
+        self, session: Session, sql: str, parameters: list[Any] | None, job: Job | None = None
+    ) -> Release:
         """Session.execute, one at a time per (analyst, statement, parameters).
 
         The Session looks up its release cache and then charges; two identical
@@ -77,8 +105,43 @@ class Backend:
         first's release in the cache.
         """
         key = hash((session.analyst, sql, repr(parameters)))
-        with self._stripes[key % len(self._stripes)]:
-            return session.execute(sql, parameters)
+        job = job or Job()
+        with self._jobs:
+            if job.ended:  # stopped before a worker took it: it never runs
+                raise PgError(QUERY_CANCELED, "canceling statement before it started")
+            job.thread = threading.get_ident()
+        try:
+            with self._stripes[key % len(self._stripes)]:
+                return session.execute(sql, parameters)
+        finally:
+            with self._jobs:
+                job.thread, job.ended = None, True
+
+    def stop(self, job: Job) -> None:
+        """Interrupt `job`'s statement in the database, again until its worker is free."""
+        if self._interrupt(job):
+            task = asyncio.get_running_loop().create_task(self._keep_interrupting(job))
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
+
+    def _interrupt(self, job: Job) -> bool:
+        """Interrupt the job's statement if it still runs; whether it still runs.
+
+        Under the jobs lock the worker cannot finish the job and take another
+        one's statement in between: the interrupt reaches this job's only.
+        """
+        with self._jobs:
+            if job.thread is None:
+                job.ended = True  # not started: the worker will skip it
+                return False
+            self.adapter.interrupt(job.thread)
+            return True
+
+    async def _keep_interrupting(self, job: Job) -> None:
+        while True:
+            await asyncio.sleep(INTERRUPT_EVERY)
+            if not self._interrupt(job):
+                return
 
     async def run(self, function: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, function, *args)
@@ -112,18 +175,24 @@ class WireSession(MimicSession):
     async def execute(self, sql: str, parameters: list[Any]) -> Release:
         """Run one statement in the pool; dpsql errors become ErrorResponses."""
         timeout = self.backend.query_timeout or None
-        running = self.backend.run(self.backend.execute, self.session, sql, parameters or None)
+        job = Job()
+        running = self.backend.run(self.backend.execute, self.session, sql, parameters or None, job)
         try:
             return await asyncio.wait_for(running, timeout)
         except TimeoutError:
-            # The worker thread cannot be interrupted: it finishes, and a charged
-            # answer lands in the release cache, so the same statement is free then.
+            # The charge (made before the database ran) stands; the statement is
+            # interrupted, so no release is made or cached.
+            self.backend.stop(job)
             raise PgError(
                 QUERY_CANCELED,
                 f"canceling statement due to statement timeout: it ran over {timeout:g} s "
-                "(dpsql serve --query-timeout); narrow the query, or run the same statement "
-                "again later: if it was charged, its answer is kept and the repeat is free",
+                "(dpsql serve --query-timeout) and was stopped in the database; if it was "
+                "charged, the charge stands. Narrow the query (a WHERE, fewer groups) or ask "
+                "the operator for a longer timeout",
             ) from None
+        except asyncio.CancelledError:
+            self.backend.stop(job)  # the client's cancel request: stop the database too
+            raise
         except Error as exc:
             raise pg_error(exc) from None
         except PgError:
