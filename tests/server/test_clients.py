@@ -9,7 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pty
+import select
+import signal
 import subprocess
+import threading
+import time
 
 import pandas
 import psycopg
@@ -48,6 +53,96 @@ def test_psql_interactive_session(served) -> None:
     assert 'Table "public.pums"' in out
     assert "income  | double precision" in out
     assert " count \n-------" in out and "(1 row)" in out
+
+
+class Terminal:
+    """An interactive psql on a pseudo-terminal, so it prompts, reads lines and takes Ctrl-C
+    as a person's psql does (psql is only interactive when its input is a terminal)."""
+
+    def __init__(self, served) -> None:
+        self.master, slave = pty.openpty()
+        env = {**os.environ, "PGPASSWORD": "alice-secret", "TERM": "dumb"}
+        command = ["psql", "-X", "-P", "pager=off", "-h", "127.0.0.1", "-p", str(served.port)]
+        self.process = subprocess.Popen(
+            [*command, "-U", "alice", "pums"], stdin=slave, stdout=slave, stderr=slave, env=env
+        )
+        os.close(slave)
+        self.output = ""
+
+    def read_until(self, text: str, seconds: float = 20, interrupt: float = 0) -> str:
+        """Read until `text` appears; with `interrupt`, press Ctrl-C every that many seconds."""
+        deadline = pressed = time.monotonic()
+        deadline += seconds
+        while text not in self.output and time.monotonic() < deadline:
+            if interrupt and time.monotonic() - pressed > interrupt:
+                self.process.send_signal(signal.SIGINT)
+                pressed = time.monotonic()
+            if select.select([self.master], [], [], 0.1)[0]:
+                self.output += os.read(self.master, 4096).decode(errors="replace")
+        assert text in self.output, self.output
+        return self.output
+
+    def type(self, line: str) -> None:
+        self.output = ""
+        os.write(self.master, line.encode() + b"\n")
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait(timeout=10)
+        os.close(self.master)
+
+
+def test_psql_ctrl_c_cancels_a_waiting_query(duck) -> None:
+    """Ctrl-C in psql (libpq's PQcancel: a CancelRequest on a new connection) stops a query
+    stuck behind busy workers; it never runs, costs nothing, and the session goes on."""
+    backend, release = duck.server.server.backend, threading.Event()
+    terminal = Terminal(duck)
+    try:
+        terminal.read_until("pums=>")  # logged in: the Session is open before the prompt
+        before = duck.spent("alice")
+        # occupy every worker; bounded, so a lost cancel fails the test instead of hanging it
+        blockers = [backend.pool.submit(release.wait, 60) for _ in range(2)]
+        terminal.type("SELECT COUNT(*) FROM pums WHERE age > 62;")
+        terminal.read_until("62;\r\n")  # psql has read the line (its echo), and sends it
+        # psql sends a cancel per Ctrl-C; one that beats the query to the server is ignored
+        out = terminal.read_until("canceling statement due to user request", interrupt=0.5)
+        assert "Cancel request sent" in out
+        assert "pums=>" in terminal.read_until("pums=>")
+        release.set()
+        for blocker in blockers:
+            blocker.result(timeout=10)
+        assert duck.spent("alice") == before
+        terminal.type("SELECT COUNT(*) FROM pums WHERE age > 63;")
+        assert "(1 row)" in terminal.read_until("pums=>")
+        terminal.type("\\q")
+        assert terminal.process.wait(timeout=10) == 0
+    finally:
+        release.set()
+        terminal.close()
+
+
+def test_ready_only_once_the_session_is_open(duck) -> None:
+    """Opening the analyst's Session takes a worker; until one is free the client is not
+    told it may send queries (a query sent earlier waited unread, and its cancel was lost)."""
+    backend, release, connected = duck.server.server.backend, threading.Event(), threading.Event()
+    answers = []
+
+    def client() -> None:
+        with psycopg.connect(duck.dsn(), autocommit=True, connect_timeout=30) as conn:
+            connected.set()
+            answers.append(conn.execute("SELECT COUNT(*) FROM pums WHERE age > 64").fetchone())
+
+    blockers = [backend.pool.submit(release.wait, 60) for _ in range(2)]
+    thread = threading.Thread(target=client)
+    thread.start()
+    try:
+        assert not connected.wait(1.0)
+    finally:
+        release.set()
+        thread.join(timeout=30)
+        for blocker in blockers:
+            blocker.result(timeout=10)
+    assert connected.is_set() and len(answers) == 1
 
 
 def test_psql_refusal_exits_with_error(served) -> None:
