@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import gc
 import itertools
+import json
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -122,3 +126,37 @@ def test_single_calls_are_the_batch_draw_of_the_same_seed(mechanism) -> None:
     plain = np.random.Generator(np.random.PCG64(7))
     batch = mechanism.sample(np.zeros(FIRST_FILL, dtype=np.int64), plain)
     assert np.array_equal(np.array(singles), batch)
+
+
+_FORK_SCRIPT = """
+import json, os
+import numpy as np
+from dpsql.mechanisms.laplace import DiscreteLaplace
+from dpsql.mechanisms.samplers import secure_generator
+
+rng, mechanism, one = secure_generator(), DiscreteLaplace(1, 0.01), np.zeros(1, dtype=np.int64)
+mechanism.sample(one, rng)  # the reserve now holds values the parent will serve
+read, write = os.pipe()
+pid = os.fork()
+draws = {"words": rng.bit_generator.random_raw(4).tolist()}  # the stream right after the fork
+draws["noise"] = [int(mechanism.sample(one, rng)[0]) for _ in range(40)]  # the parent's reserve
+if pid == 0:
+    os.write(write, json.dumps(draws).encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+print(json.dumps([draws, json.loads(os.read(read, 1 << 16))]))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_neither_serves_the_parents_reserve_nor_repeats_its_stream() -> None:
+    # in a process of its own: fork() with the test suite's threads around is unsafe
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_SCRIPT], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    parent, child = json.loads(done.stdout)
+    assert not set(parent["words"]) & set(child["words"])
+    # scale 100: two independent values agree with probability < 0.003 (copies would agree in
+    # all 40 places); 10 agreements would have probability below 1e-15
+    assert sum(a == b for a, b in zip(parent["noise"], child["noise"], strict=True)) < 10

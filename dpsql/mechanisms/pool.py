@@ -21,10 +21,13 @@ Why this keeps the samplers' guarantees:
   the values.
 Values waiting in memory reveal no more than the generator does: whoever can
 read this process's memory can read the AES key and compute its noise anyway.
+A forked child drops every reserve it inherited (the parent still serves them),
+and samplers.secure_generator re-keys the child's generators.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -62,6 +65,10 @@ class NoisePool:
 
     def __init__(self, draw: Draw) -> None:
         self._draw = draw
+        self._empty()
+        _POOLS.add(self)
+
+    def _empty(self) -> None:
         self._reserves: weakref.WeakKeyDictionary[PoolableGenerator, _Reserve] = (
             weakref.WeakKeyDictionary()
         )
@@ -81,3 +88,16 @@ class NoisePool:
                 start, stop = 0, size
             reserve.next = stop
             return reserve.values[start:stop].copy()
+
+
+_POOLS: weakref.WeakSet[NoisePool] = weakref.WeakSet()
+
+
+def _forget_reserves() -> None:
+    """In a forked child: serving the parent's reserves would repeat the parent's noise, and a
+    lock held by another thread at the fork would never be released (that thread is gone)."""
+    for pool in list(_POOLS):
+        pool._empty()
+
+
+os.register_at_fork(after_in_child=_forget_reserves)

@@ -27,7 +27,9 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import os
 import secrets
+import weakref
 from collections.abc import Callable
 from decimal import MAX_EMAX, MIN_EMIN, ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
 from fractions import Fraction
@@ -67,8 +69,24 @@ def secure_generator(seed: int | None = None) -> np.random.Generator:
     samplers keep a pool of values drawn ahead for it (pool.py).
     """
     if seed is None:
-        return PoolableGenerator(AESCounter(key=secrets.randbits(128)))
+        rng = PoolableGenerator(AESCounter(key=secrets.randbits(128)))
+        _OS_KEYED.add(rng)
+        return rng
     return PoolableGenerator(np.random.PCG64(seed))
+
+
+_OS_KEYED: weakref.WeakSet[PoolableGenerator] = weakref.WeakSet()
+
+
+def _rekey_after_fork() -> None:
+    """A forked child gets copies of its parent's generators, key and counter: both would
+    add the same noise to different queries, and the difference of two releases would be
+    exact. The child's OS-keyed generators take fresh keys (seeded ones stay reproducible)."""
+    for rng in list(_OS_KEYED):
+        rng.bit_generator.seed(key=secrets.randbits(128))
+
+
+os.register_at_fork(after_in_child=_rekey_after_fork)
 
 
 def _draw_words(rng: np.random.Generator, shape: int | tuple[int, ...]) -> np.ndarray:
