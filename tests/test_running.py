@@ -262,3 +262,14 @@ def test_factorization_is_refused_without_delta_with_what_to_do(events, tmp_path
     assert con.budget().epsilon_spent == 0
     with pytest.raises(dpsql.ProgrammingError, match="binary, factorization, policy"):
         con.execute("SET dpsql.continual = 'gaussian'")
+
+
+def test_steps_wider_than_a_value_are_bucketed_in_sql(events, tmp_path):
+    # 1-day steps group by the column itself; 2-day steps compute each row's step
+    con = _connect(events, tmp_path, step="2 days")
+    rows = con.execute(f"{RUNNING} WHERE day < '2024-01-11' GROUP BY day").fetchall()
+    daily = dict(_truth(events, "2024-01-11"))
+    assert rows == [
+        (DAY0 + dt.timedelta(days=2 * i), int(daily[DAY0 + dt.timedelta(days=2 * i + 1)]))
+        for i in range(5)
+    ]

@@ -225,8 +225,16 @@ class ContinualStream:
     steps were released before, e.g. after a restart.
     """
 
-    def __init__(self, counter: BinaryTree | Factorization, key: int, stream: int = 0):
-        self.noise = counter.noise(keyed_generator(key, stream))
+    def __init__(
+        self,
+        counter: BinaryTree | Factorization,
+        key: int,
+        stream: int = 0,
+        *,
+        noise: np.ndarray | None = None,
+    ):
+        """`noise`, when given, is `counter.noise` under (key, stream), kept from before."""
+        self.noise = counter.noise(keyed_generator(key, stream)) if noise is None else noise
         self.steps = 0
         self.total = 0.0
 

@@ -25,6 +25,7 @@ import datetime as dt
 import hashlib
 import json
 import math
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from fractions import Fraction
@@ -39,17 +40,24 @@ from dpsql.mechanisms.continual import (
     BinaryTree,
     ContinualStream,
     Factorization,
+    keyed_generator,
     laplace_tree,
 )
 from dpsql.mechanisms.gaussian import discrete_gaussian
 from dpsql.policy import Column, ContinualSpec, Table
-from dpsql.sql.analyze import Interval, _conjuncts, analyze
+from dpsql.sql.analyze import Analysis, Interval, _conjuncts, analyze
 from dpsql.sql.check import AGGREGATES, check_clauses, check_query
 from dpsql.sql.plan import GRID_BITS, Accuracy, Release
 from dpsql.sql.rewrite import SumGrid, rewrite
 
 MAX_HORIZON = 1 << 22
 STATE_PREFIX = "stream:"
+# A standing query is planned again at every tick, and checking and analysing it
+# cost more than the database's own incremental GROUP BY: streams planned before
+# are kept, by everything their plan depends on, and so are their noise vectors
+# (data-independent, derived from the stream's key), up to these sizes.
+_PLANNED_STREAMS = 64
+_NOISE_VALUES = 1 << 23
 
 
 def _utc_now() -> dt.datetime:
@@ -83,6 +91,18 @@ def plan_running(select: exp.Select, context: Any) -> RunningPlan | None:
     windows = list(select.find_all(exp.Window))
     if not windows:
         return None
+    planned = (
+        select.sql(dialect=context.dialect),
+        context.policy.digest,
+        context.policy.data_version,
+        context.options,
+        context.dialect,
+        context.unique_units,
+        context.budget,
+    )
+    stream = _planned.get(planned)
+    if stream is not None:  # the same query, checked and planned under the same everything
+        return RunningPlan(stream, context)
     # the stream is built from the window's parts alone: a clause it would drop
     # (a join, a CTE, QUALIFY, ...) is refused rather than silently ignored
     check_clauses(select)
@@ -100,7 +120,34 @@ def plan_running(select: exp.Select, context: Any) -> RunningPlan | None:
     from dpsql.sql import bounded_table  # the package imports this module
 
     stream = _Stream.of(select, shape, bounded_table(table, context), column, context)
+    _planned.keep(planned, stream)
     return RunningPlan(stream, context)
+
+
+class _Kept:
+    """A least-recently-used cache holding at most `limit` in weight (entries by default)."""
+
+    def __init__(self, limit: int, weight: Callable[[Any], int] = lambda _: 1):
+        self.limit, self.weight, self.total = limit, weight, 0
+        self.entries: OrderedDict[Any, Any] = OrderedDict()
+
+    def get(self, key: Any) -> Any:
+        value = self.entries.get(key)
+        if value is not None:
+            self.entries.move_to_end(key)
+        return value
+
+    def keep(self, key: Any, value: Any) -> None:
+        if key in self.entries:
+            self.total -= self.weight(self.entries.pop(key))
+        self.entries[key] = value
+        self.total += self.weight(value)
+        while self.total > self.limit and len(self.entries) > 1:
+            self.total -= self.weight(self.entries.popitem(last=False)[1])
+
+
+_planned = _Kept(_PLANNED_STREAMS)
+_noises = _Kept(_NOISE_VALUES, len)
 
 
 def _shape(select: exp.Select, windows: list[exp.Window]) -> _Shape:
@@ -232,13 +279,14 @@ def _check_group(
 def _plain_query(select: exp.Select, shape: _Shape) -> exp.Select:
     """The per-step GROUP BY the running total sums: what the gate checks."""
     keys = [shape.order.copy()] + ([shape.partition.copy()] if shape.partition else [])
+    # built from copies for this call only: the builders need not copy it again
     plain = exp.select(*[k.copy() for k in keys], shape.aggregate.copy()).from_(
-        select.args["from_"].copy()
+        select.args["from_"].copy(), copy=False
     )
     where = select.args.get("where")
     if where is not None:
-        plain = plain.where(where.this.copy())
-    return plain.group_by(*keys)
+        plain = plain.where(where.this.copy(), copy=False)
+    return plain.group_by(*keys, copy=False)
 
 
 # -- the stream: domain, watermark, identity ---------------------------------
@@ -282,6 +330,27 @@ class _Domain:
 
     def label(self, index: int) -> Any:
         return self.start + index * self.spec.step
+
+    @property
+    def native(self) -> bool:
+        """Whether each value of the column is a step of its own (days by the day, ints by 1).
+
+        The step query then groups by the column itself, which the database
+        does as fast as the raw GROUP BY; a computed step per row (bucket)
+        cost 3.5x the raw query on DuckDB.
+        """
+        kind, step = self.column.type, self.spec.step
+        return (kind == "date" and step == dt.timedelta(days=1)) or (kind == "int" and step == 1)
+
+    def index(self, value: Any) -> int:
+        """The 0-based step of a value the step query grouped by (its bucket, or the value)."""
+        if not self.native:
+            return int(value)
+        if self.column.type == "int":
+            return int(value) - int(self.start)
+        if isinstance(value, dt.datetime):  # a timestamp column the policy declares a date
+            value = value.date()
+        return (value - self.start).days
 
     def bucket(self, column: exp.Column) -> exp.Expression:
         """SQL for the 0-based step of a row."""
@@ -430,6 +499,8 @@ class _Stream:
     grid: SumGrid | None
     sensitivity: int
     choice: _Choice
+    # the step query without its bounds on the ordered column, analysed once
+    base: Analysis
 
     @classmethod
     def of(
@@ -462,11 +533,15 @@ class _Stream:
         contributions = (
             table.max_groups_per_unit * table.max_rows_per_unit if table.privacy_unit else 1
         )
+        keys = [shape.order.copy()] + ([shape.partition.copy()] if shape.partition else [])
+        query = exp.select(*keys, shape.aggregate.copy()).from_(table.name, copy=False)
+        if filters is not None:
+            query = query.where(filters.copy(), copy=False)
+        base = analyze(query.group_by(*[k.copy() for k in keys], copy=False), table)
         grid, sensitivity = None, contributions
         if isinstance(shape.aggregate, exp.Sum):
-            probe = analyze(_plain_query(select, shape), table)
             grid, sensitivity = _stream_grid(
-                probe.measurements[0].bounds, contributions, spec.epsilon
+                base.measurements[0].bounds, contributions, spec.epsilon
             )
         choice = _choose(spec, column.name, context)
         counter, cost = _counter(spec, choice, horizon, sensitivity)
@@ -499,6 +574,7 @@ class _Stream:
             grid,
             sensitivity,
             choice,
+            base,
         )
 
     def complete_steps(self) -> int:
@@ -519,25 +595,24 @@ class _Stream:
         unit keeps its earliest steps; without one (or a unique unit) nothing is
         ranked and only the steps after the `done` ones already released are read.
         """
-        order = self.shape.order
+        order = exp.column(self.base.keys[0].expression.name, quoted=True)
         ranked = self.table.privacy_unit is not None and not self.table.unique_unit
         first = self.domain.label(0 if ranked else done)
-        keys = [order.copy()] + (
-            [self.shape.partition.copy()] if self.shape.partition is not None else []
-        )
+        # The analyst's parts went through analyze (self.base); the bounds on
+        # the ordered column and the step of a row are ours (literals of its
+        # declared type; a date difference or a number over a positive
+        # constant, never an error), so they are added to the analysis: the
+        # step replaces the ordered column as the first group key, unless every
+        # value is its own step. The rewrite copies what it embeds.
         inside = exp.and_(
             exp.GTE(this=order.copy(), expression=self.domain.literal(first)),
             exp.LT(this=order.copy(), expression=self.domain.literal(self.domain.label(steps))),
         )
-        where = inside if self.filters is None else exp.and_(exp.paren(self.filters.copy()), inside)
-        query = exp.select(*keys, self.shape.aggregate.copy()).from_(self.table.name).where(where)
-        analysis = analyze(query.group_by(*[k.copy() for k in keys]), self.table)
-        # The analyst's parts went through analyze; the step of a row is ours
-        # (a date difference or a number over a positive constant, never an
-        # error), so it replaces the ordered column as the first group key.
-        analysis.keys[0] = replace(
-            analysis.keys[0], expression=self.domain.bucket(order), domain=None
-        )
+        base = self.base
+        where = inside if base.where is None else exp.and_(exp.paren(base.where.copy()), inside)
+        bucket = order.copy() if self.domain.native else self.domain.bucket(order)
+        keys = [replace(base.keys[0], expression=bucket, domain=None), *base.keys[1:]]
+        analysis = replace(base, where=where, keys=keys)
         grids = {0: self.grid} if self.grid is not None else {}
         return rewrite(analysis, grids, context.dialect, context.seed, False, earliest_groups=True)
 
@@ -637,18 +712,29 @@ class RunningPlan:
         exact = np.zeros((width, self.steps), dtype=np.int64)
         where = {_key(v): i for i, v in enumerate(self.stream.partition_values)}
         for row in rows:
-            step = int(row[0])
+            step = self.stream.domain.index(row[0])
             part = where.get(_key(row[1])) if width > 1 else 0
             if part is not None and 0 <= step < self.steps:
-                exact[part, step] = int(row[-1] or 0)
+                exact[part, step] += int(row[-1] or 0)
         fresh = np.zeros((width, self.steps - self.done))
         for part in range(width):
-            stream = ContinualStream(self.stream.counter, self.key, part)
+            stream = ContinualStream(self.stream.counter, self.key, part, noise=self._noise(part))
             if self.done:
                 last = self.released[part, -1]
                 stream.resume(self.done, last - float(stream.noise[self.done - 1]))
             fresh[part] = stream.extend(exact[part, self.done : self.steps])
         return fresh
+
+    def _noise(self, part: int) -> np.ndarray:
+        """The stream's noise for one partition, from the cache or derived from its key."""
+        stream = self.stream
+        cached = (stream.identity, self.key, part, stream.sensitivity, stream.domain.horizon)
+        noise = _noises.get(cached)
+        if noise is None:
+            noise = stream.counter.noise(keyed_generator(self.key, part))
+            noise.flags.writeable = False
+            _noises.keep(cached, noise)
+        return noise
 
     def _columns(self) -> list[str]:
         return [name for name, _ in self.stream.shape.outputs]
