@@ -19,6 +19,7 @@ import threading
 import numpy as np
 import pytest
 
+from dpsql.mechanisms import samplers
 from dpsql.mechanisms.gaussian import DiscreteGaussian, GridGaussian
 from dpsql.mechanisms.laplace import DiscreteLaplace, GridLaplace
 from dpsql.mechanisms.pool import FIRST_FILL, FULL_FILL, POOL_REQUEST, NoisePool, PoolableGenerator
@@ -67,6 +68,8 @@ def test_large_requests_and_plain_generators_go_straight_to_the_sampler() -> Non
     assert pool(POOL_REQUEST + 1, secure_generator(1)).size == POOL_REQUEST + 1
     assert pool(1, np.random.default_rng(1)).size == 1
     assert counter.sizes == [POOL_REQUEST + 1, 1]
+    with pytest.raises(ValueError):
+        samplers.laplace_sampler(1)(-1, secure_generator(1))  # not an empty slice of the pool
 
 
 def test_threads_sharing_a_generator_never_get_the_same_value() -> None:
@@ -132,6 +135,7 @@ _FORK_SCRIPT = """
 import json, os
 import numpy as np
 from dpsql.mechanisms.laplace import DiscreteLaplace
+from dpsql.mechanisms import samplers
 from dpsql.mechanisms.samplers import secure_generator
 
 rng, mechanism, one = secure_generator(), DiscreteLaplace(1, 0.01), np.zeros(1, dtype=np.int64)

@@ -75,8 +75,8 @@ class NoisePool:
         self._lock = threading.Lock()
 
     def __call__(self, size: int, rng: np.random.Generator) -> np.ndarray:
-        if size > POOL_REQUEST or not isinstance(rng, PoolableGenerator):
-            return self._draw(size, rng)
+        if not 0 <= size <= POOL_REQUEST or not isinstance(rng, PoolableGenerator):
+            return self._draw(size, rng)  # the sampler refuses a negative size
         with self._lock:
             reserve = self._reserves.get(rng)
             if reserve is None:
