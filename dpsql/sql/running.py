@@ -25,6 +25,7 @@ import datetime as dt
 import hashlib
 import json
 import math
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -125,25 +126,31 @@ def plan_running(select: exp.Select, context: Any) -> RunningPlan | None:
 
 
 class _Kept:
-    """A least-recently-used cache holding at most `limit` in weight (entries by default)."""
+    """A least-recently-used cache holding at most `limit` in weight (entries by default).
+
+    Shared by the sessions of a process (the wire server runs them in threads).
+    """
 
     def __init__(self, limit: int, weight: Callable[[Any], int] = lambda _: 1):
         self.limit, self.weight, self.total = limit, weight, 0
         self.entries: OrderedDict[Any, Any] = OrderedDict()
+        self.lock = threading.Lock()
 
     def get(self, key: Any) -> Any:
-        value = self.entries.get(key)
-        if value is not None:
-            self.entries.move_to_end(key)
-        return value
+        with self.lock:
+            value = self.entries.get(key)
+            if value is not None:
+                self.entries.move_to_end(key)
+            return value
 
     def keep(self, key: Any, value: Any) -> None:
-        if key in self.entries:
-            self.total -= self.weight(self.entries.pop(key))
-        self.entries[key] = value
-        self.total += self.weight(value)
-        while self.total > self.limit and len(self.entries) > 1:
-            self.total -= self.weight(self.entries.popitem(last=False)[1])
+        with self.lock:
+            if key in self.entries:
+                self.total -= self.weight(self.entries.pop(key))
+            self.entries[key] = value
+            self.total += self.weight(value)
+            while self.total > self.limit and len(self.entries) > 1:
+                self.total -= self.weight(self.entries.popitem(last=False)[1])
 
 
 _planned = _Kept(_PLANNED_STREAMS)
@@ -373,11 +380,14 @@ class _Domain:
         return exp.Floor(this=exp.Div(this=exp.paren(offset), expression=exp.convert(width)))
 
     def literal(self, value: Any) -> exp.Expression:
+        # exp.DataType(this=...) rather than a type name, which exp.cast would parse
         if isinstance(value, dt.datetime):
-            return exp.cast(exp.convert(value.isoformat(sep=" ")), "TIMESTAMP")
-        if isinstance(value, dt.date):
-            return exp.cast(exp.convert(value.isoformat()), "DATE")
-        return exp.convert(value)
+            text, kind = value.isoformat(sep=" "), exp.DataType.Type.TIMESTAMP
+        elif isinstance(value, dt.date):
+            text, kind = value.isoformat(), exp.DataType.Type.DATE
+        else:
+            return exp.convert(value)
+        return exp.Cast(this=exp.Literal.string(text), to=exp.DataType(this=kind))
 
 
 def _watermark(
@@ -742,13 +752,14 @@ class RunningPlan:
     def _rows(self, values: np.ndarray) -> list[tuple]:
         rows = []
         step = self.stream.grid.step if self.stream.grid is not None else None
+        # counts rounded half to even, sums scaled by a power of two: exact, in one numpy call
+        shown = (np.rint(values).astype(np.int64) if step is None else values * step).tolist()
+        kinds = [kind for _, kind in self.stream.shape.outputs]
         for index in range(values.shape[1]):
             label = self.stream.domain.label(index)
             for part, key in enumerate(self.stream.partition_values):
-                total = values[part, index]
-                shown = round(total) if step is None else float(total) * step
-                cells = {"order": label, "partition": key, "total": shown}
-                rows.append(tuple(cells[kind] for _, kind in self.stream.shape.outputs))
+                cells = {"order": label, "partition": key, "total": shown[part][index]}
+                rows.append(tuple(cells[kind] for kind in kinds))
         return rows
 
     def _accuracy(self) -> dict[str, Accuracy]:
