@@ -7,8 +7,11 @@ query is planned, charged (an fsync'ed ledger write), run and noised. Reported
 per backend: throughput, p50/p99 latency, the server's resident memory over
 time (a leak shows as growth after warm-up), errors, and the ledger check: the
 ledger's total must equal the sum of the answered queries' costs exactly.
+The same figures per tenth of the run show whether anything drifts, and
+`--plot` draws throughput, latency and memory over time into a PNG.
 
     python benchmarks/bench_load.py [--seconds 600] [--clients 32] [--backend duckdb]
+        [--plot docs/img/load-{backend}.png]
 
 PostgreSQL uses DPSQL_TEST_POSTGRES_URL (a scratch schema, dropped afterwards).
 Not a timed test: it prints figures, and exits non-zero only if a check fails.
@@ -70,11 +73,11 @@ def _rss_mb(pid: int) -> float:
 
 
 class Load:
-    """The clients' shared record: latencies of answered queries, and errors."""
+    """The clients' shared record: (end time, latency) of answered queries, and errors."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.latencies: list[float] = []
+        self.answers: list[tuple[float, float]] = []
         self.errors: list[str] = []
 
 
@@ -87,18 +90,71 @@ def _client(port: int, number: int, until: float, load: Load) -> None:
             while time.monotonic() < until:
                 aggregate = "COUNT(*)" if i % 2 else "SUM(age)"
                 sql = f"SELECT {aggregate} FROM census WHERE income > {number * 10**7 + i}"
-                start = time.perf_counter()
+                start = time.monotonic()
                 conn.execute(sql).fetchall()
-                latencies.append(time.perf_counter() - start)
+                end = time.monotonic()
+                latencies.append((end, end - start))
                 i += 1
     except psycopg.Error as error:
         with load.lock:
             load.errors.append(str(error))
     with load.lock:
-        load.latencies.extend(latencies)
+        load.answers.extend(latencies)
 
 
-def run(name: str, database: str, policy: Path, folder: Path, seconds: float, clients: int) -> bool:
+def _percentiles(latencies: list[float]) -> tuple[float, float]:
+    """p50 and p99 in ms."""
+    ms = sorted(1000 * t for t in latencies)
+    return statistics.median(ms), ms[min(len(ms) - 1, int(0.99 * len(ms)))]
+
+
+def _over_time(answers: list[tuple[float, float]], start: float, seconds: float, parts: int):
+    """(start s, queries/s, p50 ms, p99 ms) of each of `parts` equal slices of the run."""
+    width = seconds / parts
+    slices: list[list[float]] = [[] for _ in range(parts)]
+    for end, latency in answers:
+        slices[min(parts - 1, int((end - start) / width))].append(latency)
+    return [
+        (i * width, len(part) / width, *(_percentiles(part) if part else (0.0, 0.0)))
+        for i, part in enumerate(slices)
+    ]
+
+
+def _plot(path: str, name: str, clients: int, rows: list[tuple], memory: list[tuple]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, (top, middle, bottom) = pyplot.subplots(3, 1, figsize=(8, 8), sharex=True)
+    times = [row[0] for row in rows]
+    top.plot(times, [row[1] for row in rows], marker="o")
+    top.set_ylabel("queries/s")
+    middle.plot(times, [row[2] for row in rows], marker="o", label="p50")
+    middle.plot(times, [row[3] for row in rows], marker="o", label="p99")
+    middle.set_ylabel("latency (ms)")
+    middle.legend()
+    bottom.plot([t for t, _ in memory], [m for _, m in memory])
+    bottom.set_ylabel("server RSS (MB)")
+    bottom.set_xlabel("seconds into the run")
+    top.set_title(f"dpsql serve under {clients} wire clients: {name}")
+    for axes in (top, middle, bottom):
+        axes.set_ylim(bottom=0)
+        axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    print(f"  plot: {path}")
+
+
+def run(
+    name: str,
+    database: str,
+    policy: Path,
+    folder: Path,
+    seconds: float,
+    clients: int,
+    plot: str | None = None,
+) -> bool:
     ledger = folder / f"{name}-ledger.sqlite"
     server, port = _serve(database, policy, ledger, clients)
     load, memory = Load(), []
@@ -119,17 +175,22 @@ def run(name: str, database: str, policy: Path, folder: Path, seconds: float, cl
         server.terminate()
         server.wait(timeout=60)
     elapsed = time.monotonic() - start
-    answered = len(load.latencies)
+    answered = len(load.answers)
     cost = Fraction(str(demo.DEMO_POLICY["defaults"]["epsilon_per_query"]))
     with Ledger(ledger) as book:
         total = sum((book.spent(a).epsilon for a in ANALYSTS), Fraction(0))
     exact = total == cost * answered
-    ms = sorted(1000 * t for t in load.latencies)
     print(f"\n{name}: {clients} clients for {elapsed:.0f} s")
     print(f"  answered {answered} queries: {answered / elapsed:.1f} queries/s")
-    if ms:
-        p99 = ms[min(len(ms) - 1, int(0.99 * len(ms)))]
-        print(f"  latency p50 {statistics.median(ms):.1f} ms, p99 {p99:.1f} ms")
+    if answered:
+        p50, p99 = _percentiles([latency for _, latency in load.answers])
+        print(f"  latency p50 {p50:.1f} ms, p99 {p99:.1f} ms")
+        rows = _over_time(load.answers, start, seconds, 10)
+        print("  per tenth of the run (start s: queries/s, p50 ms, p99 ms):")
+        for at, rate, p50, p99 in rows:
+            print(f"    {at:5.0f}: {rate:7.1f} q/s, p50 {p50:6.1f}, p99 {p99:7.1f}")
+        if plot:
+            _plot(plot.format(backend=name), name, clients, rows, memory)
     print(f"  errors: {len(load.errors)}" + (f" (first: {load.errors[0]})" if load.errors else ""))
     print(f"  ledger total epsilon {float(total):g} = answered x {float(cost):g}: {exact}")
     step = max(1, len(memory) // 10)
@@ -158,17 +219,18 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=600.0)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--backend", choices=["duckdb", "postgres", "both"], default="both")
+    parser.add_argument("--plot", help="PNG path; {backend} is replaced, e.g. load-{backend}.png")
     args = parser.parse_args()
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         census, policy = _policy(folder)
         if args.backend in ("duckdb", "both"):
-            ok &= run("duckdb", str(census), policy, folder, args.seconds, args.clients)
+            ok &= run("duckdb", str(census), policy, folder, args.seconds, args.clients, args.plot)
         if args.backend in ("postgres", "both") and (pg := _postgres_database(folder, census)):
             url, schema = pg
             try:
-                ok &= run("postgres", url, policy, folder, args.seconds, args.clients)
+                ok &= run("postgres", url, policy, folder, args.seconds, args.clients, args.plot)
             finally:
                 admin_url = os.environ["DPSQL_TEST_POSTGRES_URL"]
                 with psycopg.connect(admin_url, autocommit=True) as admin:
