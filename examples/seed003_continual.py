@@ -130,7 +130,9 @@ def simulate(log: int, ps: list[float], reps: int, rng: np.random.Generator,
     """Per-step MSE of each counter on Ber(p) streams over `reps` runs, at T = 2^log.
 
     Every `progress` seconds the rows so far (over the runs done) are written
-    to `checkpoint`, so that a run stopped early still says how many ran.
+    to `checkpoint`, and the per-step sums of squares beside it (.npz), so that
+    a run stopped early still says how many ran, and runs of several processes
+    (other seeds) can be pooled (`--pool`).
     """
     horizon = 1 << log
     mechanisms = counters(horizon)
@@ -151,9 +153,32 @@ def simulate(log: int, ps: list[float], reps: int, rng: np.random.Generator,
             shown = time.perf_counter()
             print(f"  T = 2^{log}: {done} of {reps} runs, {shown - began:.0f} s", flush=True)
             if checkpoint is not None:
-                partial = _rows(log, mechanisms, squares, done, began)
-                checkpoint.write_text("".join(json.dumps(r) + "\n" for r in partial))
+                _save(checkpoint, _rows(log, mechanisms, squares, done, began), squares, done)
+    if checkpoint is not None:
+        _save(checkpoint, _rows(log, mechanisms, squares, reps, began), squares, reps)
     return _rows(log, mechanisms, squares, reps, began)
+
+
+def _save(path: Path, rows: list[dict], squares: dict, runs: int) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    arrays = {f"{name}|{p!r}": total for (name, p), total in squares.items()}
+    np.savez(path.with_suffix(".npz"), runs=runs, **arrays)
+
+
+def pool(paths: list[Path]) -> list[dict]:
+    """Rows over the runs of several checkpoints (.npz) of one horizon, their sums pooled."""
+    squares: dict = {}
+    runs = 0
+    for path in paths:
+        with np.load(path) as saved:
+            runs += int(saved["runs"])
+            for label in saved.files:
+                if label != "runs":
+                    name, p = label.split("|")
+                    key = (name, float(p))
+                    squares[key] = squares.get(key, 0) + saved[label]
+    horizon = len(next(iter(squares.values())))
+    return _rows(horizon.bit_length() - 1, counters(horizon), squares, runs, time.perf_counter())
 
 
 def _rows(log: int, mechanisms: dict, squares: dict, reps: int, began: float) -> list[dict]:
@@ -180,7 +205,7 @@ def experiment(logs: list[int], reps: int, seed: int, log_file: Path | None = No
     rows = []
     for log in logs:
         rng = np.random.Generator(np.random.SFC64([seed, log]))
-        checkpoint = log_file.with_suffix(".partial") if log_file is not None else None
+        checkpoint = log_file.with_suffix(f".{log}.partial") if log_file is not None else None
         fresh = simulate(log, PS if log == min(logs) else [0.0], reps, rng, checkpoint)
         rows += fresh
         if log_file is not None:
@@ -291,6 +316,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="append each horizon's rows to this file")
     parser.add_argument("--from-json", type=Path, nargs="+",
                         help="only print and plot the rows of these files")  # fmt: skip
+    parser.add_argument("--pool", type=Path, nargs="+",
+                        help="with --from-json: add rows pooled from these .npz files")  # fmt: skip
     parser.add_argument("--out", type=Path, default=IMG, help="folder for the PNGs ('' for none)")
     args = parser.parse_args(argv)
     print(f"float32 numpy noise (only the variance is measured); rho = {rho():.6g} "
@@ -298,6 +325,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.from_json is not None:
         rows = [json.loads(line) for path in args.from_json
                 for line in path.read_text().splitlines() if line]  # fmt: skip
+        rows += pool(args.pool) if args.pool else []
     else:
         rows = experiment([int(v) for v in args.logs.split(",")], args.reps, args.seed, args.json)
     rows.sort(key=lambda r: (r["T"], (*ZCDP, *PURE).index(r["mechanism"]), r["p"]))
