@@ -15,8 +15,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 import time
 import tracemalloc
@@ -30,6 +28,7 @@ import psycopg
 import pytest
 import sqlglot
 import yaml
+from test_faults import serve_process
 
 import dpsql
 from dpsql.errors import TooManyGroups
@@ -194,26 +193,12 @@ def test_selection_batch_by_batch_has_the_distribution_of_selection_at_once(
 # -- query timeout and cancel -----------------------------------------------------------
 
 
-def _serve(database: str, folder: Path) -> tuple[subprocess.Popen, int, Path]:
-    policy, ledger = folder / "policy.yaml", folder / "ledger.sqlite"
-    policy.write_text(yaml.safe_dump(_policy()))
-    server = subprocess.Popen(
-        [sys.executable, "-m", "dpsql.cli", "serve", "--database", database, "--policy",
-         str(policy), "--ledger", str(ledger), "--trust", "--port", "0", "--workers", "1",
-         "--query-timeout", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    line = server.stdout.readline()
-    if "listening on" not in line:
-        server.kill()
-        raise AssertionError(f"dpsql serve did not start: {line}{server.stderr.read()}")
-    return server, int(line.rsplit(":", 1)[1]), ledger
-
-
 @pytest.fixture()
 def timed(database: str, tmp_path: Path) -> Iterator[tuple[int, Path]]:
     """`dpsql serve --workers 1 --query-timeout 1` over DuckDB or PostgreSQL."""
-    server, port, ledger = _serve(database, tmp_path)
+    policy, ledger = tmp_path / "policy.yaml", tmp_path / "ledger.sqlite"
+    policy.write_text(yaml.safe_dump(_policy()))
+    server, port = serve_process(database, policy, ledger, "--workers", "1", "--query-timeout", "1")
     try:
         yield port, ledger
     finally:
