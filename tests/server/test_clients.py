@@ -21,6 +21,12 @@ import psycopg
 import pytest
 import sqlalchemy
 
+import dpsql
+from dpsql.server import BackgroundServer, build
+from dpsql.server.runner import shutdown
+
+from .conftest import _policy
+
 QUERY = "SELECT sex, COUNT(*) AS n, AVG(income) AS income FROM pums GROUP BY sex ORDER BY sex"
 
 
@@ -143,6 +149,52 @@ def test_ready_only_once_the_session_is_open(duck) -> None:
         for blocker in blockers:
             blocker.result(timeout=10)
     assert connected.is_set() and len(answers) == 1
+
+
+@pytest.mark.parametrize("cancelled", [False, True])
+def test_shutdown_ends_a_connection_in_a_query(pums_db, tmp_path, cancelled: bool) -> None:
+    """The server's shutdown cancels each connection's task, as a client's cancel does: a
+    connection waiting on a query ends at once, also with a client's cancel in the same turn."""
+    connection = dpsql.connect(
+        str(pums_db), policy=_policy(), analyst="alice", ledger=str(tmp_path / "ledger.sqlite")
+    )
+    release, errors = threading.Event(), []
+    with BackgroundServer(build(connection, trust=True, workers=1)) as background:
+        server = background.server
+        client = psycopg.connect(f"host=127.0.0.1 port={background.port} user=alice")
+        blocker = server.backend.pool.submit(release.wait, 60)
+
+        def query() -> None:
+            try:
+                client.execute("SELECT COUNT(*) FROM pums WHERE age > 65")
+            except psycopg.OperationalError as error:
+                errors.append(error)
+
+        thread = threading.Thread(target=query)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not any(
+                c._current_task for c in server._connections.values()
+            ):
+                time.sleep(0.05)  # until the server handles the query
+
+            async def stop() -> None:
+                if cancelled:  # a client's cancel and the shutdown in one turn of the loop
+                    for handler in list(server._connections.values()):
+                        handler.request_cancel()
+                await shutdown(server)
+
+            start = time.monotonic()
+            asyncio.run_coroutine_threadsafe(stop(), background.loop).result(timeout=10)
+            assert time.monotonic() - start < 4  # shutdown waits 5 s for tasks that linger
+            thread.join(timeout=10)
+            assert len(errors) == 1 and not isinstance(errors[0], psycopg.errors.QueryCanceled)
+        finally:
+            release.set()
+            blocker.result(timeout=10)
+            thread.join(timeout=10)
+            client.close()
 
 
 def test_psql_refusal_exits_with_error(served) -> None:
