@@ -1,6 +1,7 @@
 """The `dpsql watch` command: a standing running-total query, printed tick by tick.
 
 dpsql watch --database events.duckdb --policy policy.yaml --every 1h \\
+    [--continual factorization] \\
     "SELECT day, SUM(COUNT(*)) OVER (ORDER BY day) AS so_far FROM events GROUP BY day"
 """
 
@@ -13,6 +14,7 @@ from typing import Any
 from rich.console import Console
 
 from dpsql.errors import ProgrammingError
+from dpsql.policy import CONTINUAL_MECHANISMS
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -38,6 +40,10 @@ def register(subparsers: Any) -> None:
     watch.add_argument("sql", help="a running-total query (SUM(COUNT(*)) OVER (ORDER BY day))")
     watch.add_argument("--every", default="1h", help="time between ticks: 30s, 15m, 1h, 1d")
     watch.add_argument("--ticks", type=int, help="stop after this many ticks (default: never)")
+    watch.add_argument(
+        "--continual", choices=CONTINUAL_MECHANISMS,
+        help="the stream's mechanism (default: the policy's); as SET dpsql.continual",
+    )  # fmt: skip
     watch.set_defaults(run=_run_watch)
 
 
@@ -46,7 +52,7 @@ def _run_watch(args: argparse.Namespace) -> int:
 
     every = interval_seconds(args.every)
     console = Console()
-    with _connect(args) as connection:
+    with _connect(args, continual=args.continual) as connection:
         for release in connection.watch(args.sql, every, args.ticks):
             for row in release.rows:
                 console.print("\t".join(str(v) for v in row), highlight=False)

@@ -273,3 +273,25 @@ def test_steps_wider_than_a_value_are_bucketed_in_sql(events, tmp_path):
         (DAY0 + dt.timedelta(days=2 * i), int(daily[DAY0 + dt.timedelta(days=2 * i + 1)]))
         for i in range(5)
     ]
+
+
+def test_watch_command_runs_the_chosen_mechanism(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from dpsql.cli import main
+
+    path = tmp_path / "events.duckdb"
+    db = duckdb.connect(str(path))
+    db.execute("CREATE TABLE running_events (uid INT, day DATE, shop INT, city INT, amount DOUBLE)")
+    _add(db, 0, 200)
+    db.close()
+    (tmp_path / "policy.yaml").write_text(yaml.safe_dump(_policy(1e4)))
+    monkeypatch.setattr(running, "clock", lambda: dt.datetime(2024, 1, 3, tzinfo=dt.UTC))
+    argv = ["watch", "--database", str(path), "--policy", str(tmp_path / "policy.yaml"),
+            "--ledger", str(tmp_path / "ledger.sqlite"), "--every", "1s", "--ticks", "1",
+            "--continual", "factorization", f"{RUNNING} GROUP BY day"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "2024-01-01" in out and "2024-01-02" in out and "tick: 2 new rows" in out
+    con = dpsql.connect(str(path), policy=_policy(1e4), ledger=tmp_path / "ledger.sqlite")
+    assert con.budget().delta_spent == pytest.approx(1e-6)  # the factorization's charge
