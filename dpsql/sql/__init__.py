@@ -47,11 +47,12 @@ class PlanContext:
     budget: Cost | None = None  # the analyst's whole budget, when a planner needs to know it
 
 
-# Planners for query shapes that have a plan of their own (range synopses,
-# running totals). Each returns None when the query is not its shape; the
-# first plan returned answers the query, else the direct plan does.
-SPECIAL_PLANNERS: tuple[Callable[[exp.Select, PlanContext], Plan | None], ...] = (
-    plan_running,  # before the others: they refuse window functions
+# Planners for checked queries whose shape has a plan of its own (tables of
+# local reports, range synopses), given the query and its table. Each returns
+# None when the query is not its shape; the first plan returned answers the
+# query, else the direct plan does. Running totals are planned before the
+# check, which refuses their window function.
+SPECIAL_PLANNERS: tuple[Callable[[exp.Select, Table, PlanContext], Plan | None], ...] = (
     plan_local,
     plan_synopsis,  # last: for a query it declines it returns the direct plan with the reason
 )
@@ -64,13 +65,16 @@ def plan_query(select: exp.Select, context: PlanContext) -> Plan:
     database keeps unique: there each unit has one row, so the bounds are 1 and
     the rewrite needs no per-unit window.
     """
-    for planner in SPECIAL_PLANNERS:
-        plan = planner(select, context)
-        if plan is not None:
-            return plan
-    table = check_query(select, context.policy)
+    plan = plan_running(select, context)
+    if plan is not None:
+        return plan
+    table = check_query(select, context.policy)  # once, for every planner below
     if table is None:
         return ConstantPlan(select.sql(dialect=context.dialect))
+    for planner in SPECIAL_PLANNERS:
+        plan = planner(select, table, context)
+        if plan is not None:
+            return plan
     return DirectPlan(
         analyze(select, bounded_table(table, context)),
         context.options,

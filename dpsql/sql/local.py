@@ -25,7 +25,6 @@ from dpsql.accounting import Cost
 from dpsql.errors import QueryRefused
 from dpsql.policy import Column, LocalSpec, Table
 from dpsql.sql.analyze import KEY_PREFIX, Aggregate, Analysis, Measurement, analyze
-from dpsql.sql.check import check_query
 from dpsql.sql.plan import Accuracy, Release, key_order, released_aggregates
 from dpsql.sql.postprocess import RELEASED, project, query_released
 
@@ -35,12 +34,9 @@ if TYPE_CHECKING:
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
 
 
-def plan_local(select: exp.Select, context: PlanContext) -> LocalPlan | None:
-    """The plan for a query over a table of local reports; None for any other table."""
-    if select.args.get("from_") is None:
-        return None
-    table = check_query(select, context.policy)
-    if table is None or table.local is None:
+def plan_local(select: exp.Select, table: Table, context: PlanContext) -> LocalPlan | None:
+    """The plan for a checked query over a table of local reports; None for any other table."""
+    if table.local is None:
         return None
     return LocalPlan(table, analyze(select, _value_table(table)), context)
 

@@ -38,7 +38,6 @@ from dpsql.errors import ProgrammingError, QueryRefused
 from dpsql.mechanisms.tree import HierarchicalHistogram, TreeShape, l2_sensitivity
 from dpsql.policy import Column, Policy, Table
 from dpsql.sql.analyze import VALUE_PREFIX, Analysis, Interval, _conjuncts, analyze, clamp
-from dpsql.sql.check import check_query
 from dpsql.sql.plan import Accuracy, DirectPlan, Release
 from dpsql.sql.postprocess import project
 from dpsql.sql.rewrite import _in_dialect, _keyed_hash
@@ -519,16 +518,15 @@ def _following(moment: dt.datetime, unit: str) -> dt.datetime:
 # -- the planner ----------------------------------------------------------------
 
 
-def plan_synopsis(select: exp.Select, context: PlanContext) -> Any:
-    """A synopsis plan for a range count or aligned histogram; None when not one.
+def plan_synopsis(select: exp.Select, table: Table, context: PlanContext) -> Any:
+    """A synopsis plan for a checked range count or aligned histogram; None when not one.
 
     When the query touches a synopsis column but cannot be answered from it
     exactly, the direct plan is returned carrying the reason as a note.
     """
     from dpsql.sql import bounded_table  # the package imports this module: import late
 
-    table = check_query(select, context.policy)
-    if table is None or not any(c.synopsis for c in table.columns.values()):
+    if not any(c.synopsis for c in table.columns.values()):
         return None
     analysis = analyze(select, bounded_table(table, context))
     try:
