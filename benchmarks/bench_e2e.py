@@ -3,7 +3,9 @@
 Builds (once, cached in a temporary folder) a DuckDB file with N rows of the
 demo generator, then times each query run raw on DuckDB and through dpsql,
 with row-level privacy and with user-level bounding (privacy unit pid). Every
-dpsql run is a fresh, charged release (the cache is cleared between runs).
+dpsql run is a fresh, charged release: its text differs from every earlier one
+(a new table alias), so neither the release cache nor a cleared cache's disk
+write is in the timing.
 Targets: <= 1.2x row-level, <= 2x user-level. Usage:
     python benchmarks/bench_e2e.py [--rows 10000000] [--repeat 3]
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import statistics
 import tempfile
 import time
@@ -81,13 +84,12 @@ def compare(run_raw, adapter, args: argparse.Namespace) -> None:
             label = "user-level (pid, 1 row, 1 group)" if user_level else "row-level"
             print(f"\n{label}, {args.rows:,} rows, {adapter.dialect}")
             print(f"{'query':<75} {'raw s':>8} {'dpsql s':>8} {'ratio':>6}")
-            ratios = []
+            ratios, runs = [], itertools.count()
             for sql in QUERIES:
                 raw_time = timed(lambda sql=sql: run_raw(sql), args.repeat)
 
-                def private(sql: str = sql, ledger=ledger, session=session) -> None:
-                    ledger.clear_cache()
-                    session.execute(sql)
+                def private(sql: str = sql, session=session, runs=runs) -> None:
+                    session.execute(sql.replace(" FROM census", f" FROM census AS r{next(runs)}"))
 
                 dp_time = timed(private, args.repeat)
                 ratios.append(dp_time / raw_time)

@@ -6,6 +6,8 @@ test asserts that no statement reached the database and no budget was spent.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from conftest import on_every_backend
 from sqlglot import exp
@@ -116,6 +118,10 @@ class RecordingAdapter:
     def execute(self, sql: str) -> tuple[list[str], list[tuple]]:
         self.statements.append(sql)
         return self.adapter.execute(sql)
+
+    def stream(self, sql: str, *batching: int) -> Any:
+        self.statements.append(sql)
+        return self.adapter.stream(sql, *batching)
 
     def unique_columns(self, name: str) -> set[str]:
         return self.adapter.unique_columns(name)

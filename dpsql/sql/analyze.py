@@ -325,18 +325,23 @@ class _Builder:
         self.analysis = analysis
         self.resolver = resolver
         self.ranges = ranges
-        self.key_sql = {key.expression.sql(): i for i, key in enumerate(analysis.keys)}
-        self.aggregate_index: dict[str, int] = {}
+        # Expressions are matched by sqlglot's structural equality (hashed once per
+        # node), not by their generated SQL: generating SQL for every node of
+        # every output was most of the cost of planning a query.
+        self.key_index = {key.expression: i for i, key in enumerate(analysis.keys)}
+        self.aggregate_index: dict[exp.Expression, int] = {}
 
     def post_expression(self, node: exp.Expression, clause: str) -> exp.Expression:
         def replace(sub: exp.Expression) -> exp.Expression:
-            if sub.sql() in self.key_sql:
-                return exp.column(f"{KEY_PREFIX}{self.key_sql[sub.sql()]}")
+            if sub in self.key_index:
+                return exp.column(f"{KEY_PREFIX}{self.key_index[sub]}")
             if isinstance(sub, AGGREGATES):
                 return exp.column(f"{VALUE_PREFIX}{self.aggregate(sub)}")
             return sub
 
-        result = node.transform(replace, copy=True)
+        # In place: `node` belongs to analyze's own copy of the query and is read no
+        # more (a group key that is this node is replaced whole, so it stays intact).
+        result = node.transform(replace, copy=False)
         for column in result.find_all(exp.Column):
             if not column.name.startswith(RESERVED_PREFIX):
                 raise QueryRefused(
@@ -353,11 +358,10 @@ class _Builder:
                 "an aggregate of an aggregate is not supported",
                 "compute it from the released values afterwards",
             )
-        text = node.sql()
-        if text not in self.aggregate_index:
-            self.aggregate_index[text] = len(self.analysis.aggregates)
+        if node not in self.aggregate_index:
+            self.aggregate_index[node] = len(self.analysis.aggregates)
             self.analysis.aggregates.append(self._decompose(node))
-        return self.aggregate_index[text]
+        return self.aggregate_index[node]
 
     def _decompose(self, node: exp.Expression) -> Aggregate:
         argument = node.this
@@ -369,8 +373,9 @@ class _Builder:
                 "its sensitivity cannot be bounded here",
                 f"write {node.key.upper()}(col) without DISTINCT",
             )
-        self.resolver.require_public(argument, f"the aggregate {node.sql()}")
-        require_total(argument, self.resolver.table, f"the aggregate {node.sql()}")
+        clause = f"the aggregate {node.sql()}"
+        self.resolver.require_public(argument, clause)
+        require_total(argument, self.resolver.table, clause)
         bounds, note = self._bounds(argument)
         clamped = _clamped(argument, self.resolver.table, self.ranges)
         total = self._measure(Measurement("sum", argument, bounds, clamped, note))
@@ -405,7 +410,7 @@ class _Builder:
 
     def _measure(self, measurement: Measurement) -> int:
         for index, existing in enumerate(self.analysis.measurements):
-            if existing.key == measurement.key:
+            if (existing.kind, existing.argument) == (measurement.kind, measurement.argument):
                 return index
         self.analysis.measurements.append(measurement)
         return len(self.analysis.measurements) - 1
@@ -500,6 +505,27 @@ def _ranges(where: exp.Expression | None, table: Table) -> dict[str, Interval]:
     return ranges
 
 
+def where_range(where: exp.Expression | None, column: Column) -> tuple[float, float]:
+    """The range in which `column` lies in every row that passes `where`, read from
+    its top-level conjunction (infinite where that says nothing).
+
+    A row whose value is NULL or NaN fails each condition read here (NaN
+    compares above every number), so it is outside the range too; an integer
+    column's bounds are whole, since the rewrite reads it as BIGINT.
+    """
+    lower, upper = -math.inf, math.inf
+    for condition in _conjuncts(where):
+        found = _range_of(condition)
+        if found is None or found[0].lower() != column.name.lower():
+            continue
+        _, low, high = found
+        if column.type == "int":
+            low = math.ceil(low) if math.isfinite(low) else low
+            high = math.floor(high) if math.isfinite(high) else high
+        lower, upper = max(lower, low), min(upper, high)
+    return lower, upper
+
+
 def _conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
     if node is None:
         return []
@@ -531,6 +557,8 @@ def _range_of(condition: exp.Expression) -> tuple[str, float, float] | None:
     if isinstance(condition, exp.Between) and isinstance(condition.this, exp.Column):
         low, high = _number(condition.args["low"]), _number(condition.args["high"])
         if low is not None and high is not None:
+            if condition.args.get("symmetric"):  # BETWEEN SYMMETRIC 10 AND 0 is [0, 10]
+                low, high = min(low, high), max(low, high)
             return condition.this.name, low, high
         return None
     if isinstance(condition, exp.In) and isinstance(condition.this, exp.Column):
@@ -594,7 +622,8 @@ def _interval_of(
         return ranges.get(column.name.lower()) or column_interval(column)
     value = _number(node)
     if value is not None:
-        return Interval(value, value, float(value).is_integer() and "." not in node.sql())
+        written = [literal.this for literal in node.find_all(exp.Literal)]
+        return Interval(value, value, float(value).is_integer() and "." not in "".join(written))
     if isinstance(node, exp.Paren | exp.Cast | exp.TryCast):
         inner = _interval(node.this, table, ranges)
         if inner is not None and isinstance(node, exp.Cast | exp.TryCast):
@@ -899,8 +928,15 @@ def _require_safe_cast(node: exp.Cast | exp.TryCast, table: Table, clause: str) 
     )
 
 
-def clamp(value: exp.Expression, interval: Interval) -> exp.Expression:
-    """CASE that clamps `value` to `interval` and keeps NULL (GREATEST/LEAST differ on NULL)."""
+def clamp(
+    value: exp.Expression, interval: Interval, *, lower: bool = True, upper: bool = True
+) -> exp.Expression:
+    """CASE that clamps `value` to `interval` and keeps NULL (GREATEST/LEAST differ on NULL).
+
+    `lower=False` or `upper=False` leaves out that side, for a value already known
+    to lie on its right side of it (NaN compares above every number, so only the
+    upper side's test catches it).
+    """
 
     def bound(value: float) -> exp.Expression:
         # Integer bounds as integer literals: a literal like 0.0 is a DECIMAL in
@@ -915,13 +951,15 @@ def clamp(value: exp.Expression, interval: Interval) -> exp.Expression:
     def high() -> exp.Expression:
         return bound(interval.upper)
 
-    return exp.Case(
-        ifs=[
-            exp.If(this=exp.LT(this=value.copy(), expression=low()), true=low()),
-            exp.If(this=exp.GT(this=value.copy(), expression=high()), true=high()),
-        ],
-        default=value.copy(),
-    )
+    ifs = [
+        *([exp.If(this=exp.LT(this=value.copy(), expression=low()), true=low())] if lower else []),
+        *(
+            [exp.If(this=exp.GT(this=value.copy(), expression=high()), true=high())]
+            if upper
+            else []
+        ),
+    ]
+    return exp.Case(ifs=ifs, default=value.copy()) if ifs else value.copy()
 
 
 def _clamped(argument: exp.Expression, table: Table, ranges: dict[str, Interval]) -> exp.Expression:

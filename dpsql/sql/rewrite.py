@@ -12,11 +12,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlglot import exp
+from sqlglot import Dialect, exp
 from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 
-from dpsql.policy import Table
-from dpsql.sql.analyze import KEY_PREFIX, Analysis, Interval, Measurement, clamp, column_interval
+from dpsql.policy import Column, Table
+from dpsql.sql.analyze import (
+    KEY_PREFIX,
+    Analysis,
+    Interval,
+    Measurement,
+    clamp,
+    column_interval,
+    where_range,
+)
 
 MEASURE_PREFIX = "__dpsql_m"
 UNITS_COLUMN = "__dpsql_units"
@@ -66,7 +74,7 @@ def rewrite(
         else None
     )
     measures = [
-        _measure_sql(m, grids.get(i), unit).as_(f"{MEASURE_PREFIX}{i}", copy=False)
+        _measure_sql(m, grids.get(i), unit, analysis).as_(f"{MEASURE_PREFIX}{i}", copy=False)
         for i, m in enumerate(analysis.measurements)
     ]
     one_row_per_unit = unit is None or table.unique_unit
@@ -162,10 +170,10 @@ def _clamped_source(table: Table, read: set[str], computed: set[str]) -> exp.Exp
             if name in computed:
                 value = clamp(value, interval)
             value = exp.Cast(this=value, to=widened.copy())
-        items.append(exp.alias_(value, column.name, quoted=True))
+        items.append(exp.alias_(value, column.name, quoted=True, copy=False))
     if not items:  # COUNT(*) of a row-level table reads no column
-        items.append(exp.alias_(exp.convert(1), "__dpsql_row", quoted=True))
-    return exp.select(*items).from_(stored).subquery(_SOURCE)
+        items.append(exp.alias_(exp.convert(1), "__dpsql_row", quoted=True, copy=False))
+    return exp.select(*items, copy=False).from_(stored, copy=False).subquery(_SOURCE, copy=False)
 
 
 def _in_dialect(query: exp.Select, dialect: str) -> str:
@@ -177,9 +185,11 @@ def _in_dialect(query: exp.Select, dialect: str) -> str:
     """
     for identifier in query.find_all(exp.Identifier):
         identifier.set("quoted", False)
+    # One Dialect object for both calls: naming the dialect makes each build its own.
+    backend = Dialect.get_or_raise(dialect)
     # copy=False: the query was built for this call only, so the generator may mutate it
-    return normalize_identifiers(query, dialect=dialect).sql(
-        dialect=dialect, identify=True, copy=False
+    return normalize_identifiers(query, dialect=backend).sql(
+        dialect=backend, identify=True, copy=False
     )
 
 
@@ -197,19 +207,59 @@ def _where(analysis: Analysis) -> exp.Expression | None:
 
 
 def _measure_sql(
-    measurement: Measurement, grid: SumGrid | None, unit: exp.Expression | None
+    measurement: Measurement,
+    grid: SumGrid | None,
+    unit: exp.Expression | None,
+    analysis: Analysis,
 ) -> exp.Expression:
     if measurement.kind == "count_units":
         return exp.Count(this=exp.Distinct(expressions=[unit.copy()]))
     if measurement.kind == "count":
         argument = measurement.argument.copy() if measurement.argument is not None else exp.Star()
         return exp.Count(this=argument)
-    value = clamp(measurement.clamped, grid.bounds)
-    steps = exp.Div(
-        this=exp.Cast(this=value, to=_DOUBLE.copy()), expression=exp.convert(grid.step), typed=True
-    )
-    rounded = exp.Cast(this=exp.Round(this=steps), to=_BIGINT.copy())
-    return exp.Coalesce(this=exp.Sum(this=rounded), expressions=[exp.convert(0)])
+    return exp.Coalesce(this=exp.Sum(this=_grid_steps(measurement, grid, analysis)),
+                        expressions=[exp.convert(0)])  # fmt: skip
+
+
+def _grid_steps(measurement: Measurement, grid: SumGrid, analysis: Analysis) -> exp.Expression:
+    """A SUM's argument per row: clamped to the grid's bounds, in whole grid steps.
+
+    This is the per-row work of every SUM, so it does no more than it must
+    (each step costs about as much as DuckDB's whole raw SUM): a bare column
+    skips the side of the clamp its WHERE already implies (the value read here is
+    the one WHERE compared); a bare integer column on a grid of 1 is summed as
+    it is, already whole (BIGINT, in the clamped source); a bare float column is
+    already DOUBLE there. Other values are cast to DOUBLE, scaled by 1/step (a
+    power of two, so exactly the division by step) and rounded to BIGINT:
+    whatever the rounding mode, each lies in [floor(lower/step), ceil(upper/step)].
+    """
+    column = _bare_column(measurement, analysis.table)
+    if column is None:
+        value = clamp(measurement.clamped, grid.bounds)
+    else:
+        low, high = where_range(analysis.where, column)
+        value = clamp(
+            measurement.clamped,
+            grid.bounds,
+            lower=low < grid.bounds.lower,
+            upper=high > grid.bounds.upper,
+        )
+        if column.type == "int" and grid.bounds.integer and grid.step == 1.0:
+            return value
+    if column is None or column.type != "float":
+        value = exp.Cast(this=value, to=_DOUBLE.copy())
+    if grid.step != 1.0:
+        value = exp.Mul(
+            this=value, expression=exp.Cast(this=exp.convert(1 / grid.step), to=_DOUBLE.copy())
+        )
+    return exp.Cast(this=exp.Round(this=value), to=_BIGINT.copy())
+
+
+def _bare_column(measurement: Measurement, table: Table) -> Column | None:
+    """The policy column a SUM adds up as it is (SUM(income)), if it does."""
+    if not isinstance(measurement.clamped, exp.Column):
+        return None
+    return table.column(measurement.clamped.name)
 
 
 def _keyed_hash(dialect: str, seed: int, values: list[exp.Expression]) -> exp.Expression:

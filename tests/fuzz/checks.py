@@ -9,6 +9,7 @@ the clamps and the unit NULL filter (checked structurally with sqlglot).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,15 +139,83 @@ def _assert_items_aggregated(tree: exp.Select, keys: int, text: str) -> None:
 
 
 def _assert_sums_clamped(tree: exp.Select, plan: DirectPlan, text: str) -> None:
+    """Every SUM is clamped to its bounds, but for a side that a condition every
+    summed row passes (a top-level conjunct of a WHERE) already keeps its bare
+    column on."""
     measured = {item.alias: item.this for item in tree.expressions}
+    conditions = [c for where in tree.find_all(exp.Where) for c in _conjuncts(where.this)]
     for index, measurement in enumerate(plan.analysis.measurements):
         if measurement.kind != "sum":
             continue
         total = measured[f"__dpsql_m{index}"].find(exp.Sum)
         clamp = total.find(exp.Case)
-        assert clamp is not None, f"unclamped SUM in {text}"
-        low, high = (float(branch.args["true"].to_py()) for branch in clamp.args["ifs"][:2])
-        assert (low, high) == (measurement.bounds.lower, measurement.bounds.upper), text
+        sides = {}
+        for branch in clamp.args["ifs"] if clamp is not None else []:
+            side = {exp.LT: "lower", exp.GT: "upper"}.get(type(branch.this))
+            if side is not None and isinstance(branch.args["true"], exp.Literal | exp.Neg):
+                sides[side] = float(branch.args["true"].to_py())
+        bounds = measurement.bounds
+        assert sides.get("lower", bounds.lower) == bounds.lower, text
+        assert sides.get("upper", bounds.upper) == bounds.upper, text
+        for side in {"lower", "upper"} - set(sides):
+            column = measurement.argument
+            assert isinstance(column, exp.Column), f"unclamped SUM in {text}"
+            limit = getattr(bounds, side)
+            assert any(
+                _keeps(condition, column.name, side, limit, bounds.integer)
+                for condition in conditions
+            ), f"SUM without its {side} clamp, which no WHERE implies, in {text}"
+
+
+def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
+    if isinstance(node, exp.Paren):
+        return _conjuncts(node.this)
+    if isinstance(node, exp.And):
+        return _conjuncts(node.this) + _conjuncts(node.expression)
+    return [node]
+
+
+def _keeps(condition: exp.Expression, name: str, side: str, limit: float, whole: bool) -> bool:
+    """Whether every row passing `condition` has `name` on the inner side of `limit`
+    (NULL and NaN pass no comparison with a number, NaN comparing above all)."""
+
+    def number(node: exp.Expression) -> float | None:
+        value = node.to_py() if isinstance(node, exp.Literal | exp.Neg) else None
+        return float(value) if isinstance(value, int | float) else None
+
+    def is_column(node: exp.Expression) -> bool:
+        return isinstance(node, exp.Column) and node.name.lower() == name.lower()
+
+    if isinstance(condition, exp.Between) and is_column(condition.this):
+        low, high = number(condition.args["low"]), number(condition.args["high"])
+        if low is None or high is None:
+            return False
+        low, high = min(low, high), max(low, high)  # also right for BETWEEN SYMMETRIC
+        return low >= limit if side == "lower" else high <= limit
+    if isinstance(condition, exp.In) and is_column(condition.this):
+        values = [number(v) for v in condition.expressions]
+        if not values or None in values:
+            return False
+        return min(values) >= limit if side == "lower" else max(values) <= limit
+    if not isinstance(condition, exp.EQ | exp.GT | exp.GTE | exp.LT | exp.LTE):
+        return False
+    left, right = condition.this, condition.expression
+    kind = type(condition)
+    if is_column(right):
+        left, right = right, left
+        kind = {exp.GT: exp.LT, exp.GTE: exp.LTE, exp.LT: exp.GT, exp.LTE: exp.GTE}.get(kind, kind)
+    value = number(right)
+    if not is_column(left) or value is None:
+        return False
+    if side == "lower" and kind in (exp.EQ, exp.GTE, exp.GT):
+        if kind is exp.GT:  # values above `value`: from its next float, or next integer
+            value = math.floor(value) + 1 if whole else math.nextafter(value, math.inf)
+        return value >= limit
+    if side == "upper" and kind in (exp.EQ, exp.LTE, exp.LT):
+        if kind is exp.LT:
+            value = math.ceil(value) - 1 if whole else math.nextafter(value, -math.inf)
+        return value <= limit
+    return False
 
 
 def _window_kind(window: exp.Window) -> str:
