@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
+from dpsql.errors import BackendError
+
 # Rows per batch of a streamed result: small enough that a batch of wide rows
 # stays within a few MB, large enough that per-batch overhead is negligible.
 BATCH_ROWS = 10_000
@@ -93,6 +95,19 @@ class Running:
         """Whether this thread's current statement was interrupted (to word its error)."""
         with self._lock:
             return threading.get_ident() in self._interrupted
+
+    def failure(self, engine: str, kind: str) -> BackendError:
+        """The error of this thread's failed statement, by `engine` with an error of `kind`.
+
+        Only the kind leaves the adapter: a database's message can quote a
+        stored value (a failed conversion, say).
+        """
+        if self.was_interrupted():
+            return BackendError(f"{engine} stopped: {INTERRUPTED}")
+        return BackendError(
+            f"{engine} could not run the rewritten query ({kind}); check the types of "
+            "literals and columns in the query"
+        )
 
 
 INTERRUPTED = (

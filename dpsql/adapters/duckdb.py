@@ -16,7 +16,7 @@ from contextlib import contextmanager, suppress
 
 import duckdb
 
-from dpsql.adapters.base import BATCH_ROWS, INTERRUPTED, Batches, Running, fetch_all
+from dpsql.adapters.base import BATCH_ROWS, Batches, Running, fetch_all
 from dpsql.errors import BackendError
 
 # DuckDB shares one instance per file within a process, and every connection to
@@ -83,14 +83,7 @@ class DuckDBAdapter:
             yield batch
 
     def _error(self, exc: duckdb.Error) -> BackendError:
-        if self._running.was_interrupted():
-            return BackendError(f"DuckDB stopped: {INTERRUPTED}")
-        # DuckDB's message can quote a stored value (a failed conversion, say):
-        # only the kind of error leaves the adapter.
-        return BackendError(
-            f"DuckDB could not run the rewritten query ({type(exc).__name__}); check "
-            "the types of literals and columns in the query"
-        )
+        return self._running.failure("DuckDB", type(exc).__name__)
 
     def interrupt(self, thread: int) -> None:
         self._running.interrupt(thread, lambda cursor: cursor.interrupt())

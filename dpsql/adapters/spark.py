@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl
 
-from dpsql.adapters.base import BATCH_ROWS, INTERRUPTED, Batches, Running, fetch_all
+from dpsql.adapters.base import BATCH_ROWS, Batches, Running, fetch_all
 from dpsql.errors import BackendError
 from dpsql.policy import Source
 
@@ -194,12 +194,7 @@ class SparkAdapter:
             raise self._error(exc) from None
 
     def _error(self, exc: Exception) -> BackendError:
-        if self._running.was_interrupted():
-            return BackendError(f"Spark stopped: {INTERRUPTED}")
-        return BackendError(
-            f"Spark could not run the rewritten query ({_condition(exc)}); check the types "
-            "of literals and columns in the query"
-        )
+        return self._running.failure("Spark", _condition(exc))
 
     def interrupt(self, thread: int) -> None:
         self._running.interrupt(thread, self._session.interruptTag)

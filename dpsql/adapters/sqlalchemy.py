@@ -22,7 +22,7 @@ import sqlalchemy
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from dpsql.adapters.base import BATCH_ROWS, INTERRUPTED, Batches, Running
+from dpsql.adapters.base import BATCH_ROWS, Batches, Running
 from dpsql.errors import BackendError, NotSupportedError
 
 # SQLAlchemy dialect name -> sqlglot dialect name, where the two differ.
@@ -120,13 +120,8 @@ class SQLAlchemyAdapter:
             raise self._error(exc) from None
 
     def _error(self, exc: sqlalchemy.exc.DBAPIError) -> BackendError:
-        if self._running.was_interrupted():
-            return BackendError(f"the {self._engine.dialect.name} database stopped: {INTERRUPTED}")
-        return BackendError(
-            f"the {self._engine.dialect.name} database could not run the rewritten "
-            f"query ({type(exc.orig).__name__}); check the types of literals and "
-            "columns in the query"
-        )
+        engine = f"the {self._engine.dialect.name} database"
+        return self._running.failure(engine, type(exc.orig).__name__)
 
     def interrupt(self, thread: int) -> None:
         self._running.interrupt(thread, _interrupt_driver)
