@@ -196,8 +196,9 @@ def _rows(log: int, mechanisms: dict, squares: dict, reps: int, began: float) ->
     return rows
 
 
-def experiment(logs: list[int], reps: int, seed: int, log_file: Path | None = None) -> list[dict]:
-    """Every horizon 2^log in `logs`, in that order: every p at the smallest, p = 0 elsewhere.
+def experiment(logs: list[int], reps: int, seed: int, log_file: Path | None = None,
+               streams_at: int = 10) -> list[dict]:  # fmt: skip
+    """Every horizon 2^log in `logs`, in that order: every p at 2^streams_at, p = 0 elsewhere.
 
     Each horizon draws from its own generator (seed, log), so horizons can run
     in any order or in separate processes.
@@ -206,7 +207,7 @@ def experiment(logs: list[int], reps: int, seed: int, log_file: Path | None = No
     for log in logs:
         rng = np.random.Generator(np.random.SFC64([seed, log]))
         checkpoint = log_file.with_suffix(f".{log}.partial") if log_file is not None else None
-        fresh = simulate(log, PS if log == min(logs) else [0.0], reps, rng, checkpoint)
+        fresh = simulate(log, PS if log == streams_at else [0.0], reps, rng, checkpoint)
         rows += fresh
         if log_file is not None:
             with log_file.open("a") as out:
@@ -313,6 +314,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="the horizons' log2, in the order to run them: 20,16,18")  # fmt: skip
     parser.add_argument("--reps", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--streams-at", type=int, default=10,
+                        help="the log2 horizon at which every Bernoulli stream runs")  # fmt: skip
     parser.add_argument("--json", type=Path, help="append each horizon's rows to this file")
     parser.add_argument("--from-json", type=Path, nargs="+",
                         help="only print and plot the rows of these files")  # fmt: skip
@@ -327,7 +330,8 @@ def main(argv: list[str] | None = None) -> None:
                 for line in path.read_text().splitlines() if line]  # fmt: skip
         rows += pool(args.pool) if args.pool else []
     else:
-        rows = experiment([int(v) for v in args.logs.split(",")], args.reps, args.seed, args.json)
+        logs = [int(v) for v in args.logs.split(",")]
+        rows = experiment(logs, args.reps, args.seed, args.json, args.streams_at)
     rows.sort(key=lambda r: (r["T"], (*ZCDP, *PURE).index(r["mechanism"]), r["p"]))
     print(table(rows))
     gap, row = worst_deviation(rows)

@@ -130,7 +130,7 @@ def test_seed003_example_runs_and_matches_its_closed_forms(tmp_path):
     spec = importlib.util.spec_from_file_location("seed003_continual", path)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    rows = example.experiment([4, 6], reps=400, seed=1)
+    rows = example.experiment([4, 6], reps=400, seed=1, streams_at=4)
     assert {r["p"] for r in rows} == set(example.PS)
     for row in rows:
         # mean over >= 16 steps of a 400-run MSE: relative sd below sqrt(5/400) / 2
