@@ -111,3 +111,38 @@ def test_set_show_and_explain(connect):
         connection.execute("SET dpsql.epsilon = 1e300")  # would not fit the ledger
     with pytest.raises(dpsql.ProgrammingError, match="unknown option"):
         connection.execute("SET dpsql.colour = 'red'")
+
+
+def test_spellings_of_one_query_share_its_release(connect):
+    # The release cache's key folds what the parser ignores: whitespace, comments
+    # and the case of keywords and unquoted names.
+    connection = connect()
+    first = connection.cursor().execute("SELECT COUNT(*) FROM pums WHERE age > 30").fetchall()
+    again = (
+        connection.cursor()
+        .execute("select  count(*)\n  FROM PUMS /* the same query */ where AGE > 30;")
+        .fetchall()
+    )
+    assert again == first
+    assert connection.budget().epsilon_spent == pytest.approx(1.0)
+    connection.cursor().execute("SELECT COUNT(*) FROM pums WHERE age > 31")
+    assert connection.budget().epsilon_spent == pytest.approx(2.0)
+
+
+def test_release_keys_keep_what_changes_the_query():
+    from dpsql.sql.parse import parse_statement
+
+    def key(sql: str) -> str:
+        return parse_statement(sql, "duckdb").key
+
+    assert key("SELECT COUNT(*) FROM t") == key("select count ( * )  from T -- note")
+    # quoted names and strings are case-sensitive; numbers are spelled as written
+    assert key('SELECT COUNT(*) FROM t GROUP BY "A"') != key('SELECT COUNT(*) FROM t GROUP BY "a"')
+    assert key("SELECT COUNT(*) FROM t WHERE s = 'A'") != key(
+        "SELECT COUNT(*) FROM t WHERE s = 'a'"
+    )
+    assert key("SELECT COUNT(*) FROM t WHERE x > 1") != key("SELECT COUNT(*) FROM t WHERE x > 1.5")
+    # bound values are part of the key, whichever placeholder style binds them
+    bound = parse_statement("SELECT COUNT(*) FROM t WHERE x > ?", "duckdb", [1]).key
+    assert bound == parse_statement("SELECT COUNT(*) FROM t WHERE x > $1", "duckdb", [1]).key
+    assert bound != parse_statement("SELECT COUNT(*) FROM t WHERE x > ?", "duckdb", [2]).key

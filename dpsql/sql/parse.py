@@ -92,9 +92,9 @@ def _key(tree: exp.Expression, tokens: list, bound: list[Any], dialect: str) -> 
 
     Without parameters it is read off the tokens, which costs far less than
     generating SQL from the tree: only differences the parser ignores are
-    folded (whitespace, comments, the case of keywords and unquoted names;
-    quoted names and strings are kept as written), so two texts with one key
-    parse to the same query. Texts that sqlglot would print alike but are
+    folded (whitespace, comments, a final semicolon, the case of keywords and
+    unquoted names; quoted names and strings are kept as written), so two
+    texts with one key parse to the same query. Texts that sqlglot would print alike but are
     spelled differently (`x::INT` and `CAST(x AS INT)`) get different keys:
     the second is charged and answered afresh, which costs budget, never
     privacy. With parameters it is the bound tree printed normalised, so `?`,
@@ -102,6 +102,8 @@ def _key(tree: exp.Expression, tokens: list, bound: list[Any], dialect: str) -> 
     """
     if bound:
         return "bound:" + tree.sql(dialect=dialect, normalize=True)
+    while tokens and tokens[-1].token_type == TokenType.SEMICOLON:
+        tokens = tokens[:-1]  # a statement's terminator, which the parser ignores too
     parts = [
         (token.token_type.name,
          token.text if token.token_type in _EXACT_TOKENS else token.text.lower())
