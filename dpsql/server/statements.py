@@ -143,8 +143,10 @@ class Backend:
             if not self._interrupt(job):
                 return
 
-    async def run(self, function: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.pool, function, *args)
+    def run(self, function: Any, *args: Any) -> asyncio.Future:
+        """`function(*args)` in the pool. A future, not a coroutine: `asyncio.wait_for`
+        wraps a coroutine in a task of its own, one more task and loop turn per statement."""
+        return asyncio.get_running_loop().run_in_executor(self.pool, function, *args)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)  # its threads hold DuckDB cursors
