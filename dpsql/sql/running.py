@@ -9,14 +9,16 @@ declares `continual: {step, epsilon[, delta, mechanism]}`):
     SELECT day, shop, SUM(COUNT(*)) OVER (PARTITION BY shop ORDER BY day) ... GROUP BY day, shop
 
 A stream's identity is the query without its watermark (`WHERE day < X`,
-which only says up to where to release). Its first run charges the whole
-horizon once and stores a secret noise key; every run releases the steps that
-are complete (before the watermark and, for dates and timestamps, before the
-clock), re-releasing stored past steps unchanged, for free. Each step's exact
-value is read once, when it is first released, through one bounded GROUP BY
-built by analyze/rewrite in which each unit keeps its earliest steps, so a
-unit adds at most max_groups * max_rows rows to the whole stream. Rows that
-arrive later for a step already released are ignored: releases never change.
+which only says up to where to release), with its mechanism and price (the
+policy's choice, or SET dpsql.continual's: another mechanism is another
+stream). Its first run charges the whole horizon once and stores a secret
+noise key; every run releases the steps that are complete (before the
+watermark and, for dates and timestamps, before the clock), re-releasing
+stored past steps unchanged, for free. Each step's exact value is read once,
+when it is first released, through one bounded GROUP BY built by
+analyze/rewrite in which each unit keeps its earliest steps, so a unit adds at
+most max_groups * max_rows rows to the whole stream. Rows that arrive later
+for a step already released are ignored: releases never change.
 """
 
 from __future__ import annotations
