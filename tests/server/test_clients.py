@@ -50,6 +50,19 @@ def test_psql_command(served) -> None:
     assert set(detail["n"]) == {"mechanism", "scale", "interval95", "sensitivity"}
 
 
+def test_psql_several_statements_in_one_query(duck) -> None:
+    """One simple-query message with several statements (split by sqlglot), and one whose
+    only semicolons are the last and one in a string (sent whole)."""
+    result = _psql(
+        duck, "-c", "SET dpsql.epsilon = 0.5; SHOW dpsql.epsilon; SELECT COUNT(*) FROM pums;"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "SET" in result.stdout and " 0.5" in result.stdout and " count " in result.stdout
+    result = _psql(duck, "-c", 'SELECT COUNT(*) AS "a;b" FROM pums WHERE sex <> 3;')
+    assert result.returncode == 0, result.stderr
+    assert " a;b " in result.stdout and "(1 row)" in result.stdout
+
+
 def test_psql_interactive_session(served) -> None:
     script = "\\dt\n\\d pums\nSELECT COUNT(*) FROM pums WHERE age > 40;\n\\q\n"
     result = _psql(served, stdin=script)
