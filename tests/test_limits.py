@@ -31,7 +31,7 @@ import yaml
 from test_faults import serve_process
 
 import dpsql
-from dpsql.errors import TooManyGroups
+from dpsql.errors import BackendError, TooManyGroups
 from dpsql.ledger import Ledger
 from dpsql.server import BackgroundServer, build
 from dpsql.server.limits import Limits
@@ -250,3 +250,30 @@ def test_a_cancelled_query_is_stopped_in_the_database(timed: tuple[int, Path]) -
             answered.set()
             canceller.join()
         _answers_promptly(client)
+
+
+@pytest.mark.spark
+def test_spark_interrupts_the_jobs_of_one_thread(spark_session) -> None:
+    from dpsql.adapters.spark import SparkAdapter
+
+    adapter = SparkAdapter(spark_session)
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:  # a trillion rows: many minutes, unless interrupted
+            with adapter.stream("SELECT SUM(id % 7) FROM range(1000000000000)") as (_, batches):
+                list(batches)
+        except BackendError as error:
+            outcome.append(error)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(3)  # the job has started
+    start = time.monotonic()
+    while worker.is_alive() and time.monotonic() - start < 60:
+        adapter.interrupt(worker.ident)
+        worker.join(timeout=0.5)
+    assert not worker.is_alive() and time.monotonic() - start < 30, outcome
+    assert outcome and "Spark stopped" in str(outcome[0])
+    assert adapter.execute("SELECT 1")[1] == [(1,)]  # the session still answers
+    adapter.close()

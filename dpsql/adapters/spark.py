@@ -14,7 +14,9 @@ hash to order each unit's rows by, `xxhash64(secret, values...)`; sqlglot
 writes both in the Spark dialect. Spark runs the whole bounded aggregate and
 `toLocalIterator()` brings back its result a partition at a time, one row per
 group: never a raw row. Each statement's jobs carry a tag of the thread that
-runs it, so `interrupt` stops them (`SparkSession.interruptTag`).
+runs it, so `interrupt` cancels them: a SparkContext job tag in a classic
+session (the session's own tags miss the jobs toLocalIterator starts as it is
+read), the session's tag (`interruptTag`) over Spark Connect.
 
 Spark's messages can quote stored values (a failed cast, say), and PySpark
 logs them too: only the error's condition name leaves the adapter, and the
@@ -174,7 +176,12 @@ class SparkAdapter:
     @contextmanager
     def stream(self, sql: str, batch_rows: int = BATCH_ROWS) -> Iterator[tuple[list[str], Batches]]:
         tag = f"dpsql-{threading.get_ident()}"
-        self._session.addTag(tag)  # thread-local: only this thread's jobs carry it
+        context = self._context()
+        if context is None:
+            self._session.addTag(tag)  # thread-local: only this thread's jobs carry it
+        else:
+            context.addJobTag(tag)  # thread-local too, and inherited by the iterator's jobs
+            context.setInterruptOnCancel(True)  # cancelling stops running tasks at once
         try:
             with self._running.statement(tag):
                 try:
@@ -184,7 +191,16 @@ class SparkAdapter:
                     raise self._error(exc) from None
                 yield list(frame.columns), self._batches(rows, batch_rows)
         finally:
-            self._session.removeTag(tag)
+            if context is None:
+                self._session.removeTag(tag)
+            else:
+                context.removeJobTag(tag)
+
+    def _context(self) -> Any:
+        """The classic session's SparkContext; None over Spark Connect, which has none."""
+        if type(self._session).__module__.startswith("pyspark.sql.connect"):
+            return None
+        return self._session.sparkContext
 
     def _batches(self, rows: Iterator[Any], batch_rows: int) -> Batches:
         try:
@@ -197,7 +213,9 @@ class SparkAdapter:
         return self._running.failure("Spark", _condition(exc))
 
     def interrupt(self, thread: int) -> None:
-        self._running.interrupt(thread, self._session.interruptTag)
+        context = self._context()
+        cancel = self._session.interruptTag if context is None else context.cancelJobsWithTag
+        self._running.interrupt(thread, cancel)
 
     def table_columns(self, name: str) -> set[str] | None:
         try:
