@@ -21,7 +21,8 @@ lacks is added here, by subclassing rather than forking:
   08P01 instead of crashing the handler, a statement run at Bind so its
   columns are known (see statements.py), a client vanishing mid-query closing
   only its own connection, and the analyst's Session opened before the client
-  is told it may send queries (so a cancel always finds the query);
+  is told it may send queries (so its first query is read at once, and a
+  cancel of it finds it running);
 - the limits of `dpsql.server.limits`: a deadline for the whole login, a
   per-address back-off before each login after failures, TLS required when
   configured, connections per analyst, and statements and parameters per
