@@ -3,8 +3,8 @@
 The server runs as its own process (`dpsql serve --trust` on loopback), as in
 production: clients in the same process would share its interpreter lock and
 be counted as wire cost. 1, 4 and 16 concurrent psycopg clients (over
-bench_load's 8 analysts) run a trivial private COUNT over the demo census table. Two kinds of
-query are timed separately:
+bench_load's 8 analysts) run a trivial private COUNT over the demo census
+table. Two kinds of query are timed separately:
 
 - repeats: one query again and again, answered from the release cache (free);
 - distinct: a different constant in WHERE each time, so each is planned,
@@ -15,15 +15,19 @@ wire layer's cost per query is printed two ways, from the 1-client run:
 wall time per query over the wire minus in-process wall time per query (it
 includes the client's and the loopback's share), and the server process's
 CPU time per query minus in-process CPU time per query (the server's own
-share, which a loaded machine disturbs less). Prints ratios; not a timed test.
+share, which a loaded machine disturbs less). In-process and wire runs
+alternate round by round and the fastest round of each is shown. CPU times
+come from /proc in clock ticks (10 ms): keep --queries in the hundreds.
+Prints ratios; not a timed test.
 
-    python benchmarks/bench_wire.py [--queries 400]
+    python benchmarks/bench_wire.py [--queries 300] [--rounds 3] [--kinds repeats distinct]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import tempfile
 import threading
 import time
@@ -100,40 +104,48 @@ def _wire(port: int, server: int, clients: int, kind: str, n: int, offset: int) 
     return elapsed, cpu_end - cpu, loop_end - loop
 
 
+def _measure(
+    local: dpsql.Connection, server: subprocess.Popen, port: int, kind: str, n: int, rounds: int
+) -> None:
+    """Print one kind's figures: in-process and wire runs interleaved round by round (so a
+    change in the machine's load hits both alike), the fastest round of each shown."""
+    _in_process(local, _queries(kind, 90, 5))  # warm up caches and the ledger
+    local_runs, wire_runs = [], {clients: [] for clients in CLIENTS}
+    for r in range(rounds):
+        local_runs.append([t / n for t in _in_process(local, _queries(kind, 99 - r, n))])
+        for clients in CLIENTS:
+            run = _wire(port, server.pid, clients, kind, n, (clients + 10 * r) * 100)
+            wire_runs[clients].append([t / (clients * n) for t in run])
+    wall, cpu = min(local_runs)
+    print(f"\n{kind}: in-process DB-API {wall * 1e3:.3f} ms/query ({1 / wall:,.0f} queries/s), "
+          f"CPU {cpu * 1e3:.3f} ms/query")  # fmt: skip
+    for clients, runs in wire_runs.items():
+        elapsed, used, loop = min(runs)
+        print(f"  wire, {clients:2d} clients: {1 / elapsed:8,.0f} queries/s, server CPU "
+              f"{used * 1e3:.3f} ms/query (event loop {loop * 1e3:.3f})")  # fmt: skip
+        if clients == 1:
+            print(f"    the wire layer adds {(elapsed - wall) * 1e3:+.3f} ms/query wall, "
+                  f"{(used - cpu) * 1e3:+.3f} ms/query CPU")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", type=int, default=300, help="queries per client")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; the fastest is shown")
+    parser.add_argument("--kinds", nargs="+", default=["repeats", "distinct"],
+                        choices=["repeats", "distinct"], help="which queries to time")  # fmt: skip
     args = parser.parse_args()
-    n, rounds = args.queries, range(args.rounds)
     with tempfile.TemporaryDirectory(prefix="dpsql-bench-wire-") as name:
         folder = Path(name)
         database, policy = _policy(folder)
         server, port = _serve(str(database), policy, folder / "served.sqlite", max(CLIENTS))
         ledger = str(folder / "local.sqlite")
         local = dpsql.connect(str(database), policy=str(policy), analyst=ANALYSTS[0], ledger=ledger)
-        print(f"{n} queries per client, fastest of {args.rounds} rounds; demo census "
+        print(f"{args.queries} queries per client, fastest of {args.rounds} rounds; demo census "
               f"(50,000 rows); load average {os.getloadavg()[0]:.1f}")  # fmt: skip
         try:
-            for kind in ("repeats", "distinct"):
-                _in_process(local, _queries(kind, 90, 5))  # warm up caches and the ledger
-                wall, cpu = (t / n for t in min(
-                    _in_process(local, _queries(kind, 99 - r, n)) for r in rounds
-                ))  # fmt: skip
-                print(f"\n{kind}: in-process DB-API {wall * 1e3:.3f} ms/query "
-                      f"({1 / wall:,.0f} queries/s), CPU {cpu * 1e3:.3f} ms/query")  # fmt: skip
-                for clients in CLIENTS:
-                    total = clients * n
-                    elapsed, used, loop = (t / total for t in min(
-                        _wire(port, server.pid, clients, kind, n, (clients + 10 * r) * 100)
-                        for r in rounds
-                    ))  # fmt: skip
-                    print(f"  wire, {clients:2d} clients: {1 / elapsed:8,.0f} queries/s, "
-                          f"server CPU {used * 1e3:.3f} ms/query "
-                          f"(event loop {loop * 1e3:.3f})")  # fmt: skip
-                    if clients == 1:
-                        print(f"    the wire layer adds {(elapsed - wall) * 1e3:+.3f} ms/query "
-                              f"wall, {(used - cpu) * 1e3:+.3f} ms/query CPU")  # fmt: skip
+            for kind in args.kinds:
+                _measure(local, server, port, kind, args.queries, args.rounds)
         finally:
             local.close()
             server.terminate()
