@@ -9,6 +9,7 @@ one Spark job per plan (a UNION ALL of CTE-shadowed copies of the table).
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 
 import duckdb
@@ -22,7 +23,7 @@ from test_sensitivity import SHAPES, _l1_change, _plans
 
 import dpsql
 from dpsql.adapters import open_adapter
-from dpsql.adapters.spark import SparkAdapter
+from dpsql.adapters.spark import SparkAdapter, _local_cores
 from dpsql.errors import BackendError, PolicyError
 from dpsql.ledger import Ledger
 from dpsql.policy import Source, load_policy
@@ -179,6 +180,38 @@ def test_parquet_and_csv_sources_are_queried_in_a_session_of_their_own(spark_ses
 def test_a_missing_source_is_a_backend_error_naming_the_policy_entry(spark_session, tmp_path):
     with pytest.raises(BackendError, match=r"table 'gone'.*correct its 'source:'"):
         SparkAdapter("spark://local[2]", {"gone": Source("parquet", str(tmp_path / "no.parquet"))})
+
+
+# -- the sessions dpsql opens ----------------------------------------------------
+
+
+def test_local_masters_get_shuffle_partitions_by_their_cores():
+    masters = ("local", "local[3]", "local[4,2]", "spark://host:7077", "yarn", "local[x]")
+    assert [_local_cores(master) for master in masters] == [1, 3, 4, None, None, None]
+    assert _local_cores("local[*]") == os.cpu_count()
+
+
+@pytest.mark.spark
+def test_sessions_dpsql_opens_are_in_utc_with_few_shuffle_partitions(spark_session):
+    def setting(adapter: SparkAdapter, name: str) -> str:
+        return dict(adapter.execute(f"SET {name}")[1])[name]
+
+    new_year = "SELECT UNIX_TIMESTAMP(DATE '2024-01-01')"  # a date's seconds: at local time
+    spark_session.conf.set("spark.sql.session.timeZone", "America/New_York")
+    try:
+        assert spark_session.sql(new_year).collect()[0][0] == 1704085200  # 05:00 UTC
+        adapter = SparkAdapter("spark://local[2]")  # shares the running context
+        overridden = SparkAdapter("spark://local[2]?spark.sql.shuffle.partitions=7")
+    finally:
+        spark_session.conf.unset("spark.sql.session.timeZone")
+    try:
+        assert adapter.execute(new_year)[1] == [(1704067200,)]  # midnight UTC, as in DuckDB
+        assert setting(adapter, "spark.sql.shuffle.partitions") == "4"  # 2 per local core
+        assert setting(overridden, "spark.sql.shuffle.partitions") == "7"
+        assert setting(overridden, "spark.sql.session.timeZone") == "UTC"
+    finally:
+        adapter.close()
+        overridden.close()
 
 
 # -- what leaves the adapter ----------------------------------------------------

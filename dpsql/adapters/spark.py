@@ -6,7 +6,8 @@ Connect client installed), or an existing SparkSession. Query parameters of a
 `spark://` URL are Spark settings (`spark://local[4]?spark.driver.memory=4g`).
 Tables come from the session's catalog, and tables the policy reads from
 files (`source: "parquet:..."` or `"csv:..."`) are registered as temporary
-views under their keys.
+views under their keys. A session it opens runs in UTC (as dpsql bins dates)
+and, on a local master, with 2 shuffle partitions per core instead of 200.
 
 What Spark needs from the rewrite: window functions (ROW_NUMBER and
 DENSE_RANK over PARTITION BY unit, for contribution bounding) and a keyed
@@ -27,6 +28,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
+import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -47,6 +50,10 @@ _DEFAULT_CONF = {
     "spark.log.level": "FATAL",
 }
 _QUERY_CONTEXT_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
+# Shuffle partitions per core of a local master: Spark's default of 200 tasks
+# per shuffle is sized for clusters; on a few cores each task's fixed cost
+# dominates the per-unit shuffle of contribution bounding.
+_PARTITIONS_PER_CORE = 2
 
 # Adapters per SparkContext that dpsql started: the last one to close stops it.
 _started: Counter[int] = Counter()
@@ -119,7 +126,7 @@ class SparkAdapter:
         master = target.split("://", 1)[1]
         if not master.startswith("local"):
             master = target  # spark://host:7077 is a standalone cluster's own URL
-        settings = dict(parse_qsl(query))
+        settings = {**_session_conf(master), **dict(parse_qsl(query))}
         builder = SparkSession.builder.master(master).appName("dpsql")
         for name, value in {**_DEFAULT_CONF, **settings}.items():
             builder = builder.config(name, value)
@@ -142,7 +149,7 @@ class SparkAdapter:
         # and settings of this adapter are not seen by, nor replace, anyone else's.
         session = base.newSession()
         if not fresh:
-            self._set(session, settings)
+            self._set(session, {**_session_conf(context.master), **dict(parse_qsl(query))})
         return session
 
     def _set(self, session: Any, settings: Mapping[str, str]) -> None:
@@ -235,6 +242,30 @@ class SparkAdapter:
         self._views = []
         stop, self._on_close = self._on_close, lambda: None
         stop()
+
+
+def _session_conf(master: str) -> dict[str, str]:
+    """SQL settings for a session dpsql opens on `master` (a URL's query overrides them).
+
+    The session's time zone is UTC: dpsql bins dates and timestamps in UTC
+    (synopses, running totals), as DuckDB reads them, and Spark would read a
+    date literal, or turn a date into seconds, at the JVM's local time. A
+    local master gets a few shuffle partitions per core instead of 200.
+    """
+    conf = {"spark.sql.session.timeZone": "UTC"}
+    cores = _local_cores(master)
+    if cores:
+        conf["spark.sql.shuffle.partitions"] = str(_PARTITIONS_PER_CORE * cores)
+    return conf
+
+
+def _local_cores(master: str) -> int | None:
+    """The cores of a local master (`local`, `local[4]`, `local[*]`, `local[4,2]`), else None."""
+    match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", master.strip())
+    if match is None:
+        return None
+    cores = match.group(1) or "1"
+    return (os.cpu_count() or 1) if cores == "*" else int(cores)
 
 
 def _release(context: Any) -> None:
