@@ -13,15 +13,17 @@ the server. Server messages can quote stored
 values (a failed cast, say): only the SQLSTATE and the kind of error leave
 the adapter.
 
-Rewritten queries run through a server-side cursor and are fetched in
-batches, so a result of millions of groups never sits in memory whole; a
-running one is stopped with libpq's cancel request. The pool checks each
+Rewritten queries are streamed in libpq's chunked-rows mode (libpq 17 and
+later; single rows before): one round trip like a plain query, and a result
+of millions of groups never sits in memory whole. A running statement is
+stopped with libpq's cancel request. The pool checks each
 connection before lending it, so after the server restarts, dead connections
 are replaced rather than handed out: queries resume without restarting dpsql.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -129,20 +131,29 @@ class PostgresAdapter:
 
     @contextmanager
     def stream(self, sql: str, batch_rows: int = BATCH_ROWS) -> Iterator[tuple[list[str], Batches]]:
-        # A server-side cursor (DECLARE ... CURSOR FOR <one statement>, in the
-        # read-only transaction) keeps the result on the server until fetched.
         with (
             self._connection() as connection,
             self._running.statement(connection),
-            connection.cursor(name="dpsql", binary=True) as cursor,
+            connection.cursor(binary=True) as cursor,
         ):
-            cursor.execute(sql)
-            yield [d.name for d in cursor.description or []], self._batches(cursor, batch_rows)
+            # the extended protocol, as in _run: one statement per call
+            rows = cursor.stream(sql, size=batch_rows)
+            try:
+                first = list(itertools.islice(rows, batch_rows))  # runs it: columns known
+            except psycopg.Error as exc:
+                raise self._sanitised(exc) from None
+            columns = [d.name for d in cursor.description or []]
+            try:
+                yield columns, self._batches(first, rows, batch_rows)
+            finally:
+                rows.close()  # an unread rest is cancelled and discarded
 
-    def _batches(self, cursor: psycopg.ServerCursor, batch_rows: int) -> Batches:
+    def _batches(self, first: list[tuple], rows: Iterator[tuple], batch_rows: int) -> Batches:
+        batch = first
         try:
-            while batch := cursor.fetchmany(batch_rows):
+            while batch:
                 yield batch
+                batch = list(itertools.islice(rows, batch_rows))
         except psycopg.Error as exc:
             raise self._sanitised(exc) from None
 
