@@ -195,12 +195,14 @@ class Store(ABC):
         self, analyst: str, fingerprint: str, payload: str, created_at: str, durable: bool
     ) -> str:
         with self._write(durable) as conn:
-            self._execute(
+            inserted = self._execute(
                 conn,
                 "INSERT INTO releases (analyst, fingerprint, payload, created_at) "
                 "VALUES (?, ?, ?, ?) ON CONFLICT (analyst, fingerprint) DO NOTHING",
                 (analyst, fingerprint, payload, created_at),
-            )
+            ).rowcount
+            if inserted == 1:  # the first writer: the stored payload is this one
+                return payload
             return self._execute(conn, _RELEASE, (analyst, fingerprint)).fetchone()[0]
 
     def stored_releases(self, analyst: str, prefix: str) -> dict[str, str]:
