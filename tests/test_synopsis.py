@@ -367,3 +367,20 @@ def test_build_sql_skips_bounding_when_the_database_keeps_units_unique(visits_db
             raw.execute("SELECT age, COUNT(*) FROM synopsis_visits GROUP BY age").fetchall()
         )
         assert dict(raw.execute(sql).fetchall()) == truth
+
+
+def test_gaussian_synopsis_without_delta_budget_goes_direct_saying_what_to_ask(
+    visits_db: Path, tmp_path: Path
+) -> None:
+    policy = visits_policy(unit=False, mechanism="gaussian", delta=1e-9)
+    policy["analysts"]["default"] = {"epsilon": 10.0}  # no delta: rho cannot be converted
+    query = "SELECT COUNT(*) FROM synopsis_visits WHERE day < '2016-01-01'"
+    with _connect(visits_db, tmp_path / "l.sqlite", policy) as con:
+        notes = [d for item, d in _one(con, f"EXPLAIN {query}")[0] if item == "note"]
+        assert "needs a delta budget, and yours has none" in notes[0]
+        assert "'mechanism: laplace' in the synopsis" in notes[0]
+        _one(con, query)  # answered directly with Laplace noise, charged epsilon only
+        (charge,) = con.session.ledger.charges("default")
+        assert charge.cost.epsilon > 0 and charge.cost.rho == 0
+        with pytest.raises(dpsql.ProgrammingError, match="'mechanism: laplace' in the synopsis"):
+            con.session.build_synopsis("synopsis_visits", "day")

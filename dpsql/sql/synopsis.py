@@ -538,6 +538,17 @@ def plan_synopsis(select: exp.Select, table: Table, context: PlanContext) -> Any
     stored = context.stored.get(request.domain.key)
     if stored is not None:
         return StoredSynopsisPlan(request, analysis, stored)
+    if request.domain.gaussian and context.budget is not None and not context.budget.delta:
+        # zCDP is converted to (epsilon, delta) with the analyst's delta: with none, the
+        # build could never be charged, and the session's mechanism setting cannot change
+        # noise the policy fixes for the synopsis.
+        return _direct_with_note(
+            analysis,
+            context,
+            f"the synopsis on {request.domain.column.name} adds Gaussian noise, which needs a "
+            "delta budget, and yours has none; ask the data owner for a delta budget or for "
+            "'mechanism: laplace' in the synopsis",
+        )
     return BuildSynopsisPlan(request, analysis, context.dialect, context.seed)
 
 
