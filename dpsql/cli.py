@@ -91,7 +91,11 @@ def _add_connection_options(parser: argparse.ArgumentParser) -> argparse._Argume
         "--demo", action="store_true",
         help="use the built-in synthetic census table (table 'census') and its policy",
     )  # fmt: skip
-    source.add_argument("--database", help="DuckDB database file")
+    source.add_argument(
+        "--database",
+        help="a DuckDB file, or a URL: postgresql://..., any SQLAlchemy URL, spark://local[2], "
+        "sc://host:15002",
+    )
     source.add_argument("--policy", help="privacy policy YAML file")
     source.add_argument("--analyst", default="default", help="whose budget to charge")
     source.add_argument("--ledger", help="budget ledger file (default: from the policy)")

@@ -31,7 +31,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     source = serve.add_argument_group("what to serve")
     source.add_argument("--demo", action="store_true",
                         help="serve the built-in synthetic census table ('census')")  # fmt: skip
-    source.add_argument("--database", help="DuckDB database file")
+    source.add_argument(
+        "--database",
+        help="a DuckDB file, or a URL: postgresql://..., any SQLAlchemy URL, spark://local[2], "
+        "sc://host:15002",
+    )
     source.add_argument("--policy", help="privacy policy YAML file")
     source.add_argument("--ledger", help="budget ledger (default: from the policy)")
     network = serve.add_argument_group("network and security")
