@@ -139,3 +139,15 @@ def test_seed003_example_runs_and_matches_its_closed_forms(tmp_path):
     top = example.zipf_histogram(64, 5, 1, tmp_path / "zipf.png")
     assert (tmp_path / "curve.png").stat().st_size > 0 and (tmp_path / "zipf.png").exists()
     assert top["top key"] >= 1
+
+
+def test_a_tree_whose_node_variance_underflows_releases_exact_totals():
+    """epsilon 1e4: the discrete Laplace's variance is 0.0 at sensitivity 1 and subnormal at
+    2, where Honaker's weights once overflowed to NaN (released as int64's minimum)."""
+    from dpsql.mechanisms.continual import laplace_tree
+
+    for sensitivity in (1, 2):
+        tree = laplace_tree(16, 1e4, sensitivity)
+        assert tree.node_variance < 1e-300
+        noise = tree.noise(np.random.default_rng(1))
+        assert np.all(noise == 0) and np.all(np.isfinite(tree.variance()))

@@ -295,3 +295,17 @@ def test_watch_command_runs_the_chosen_mechanism(tmp_path, monkeypatch, capsys):
     assert "2024-01-01" in out and "2024-01-02" in out and "tick: 2 new rows" in out
     con = dpsql.connect(str(path), policy=_policy(1e4), ledger=tmp_path / "ledger.sqlite")
     assert con.budget().delta_spent == pytest.approx(1e-6)  # the factorization's charge
+
+
+def test_a_noiseless_tree_releases_bounded_totals_not_garbage(events, tmp_path):
+    """Sensitivity 2 at epsilon 1e4 rounds the tree's node variance to 0: the release must
+    be the exact bounded running count (it once released int64's minimum, a NaN cast)."""
+    policy = _policy(1e4)
+    table = policy["tables"]["running_events"]
+    table["max_groups_per_unit"], table["max_rows_per_unit"] = 2, 1
+    con = dpsql.connect(events, policy=policy, ledger=tmp_path / "ledger.sqlite", seed=3)
+    rows = con.execute(f"{RUNNING} WHERE day < '2024-01-11' GROUP BY day").fetchall()
+    totals = [n for _, n in rows]
+    unbounded = [int(n) for _, n in _truth(events, "2024-01-11")]
+    assert totals == sorted(totals) and 0 < totals[-1] <= unbounded[-1]
+    assert totals[-1] <= 2 * 1000  # 1,000 units, at most 2 days each

@@ -91,7 +91,9 @@ class BinaryTree:
         self.height = max(0, math.ceil(math.log2(horizon)))  # leaves padded to 2^height
         self.node_variance = node_variance
         self.sampler = sampler
-        self.honaker = honaker
+        # A huge epsilon can round the node variance down to 0: Honaker's weights are
+        # then 0/0, and plain sums are the same (noiseless) estimate.
+        self.honaker = honaker and node_variance > 0
         self.name = f"{name} ({'Honaker estimator' if honaker else 'plain sums'})"
 
     @property
@@ -104,7 +106,9 @@ class BinaryTree:
         v = np.full(self.levels, self.node_variance)
         if self.honaker:
             for h in range(1, self.levels):
-                v[h] = 1.0 / (1.0 / self.node_variance + 1.0 / (2.0 * v[h - 1]))
+                # 1 / (1/nv + 1/(2 v)) written without reciprocals, which overflow when a
+                # huge epsilon makes the variance subnormal
+                v[h] = self.node_variance * 2.0 * v[h - 1] / (2.0 * v[h - 1] + self.node_variance)
         return v
 
     def nodes(self, rng: np.random.Generator, runs: int | None = None) -> list[np.ndarray]:
@@ -137,9 +141,8 @@ class BinaryTree:
             block = self._block_variances()
             for h in range(1, self.levels):
                 # a Python float keeps float32 node noise in float32 (simulations)
-                weight = float(
-                    (1.0 / self.node_variance) / (1.0 / self.node_variance + 0.5 / block[h - 1])
-                )
+                # (1/nv) / (1/nv + 1/(2 b)), without reciprocals (see _block_variances)
+                weight = float(2.0 * block[h - 1] / (2.0 * block[h - 1] + self.node_variance))
                 children = estimates[h - 1][..., 0::2] + estimates[h - 1][..., 1::2]
                 estimates[h] = weight * estimates[h] + (1.0 - weight) * children
         top = estimates[-1]  # the root: eta_T when T = 2^height
