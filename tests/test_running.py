@@ -309,3 +309,15 @@ def test_a_noiseless_tree_releases_bounded_totals_not_garbage(events, tmp_path):
     unbounded = [int(n) for _, n in _truth(events, "2024-01-11")]
     assert totals == sorted(totals) and 0 < totals[-1] <= unbounded[-1]
     assert totals[-1] <= 2 * 1000  # 1,000 units, at most 2 days each
+
+
+def test_a_stream_is_not_capped_by_max_groups(events, tmp_path):
+    """A stream's rows are bounded by the policy (horizon x public keys), not by the data:
+    a cap checked after the charge would withhold it before its noise key is stored, and
+    every rerun would be charged again."""
+    con = dpsql.connect(events, policy=_policy(1e4), ledger=tmp_path / "ledger.sqlite",
+                        seed=3, max_groups=5)  # fmt: skip
+    query = f"{RUNNING} WHERE day < '2024-01-11' GROUP BY day"
+    first = con.execute(query).fetchall()
+    assert len(first) == 10 and con.execute(query).fetchall() == first
+    assert len(con.session.ledger.charges("default")) == 1
