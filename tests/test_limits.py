@@ -152,6 +152,30 @@ def test_more_released_groups_than_the_limit_is_refused_after_the_charge(
         assert len(connection.execute(query).fetchall()) == 40
 
 
+def test_selection_over_an_empty_result_and_over_several_batches(
+    grouped: Path, tmp_path: Path
+) -> None:
+    """Keys from the data: no row at all releases no group; 40 groups read 10 to a batch
+    release all 40, with every measurement (a count and a sum) kept beside its key."""
+    from dpsql.adapters.duckdb import DuckDBAdapter
+    from dpsql.ledger import Ledger
+    from dpsql.policy import load_policy
+    from dpsql.session import Session
+
+    adapter = DuckDBAdapter(str(grouped))
+    small_batches = adapter.stream
+    adapter.stream = lambda sql, batch_rows=10: small_batches(sql, 10)  # type: ignore[method-assign]
+    session = Session(adapter, load_policy(_policy()), Ledger(tmp_path / "l.sqlite"), seed=4)
+    empty = session.execute("SELECT id, COUNT(*), SUM(v) FROM big WHERE v > 5 GROUP BY id")
+    assert empty.rows == []
+    release = session.execute("SELECT id, COUNT(*) AS n, SUM(v) AS s FROM big GROUP BY id")
+    assert [row[0] for row in release.rows] == list(range(40))
+    bound = {name: 2 * release.accuracy[name].interval95 for name in ("n", "s")}
+    for _, n, s in release.rows:  # 400 rows of v = 1 per key
+        assert abs(n - 400) <= bound["n"] and abs(s - 400) <= bound["s"]
+    adapter.close()
+
+
 def test_the_wire_server_refuses_more_groups_than_max_groups_with_54000(
     grouped: Path, tmp_path: Path
 ) -> None:

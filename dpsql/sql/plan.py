@@ -242,14 +242,12 @@ class DirectPlan:
         width = len(self.analysis.keys)
         measured = width + len(self.measures)
         keys: list[tuple] = []
-        parts: list[list[np.ndarray]] = [[] for _ in self.measures]
-        read = False
-        for batch in itertools.chain(batches, [[]]):
-            if read and not batch:
-                continue  # the empty batch only stands in for an empty result
-            read = True
+        parts: list[list[np.ndarray]] = [[np.zeros(0, dtype=np.int64)] for _ in self.measures]
+        for batch in batches:
+            if not batch:
+                continue
             # columns at C speed: a GROUP BY on a near-unique column has millions of rows
-            columns = list(zip(*batch, strict=True)) or [()] * (measured + 1)
+            columns = list(zip(*batch, strict=True))
             noisy = [
                 m.noise.sample(_integers(columns[width + i]), rng)
                 for i, m in enumerate(self.measures)
@@ -373,15 +371,17 @@ def _sum_grid(
     return SumGrid(step, bounds), max(1, rows_per_unit * max(abs(low), abs(high)))
 
 
-def _integer_matrix(rows: list[tuple], width: int) -> np.ndarray:
-    # exact aggregates arrive as int, HUGEINT or Decimal; NULL is an empty SUM
-    return np.array([[int(v or 0) for v in row] for row in rows], dtype=np.int64).reshape(
-        len(rows), width
-    )
+def _integer_matrix(rows: list[tuple] | tuple[tuple, ...], width: int) -> np.ndarray:
+    """Rows of exact aggregates as an int64 matrix, converted a column at a time."""
+    matrix = np.zeros((len(rows), width), dtype=np.int64)
+    for i, column in enumerate(zip(*rows, strict=True)):
+        matrix[:, i] = _integers(column)
+    return matrix
 
 
 def _integers(values: tuple) -> np.ndarray:
-    """One column of exact aggregates as int64 (NULL, an empty SUM, is 0)."""
+    """One column of exact aggregates as int64: they arrive as int, HUGEINT or Decimal, and
+    NULL (an empty SUM) is 0."""
     try:
         return np.array(values, dtype=np.int64)  # plain ints, converted in C
     except (TypeError, OverflowError):  # NULL, HUGEINT or Decimal: one at a time
@@ -409,11 +409,11 @@ def _fill_domain(
     position = {_normal(key): i for i, key in enumerate(full)}
     filled = np.zeros((len(full), measured - width), dtype=np.int64)
     for batch in batches:
-        for row in batch:
-            found = position.get(_normal(row[:width]))
-            if found is not None:
-                # exact aggregates arrive as int, HUGEINT or Decimal; NULL is an empty SUM
-                filled[found] = [int(v or 0) for v in row[width:measured]]
+        found = [(position.get(_normal(row[:width])), row[width:measured]) for row in batch]
+        inside = [(index, values) for index, values in found if index is not None]
+        if inside:
+            indices, values = zip(*inside, strict=True)
+            filled[list(indices)] = _integer_matrix(values, measured - width)
     return full, filled
 
 
