@@ -211,16 +211,18 @@ class DiscreteGaussian:
             raise ValueError(
                 "discrete Gaussian sigma is above 2^40; use GridGaussian for large sensitivities"
             )
-        self._draw: Draw | None = None  # bound at the first sample: tables take ms to build
 
     @property
     def scale(self) -> float:
         return math.sqrt(self.sigma2)
 
+    @functools.cached_property
+    def _draw(self) -> Draw:
+        """The pooled sampler, bound at the first sample: its tables take ms to build."""
+        return _plan(self.sigma2).sample
+
     def sample(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         exact = as_integers(values, "the discrete Gaussian")
-        if self._draw is None:
-            self._draw = _plan(self.sigma2).sample
         return exact + self._draw(exact.size, rng).reshape(exact.shape)
 
     def interval95(self) -> float:

@@ -74,7 +74,6 @@ class DiscreteLaplace:
         self.epsilon = epsilon
         self.cost = Cost.of(epsilon, 0)
         self.exact_scale = Fraction(self.sensitivity) / privacy_parameter(epsilon, "epsilon")
-        self._draw: Draw | None = None  # bound at the first sample: tables take ms to build
 
     @classmethod
     def with_scale(cls, scale: Fraction, epsilon: float | Fraction) -> DiscreteLaplace:
@@ -87,10 +86,13 @@ class DiscreteLaplace:
     def scale(self) -> float:
         return float(self.exact_scale)
 
+    @functools.cached_property
+    def _draw(self) -> Draw:
+        """The pooled sampler, bound at the first sample: its tables take ms to build."""
+        return laplace_sampler(self.exact_scale)
+
     def sample(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         exact = as_integers(values, "discrete Laplace")
-        if self._draw is None:
-            self._draw = laplace_sampler(self.exact_scale)
         return exact + self._draw(exact.size, rng).reshape(exact.shape)
 
     def interval95(self) -> float:

@@ -213,18 +213,20 @@ class Staircase:
         self._shape = _Shape(self.sensitivity, self.steps, float(epsilon))
         # Delta = 1: the staircase is the geometric mechanism, whose sampler is cheaper
         self._geometric = DiscreteLaplace(1, epsilon) if self.sensitivity == 1 else None
-        self._draw: Draw | None = None  # bound at the first sample: tables take ms to build
 
     @property
     def scale(self) -> float:
         return self.sensitivity / float(self.exact_epsilon)
 
+    @functools.cached_property
+    def _draw(self) -> Draw:
+        """The pooled sampler, bound at the first sample: its tables take ms to build."""
+        return _plan(self.sensitivity, self.steps, self.exact_epsilon).sample
+
     def sample(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         if self._geometric is not None:
             return self._geometric.sample(values, rng)
         exact = as_integers(values, "the staircase mechanism")
-        if self._draw is None:
-            self._draw = _plan(self.sensitivity, self.steps, self.exact_epsilon).sample
         return exact + self._draw(exact.size, rng).reshape(exact.shape)
 
     def weight_exponent(self, i: int) -> int:
