@@ -110,7 +110,8 @@ def plan_running(select: exp.Select, context: Any) -> RunningPlan | None:
     # (a join, a CTE, QUALIFY, ...) is refused rather than silently ignored
     check_clauses(select)
     shape = _shape(select, windows)
-    plain = _plain_query(select, shape)
+    where = select.args.get("where")
+    plain = _plain_query(shape, select.args["from_"].copy(), where.this if where else None)
     table = check_query(plain, context.policy)
     column = table.column(shape.order.name) if table is not None else None
     if column is None or column.continual is None:
@@ -129,6 +130,9 @@ def plan_running(select: exp.Select, context: Any) -> RunningPlan | None:
 
 class _Kept:
     """A least-recently-used cache holding at most `limit` in weight (entries by default).
+
+    Hand-written because functools.lru_cache bounds entries, not their size, and a
+    noise vector of a long stream weighs millions of values.
 
     Shared by the sessions of a process (the wire server runs them in threads).
     """
@@ -285,17 +289,18 @@ def _check_group(
         )
 
 
-def _plain_query(select: exp.Select, shape: _Shape) -> exp.Select:
-    """The per-step GROUP BY the running total sums: what the gate checks."""
-    keys = [shape.order.copy()] + ([shape.partition.copy()] if shape.partition else [])
-    # built from copies for this call only: the builders need not copy it again
-    plain = exp.select(*[k.copy() for k in keys], shape.aggregate.copy()).from_(
-        select.args["from_"].copy(), copy=False
-    )
-    where = select.args.get("where")
-    if where is not None:
-        plain = plain.where(where.this.copy(), copy=False)
-    return plain.group_by(*keys, copy=False)
+def _plain_query(
+    shape: _Shape, source: str | exp.Expression, condition: exp.Expression | None
+) -> exp.Select:
+    """The per-step GROUP BY the running total sums, over `source` where `condition`: what
+    the gate checks (the query's own FROM and WHERE), and what a step query analyses (the
+    policy's table, without the watermark)."""
+    keys = [shape.order] + ([shape.partition] if shape.partition else [])
+    # built from copies for this call only: the builders need not copy them again
+    plain = exp.select(*[k.copy() for k in keys], shape.aggregate.copy()).from_(source, copy=False)
+    if condition is not None:
+        plain = plain.where(condition.copy(), copy=False)
+    return plain.group_by(*[k.copy() for k in keys], copy=False)
 
 
 # -- the stream: domain, watermark, identity ---------------------------------
@@ -545,11 +550,7 @@ class _Stream:
         contributions = (
             table.max_groups_per_unit * table.max_rows_per_unit if table.privacy_unit else 1
         )
-        keys = [shape.order.copy()] + ([shape.partition.copy()] if shape.partition else [])
-        query = exp.select(*keys, shape.aggregate.copy()).from_(table.name, copy=False)
-        if filters is not None:
-            query = query.where(filters.copy(), copy=False)
-        base = analyze(query.group_by(*[k.copy() for k in keys], copy=False), table)
+        base = analyze(_plain_query(shape, table.name, filters), table)
         grid, sensitivity = None, contributions
         if isinstance(shape.aggregate, exp.Sum):
             grid, sensitivity = _stream_grid(
