@@ -108,7 +108,11 @@ class Backend:
         job = job or Job()
         with self._jobs:
             if job.ended:  # stopped before a worker took it: it never runs
-                raise PgError(QUERY_CANCELED, "canceling statement before it started")
+                raise PgError(
+                    QUERY_CANCELED,
+                    "canceling statement before it started (cancelled, or over the query "
+                    "timeout while every worker was busy): nothing was charged; send it again",
+                )
             job.thread = threading.get_ident()
         try:
             with self._stripes[key % len(self._stripes)]:
