@@ -321,3 +321,19 @@ def test_a_stream_is_not_capped_by_max_groups(events, tmp_path):
     first = con.execute(query).fetchall()
     assert len(first) == 10 and con.execute(query).fetchall() == first
     assert len(con.session.ledger.charges("default")) == 1
+
+
+def test_two_analysts_in_one_process_get_their_own_streams(events, tmp_path):
+    """Streams planned once per process are shared by query, not by analyst: each analyst's
+    stream still has its own charge, noise key and released steps."""
+    policy = _policy(1.0)
+    policy["analysts"]["bob"] = {"epsilon": 10.0, "delta": 1e-5}
+    ledger = tmp_path / "ledger.sqlite"
+    query = f"{RUNNING} WHERE day < '2024-01-11' GROUP BY day"
+    alice = dpsql.connect(events, policy=policy, ledger=ledger, analyst="default")
+    bob = dpsql.connect(events, policy=policy, ledger=ledger, analyst="bob")
+    mine, theirs = alice.execute(query).fetchall(), bob.execute(query).fetchall()
+    assert mine != theirs  # independent noise keys: ten equal noisy totals by chance is negligible
+    assert alice.execute(query).fetchall() == mine and bob.execute(query).fetchall() == theirs
+    for con in (alice, bob):
+        assert con.budget().epsilon_spent == pytest.approx(1.0)
