@@ -1,9 +1,12 @@
 """Post-processing of a noisy release: the select list, HAVING, ORDER BY and LIMIT.
 
 It only ever sees released (noisy) values and public keys, so it spends no
-budget. Plain projections are picked in Python; anything with expressions,
-HAVING or ORDER BY is evaluated by a private in-memory DuckDB over the
-released arrays, rather than by a hand-written SQL evaluator.
+budget. Plain projections are picked in Python, and so are bare outputs
+ordered by released columns with LIMIT and OFFSET (sorting needs no SQL
+evaluator, and one DuckDB statement costs about 0.4 ms, more than the rest of
+a release); anything with expressions or HAVING is evaluated by a private
+in-memory DuckDB over the released arrays, rather than by a hand-written SQL
+evaluator.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dpsql.errors import DataError
 from dpsql.sql.analyze import KEY_PREFIX, VALUE_PREFIX, Analysis
 
 RELEASED = "__dpsql_released"
+_OUTPUT_PREFIX = "__dpsql_o"  # the select list's outputs, in order
 _local = threading.local()
 
 
@@ -40,7 +44,52 @@ def project(
     if analysis.is_plain_projection:
         picked = [_python_values(columns[out.expression.name]) for out in analysis.outputs]
         return names, list(zip(*picked, strict=True)) if picked else []
+    sorted_rows = _sorted_in_python(analysis, columns)
+    if sorted_rows is not None:
+        return names, sorted_rows
     return names, _evaluate(analysis, columns)
+
+
+def _sorted_in_python(
+    analysis: Analysis, columns: dict[str, list | np.ndarray]
+) -> list[tuple] | None:
+    """Bare outputs ordered by released columns, with LIMIT and OFFSET, as DuckDB
+    would order them (each item's NULL placement as parsed); None when the query
+    needs more (HAVING, expressions) or its values do not compare."""
+    if analysis.having is not None or not analysis.outputs:
+        return None
+    if not all(isinstance(out.expression, exp.Column) for out in analysis.outputs):
+        return None
+    sort_by = []
+    for ordered in analysis.order:
+        name = _released_column(_order_item(ordered, analysis).this, analysis)
+        if name is None:
+            return None
+        sort_by.append((_python_values(columns[name]), ordered))
+    outputs = [_python_values(columns[out.expression.name]) for out in analysis.outputs]
+    order = list(range(len(outputs[0])))
+    try:
+        for values, ordered in reversed(sort_by):  # stable sorts, last item first
+            present = [i for i in order if values[i] is not None]
+            missing = [i for i in order if values[i] is None]
+            present.sort(key=values.__getitem__, reverse=bool(ordered.args.get("desc")))
+            order = missing + present if ordered.args.get("nulls_first") else present + missing
+    except TypeError:
+        return None
+    start = analysis.offset or 0
+    end = None if analysis.limit is None else start + analysis.limit
+    return [tuple(column[i] for column in outputs) for i in order[start:end]]
+
+
+def _released_column(target: exp.Expression, analysis: Analysis) -> str | None:
+    """The released column an ORDER BY target names, if it is one."""
+    if not isinstance(target, exp.Column) or not target.name.startswith("__dpsql"):
+        return None
+    name = target.name
+    if name.startswith(_OUTPUT_PREFIX):
+        expression = analysis.outputs[int(name.removeprefix(_OUTPUT_PREFIX))].expression
+        return expression.name if isinstance(expression, exp.Column) else None
+    return name if name.startswith((KEY_PREFIX, VALUE_PREFIX)) else None
 
 
 def _python_values(column: list | np.ndarray) -> list:
@@ -49,7 +98,10 @@ def _python_values(column: list | np.ndarray) -> list:
 
 def _evaluate(analysis: Analysis, columns: dict[str, list | np.ndarray]) -> list[tuple]:
     query = exp.select(
-        *[out.expression.copy().as_(f"__dpsql_o{i}") for i, out in enumerate(analysis.outputs)]
+        *[
+            out.expression.copy().as_(f"{_OUTPUT_PREFIX}{i}")
+            for i, out in enumerate(analysis.outputs)
+        ]
     ).from_(RELEASED)
     if analysis.having is not None:
         query = query.where(analysis.having.copy())
@@ -91,9 +143,9 @@ def _order_item(ordered: exp.Ordered, analysis: Analysis) -> exp.Ordered:
     target = ordered.this
     if isinstance(target, exp.Column) and not target.name.startswith("__dpsql"):
         names = [out.name.lower() for out in analysis.outputs]
-        target = exp.column(f"__dpsql_o{names.index(target.name.lower())}")
+        target = exp.column(f"{_OUTPUT_PREFIX}{names.index(target.name.lower())}")
     elif isinstance(target, exp.Literal):
-        target = exp.column(f"__dpsql_o{int(target.this) - 1}")
+        target = exp.column(f"{_OUTPUT_PREFIX}{int(target.this) - 1}")
     return exp.Ordered(
         this=target, desc=ordered.args.get("desc"), nulls_first=ordered.args.get("nulls_first")
     )
