@@ -51,12 +51,18 @@ def _policy(folder: Path) -> tuple[Path, Path]:
     return database, path
 
 
-def _serve(database: str, policy: Path, ledger: Path, clients: int) -> tuple[subprocess.Popen, int]:
+def _serve(
+    database: str, policy: Path, ledger: Path, clients: int, source: Path | None = None
+) -> tuple[subprocess.Popen, int]:
+    """`dpsql serve` in a process of its own, and its port; `source` is a folder holding
+    another version's dpsql package to serve with instead of this one."""
+    # run from `source` too: `python -m` puts the working directory first on the path
+    env = dict(os.environ, PYTHONPATH=str(source)) if source else None
     server = subprocess.Popen(
         [sys.executable, "-m", "dpsql.cli", "serve", "--database", database, "--policy",
          str(policy), "--ledger", str(ledger), "--trust", "--port", "0",
          "--max-connections-per-analyst", str(clients)],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, text=True, env=env, cwd=source,
     )  # fmt: skip
     line = server.stdout.readline()
     if "listening on" not in line:

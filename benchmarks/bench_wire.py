@@ -21,13 +21,16 @@ come from /proc in clock ticks (10 ms): keep --queries in the hundreds.
 Prints ratios; not a timed test.
 
     python benchmarks/bench_wire.py [--queries 300] [--rounds 3] [--kinds repeats distinct]
+        [--baseline FOLDER]
+
+`--baseline` runs a second server from another version's dpsql package in the
+same rounds, so a change is measured against what it replaces under one load.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import tempfile
 import threading
 import time
@@ -105,23 +108,28 @@ def _wire(port: int, server: int, clients: int, kind: str, n: int, offset: int) 
 
 
 def _measure(
-    local: dpsql.Connection, server: subprocess.Popen, port: int, kind: str, n: int, rounds: int
+    local: dpsql.Connection, servers: dict[str, tuple], kind: str, n: int, rounds: int
 ) -> None:
-    """Print one kind's figures: in-process and wire runs interleaved round by round (so a
-    change in the machine's load hits both alike), the fastest round of each shown."""
+    """Print one kind's figures: in-process and wire runs (of each server) interleaved
+    round by round, so a change in the machine's load hits all alike; the fastest round
+    of each is shown."""
     _in_process(local, _queries(kind, 90, 5))  # warm up caches and the ledger
-    local_runs, wire_runs = [], {clients: [] for clients in CLIENTS}
+    local_runs = []
+    wire_runs = {(name, clients): [] for name in servers for clients in CLIENTS}
     for r in range(rounds):
         local_runs.append([t / n for t in _in_process(local, _queries(kind, 99 - r, n))])
-        for clients in CLIENTS:
-            run = _wire(port, server.pid, clients, kind, n, (clients + 10 * r) * 100)
-            wire_runs[clients].append([t / (clients * n) for t in run])
+        for s, (name, (server, port)) in enumerate(servers.items()):
+            for clients in CLIENTS:
+                # each server and round its own queries: a distinct one is charged afresh
+                run = _wire(port, server.pid, clients, kind, n, (clients + 10 * r + 100 * s) * 100)
+                wire_runs[name, clients].append([t / (clients * n) for t in run])
     wall, cpu = min(local_runs)
     print(f"\n{kind}: in-process DB-API {wall * 1e3:.3f} ms/query ({1 / wall:,.0f} queries/s), "
           f"CPU {cpu * 1e3:.3f} ms/query")  # fmt: skip
-    for clients, runs in wire_runs.items():
+    for (name, clients), runs in wire_runs.items():
         elapsed, used, loop = min(runs)
-        print(f"  wire, {clients:2d} clients: {1 / elapsed:8,.0f} queries/s, server CPU "
+        label = f"{name}, " if len(servers) > 1 else ""
+        print(f"  wire, {label}{clients:2d} clients: {1 / elapsed:8,.0f} queries/s, server CPU "
               f"{used * 1e3:.3f} ms/query (event loop {loop * 1e3:.3f})")  # fmt: skip
         if clients == 1:
             print(f"    the wire layer adds {(elapsed - wall) * 1e3:+.3f} ms/query wall, "
@@ -132,24 +140,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", type=int, default=300, help="queries per client")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; the fastest is shown")
-    parser.add_argument("--kinds", nargs="+", default=["repeats", "distinct"],
-                        choices=["repeats", "distinct"], help="which queries to time")  # fmt: skip
+    parser.add_argument(
+        "--kinds",
+        nargs="+",
+        default=["repeats", "distinct"],
+        choices=["repeats", "distinct"],
+        help="which queries to time",
+    )
+    parser.add_argument("--baseline", type=Path, metavar="FOLDER",
+                        help="also time a server of another version: FOLDER holds its dpsql "
+                        "package (e.g. git archive HEAD~1 dpsql | tar -x -C FOLDER)")  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dpsql-bench-wire-") as name:
         folder = Path(name)
         database, policy = _policy(folder)
-        server, port = _serve(str(database), policy, folder / "served.sqlite", max(CLIENTS))
+        sources = {"this tree": None, "baseline": args.baseline} if args.baseline else {"": None}
+        servers = {
+            label: _serve(str(database), policy, folder / f"served{i}.sqlite", max(CLIENTS), source)
+            for i, (label, source) in enumerate(sources.items())
+        }
         ledger = str(folder / "local.sqlite")
         local = dpsql.connect(str(database), policy=str(policy), analyst=ANALYSTS[0], ledger=ledger)
         print(f"{args.queries} queries per client, fastest of {args.rounds} rounds; demo census "
               f"(50,000 rows); load average {os.getloadavg()[0]:.1f}")  # fmt: skip
         try:
             for kind in args.kinds:
-                _measure(local, server, port, kind, args.queries, args.rounds)
+                _measure(local, servers, kind, args.queries, args.rounds)
         finally:
             local.close()
-            server.terminate()
-            server.wait(timeout=60)
+            for server, _ in servers.values():
+                server.terminate()
+                server.wait(timeout=60)
         print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
 
 

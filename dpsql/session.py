@@ -406,9 +406,14 @@ def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
-def _decode(payload: str) -> Release:
+class CachedRelease(Release):
+    """A release the release cache keeps: the same statement under the same policy and
+    options gets this one again, free (a front end may keep it in memory)."""
+
+
+def _decode(payload: str) -> CachedRelease:
     data = json.loads(payload)
-    return Release(
+    return CachedRelease(
         data["columns"],
         [tuple(_decode_value(v) for v in row) for row in data["rows"]],
         {k: Accuracy(**v) for k, v in data["accuracy"].items()},
@@ -416,4 +421,4 @@ def _decode(payload: str) -> Release:
     )
 
 
-__all__ = ["Budget", "Session"]
+__all__ = ["Budget", "CachedRelease", "Session"]

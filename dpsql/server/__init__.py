@@ -2,9 +2,10 @@
 SQLAlchemy and pandas get private answers by changing only the connection string.
 
 protocol.py speaks the protocol (on pg-mimic), auth.py decides who gets in,
-statements.py runs each statement through the analyst's Session, values.py
-maps values to PostgreSQL types, introspection.py answers what clients ask
-about the server, sqlstate.py maps errors, runner.py starts it.
+statements.py runs each statement through the analyst's Session, memo.py
+answers repeats from memory, values.py maps values to PostgreSQL types,
+introspection.py answers what clients ask about the server, sqlstate.py maps
+errors, runner.py starts it.
 """
 
 from dpsql.server.runner import BackgroundServer, build, serve_forever

@@ -4,9 +4,11 @@ pg-mimic drives a Statement/Portal interface for both the simple and the
 extended protocol; here a statement that is not introspection becomes a
 `PrivateStatement`, whose portal runs `Session.execute` in the server's
 thread pool (it blocks: planning, the ledger's fsync, the database) so the
-event loop keeps serving other clients. A statement runs once per portal, at
-Bind (or at a parameterless Describe): its columns are only known from the
-release, and the release is what is charged. After a noisy release the
+event loop keeps serving other clients; a repeat that the release cache
+answers is taken from the server's memo of it (memo.py) without that trip.
+A statement runs once per portal, at Bind (or at a parameterless Describe):
+its columns are only known from the release, and the release is what is
+charged. After a noisy release the
 portal sends a NoticeResponse `dpsql accuracy` whose detail is JSON
 {column: {mechanism, scale, interval95, sensitivity}}; `dpsql shell` reads it.
 
@@ -36,6 +38,7 @@ from dpsql.dbapi import Connection as DbapiConnection
 from dpsql.errors import Error, InterfaceError
 from dpsql.mechanisms.samplers import secure_generator
 from dpsql.server import introspection
+from dpsql.server.memo import ReleaseMemo, memo_key
 from dpsql.server.sqlstate import INTERNAL_ERROR, QUERY_CANCELED, pg_error
 from dpsql.server.values import (
     announced_columns,
@@ -85,6 +88,7 @@ class Backend:
         self.max_groups = max_groups
         self.adapter, self.policy, self.ledger = template.adapter, template.policy, template.ledger
         self.schema = introspection.catalog_schema(self.policy)
+        self.memo = ReleaseMemo()
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="dpsql-wire")
         self._stripes = [threading.Lock() for _ in range(256)]
         self._jobs = threading.Lock()  # guards every Job's thread and ended
@@ -179,7 +183,16 @@ class WireSession(MimicSession):
         return answered or PrivateStatement(self, sql, param_oids)
 
     async def execute(self, sql: str, parameters: list[Any]) -> Release:
-        """Run one statement in the pool; dpsql errors become ErrorResponses."""
+        """Answer a repeat from the memo, else run the statement in the pool; dpsql
+        errors become ErrorResponses."""
+        key = memo_key(self.session, sql, parameters)
+        release = self.backend.memo.get(key)
+        if release is None:
+            release = await self._run(sql, parameters)
+            self.backend.memo.keep(key, release)
+        return release
+
+    async def _run(self, sql: str, parameters: list[Any]) -> Release:
         timeout = self.backend.query_timeout or None
         job = Job()
         running = self.backend.run(self.backend.execute, self.session, sql, parameters or None, job)

@@ -1,0 +1,81 @@
+"""The wire server's in-memory view of the ledger's release cache.
+
+A repeated statement is answered by the Session from the release cache: it
+parses the statement, fingerprints it, reads the ledger and decodes the
+stored release, in a worker thread, because the ledger read may wait behind
+another thread's durable write (a SQLite ledger takes one lock for both) or
+cross the network (a PostgreSQL ledger). The event loop must not wait on
+either, so it keeps its own view: the releases the cache already holds,
+under what fixes their fingerprint on this server, and answers repeats from
+it without the parse, the ledger or the trip to a worker.
+
+What fixes a fingerprint here: the analyst, the session's options, and the
+statement's text with its parameter values. The dialect, the policy and its
+data version are the server's for its whole life. So an entry is exactly
+the release the Session would read from the cache, which is only ever
+handed back to the analyst it was released to, free; a statement spelled
+differently misses here and is answered by the Session as before. Only the
+Session's `CachedRelease` (read from or stored in the cache) is kept: a
+stream's release, a SET or a SHOW never is. The view only grows from this
+server's own answers, so a release cleared from the ledger by another
+process is still answered here until the server restarts: it was already
+released to the analyst, and answering it again costs no privacy.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from dpsql.session import CachedRelease, Session
+
+# The view's size in approximate bytes: characters of the key, 100 per released
+# value (a tuple slot, a boxed number or short string, the accuracy beside it).
+MEMO_BYTES = 16 * 1024 * 1024
+_VALUE_BYTES = 100
+
+Key = tuple[str, Any, str, str]
+
+
+def memo_key(session: Session, sql: str, parameters: Sequence[Any]) -> Key:
+    """What fixes the release of `sql` with `parameters` for this session on this server.
+
+    The parameters enter by repr: equal values of different types (1, 1.0,
+    True) bind as different literals, so they must not share an entry.
+    """
+    return session.analyst, session.options, sql, repr(list(parameters))
+
+
+class ReleaseMemo:
+    """Cached releases by `memo_key`, least recently used dropped past `capacity` bytes.
+
+    Used from the event loop only, so it takes no lock. Hand-written on an
+    OrderedDict: functools.lru_cache wraps a function and bounds entries, not size.
+    """
+
+    def __init__(self, capacity: int = MEMO_BYTES):
+        self.capacity = capacity
+        self.size = 0
+        self._entries: OrderedDict[Key, tuple[CachedRelease, int]] = OrderedDict()
+
+    def get(self, key: Key) -> CachedRelease | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        self._entries.move_to_end(key)
+        return entry[0]
+
+    def keep(self, key: Key, release: Any) -> None:
+        """Remember `release` if it is one the release cache keeps and it fits."""
+        if not isinstance(release, CachedRelease) or key in self._entries:
+            return
+        values = len(release.columns) * len(release.rows) + len(release.accuracy) + 1
+        size = len(key[2]) + len(key[3]) + _VALUE_BYTES * values
+        if size > self.capacity // 16:  # one huge release would push out many small ones
+            return
+        self._entries[key] = release, size
+        self.size += size
+        while self.size > self.capacity:
+            _, (_, dropped) = self._entries.popitem(last=False)
+            self.size -= dropped
