@@ -13,6 +13,7 @@ import pytest
 import dpsql
 from dpsql.errors import QueryRefused
 from dpsql.sql import running
+from dpsql.sql.parse import parse_statement
 
 DAY0 = dt.date(2024, 1, 1)
 RUNNING = "SELECT day, SUM(COUNT(*)) OVER (ORDER BY day) AS so_far FROM running_events"
@@ -337,3 +338,82 @@ def test_two_analysts_in_one_process_get_their_own_streams(events, tmp_path):
     assert alice.execute(query).fetchall() == mine and bob.execute(query).fetchall() == theirs
     for con in (alice, bob):
         assert con.budget().epsilon_spent == pytest.approx(1.0)
+
+
+def _row_level_policy(epsilon: float = 1e4) -> dict:
+    continual = {"epsilon": epsilon}
+    return {
+        "version": 1,
+        "defaults": {"epsilon_per_query": 1.0, "delta": 1e-6},
+        "analysts": {"default": {"epsilon": 1e5, "delta": 1e-5}},
+        "tables": {"ticks": {"columns": {
+            "day": {"type": "date", "lower": "2024-01-01", "upper": "2024-12-31",
+                    "continual": {"step": "1 day", **continual}},
+            "week": {"type": "date", "lower": "2024-01-01", "upper": "2024-12-31",
+                     "continual": {"step": "7 days", **continual}},
+            "seen": {"type": "timestamp", "lower": "2024-01-01", "upper": "2024-01-31",
+                   "continual": {"step": "6 hours", **continual}},
+            "n": {"type": "int", "lower": -50, "upper": 49, "continual": {"step": 1, **continual}},
+            "x": {"type": "float", "lower": 0, "upper": 10,
+                  "continual": {"step": 0.5, **continual}},
+            "tag": {"type": "string"},
+        }}},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "dialect", ["duckdb", "postgres", "spark", "snowflake", "bigquery", "tsql"]
+)
+@pytest.mark.parametrize("order", ["day", "week", "seen", "n", "x"])
+def test_a_row_level_step_query_is_its_template_with_the_bounds_written_in(dialect, order):
+    """Without ranking, a tick writes its two bounds into the step query built once: the
+    text must be the query built afresh with those bounds, in every dialect and type."""
+    from dpsql.policy import load_policy
+    from dpsql.sql import PlanContext
+    from dpsql.sql.plan import Options
+
+    sql = (f"SELECT {order}, SUM(COUNT(*)) OVER (ORDER BY {order}) FROM ticks "
+           f"WHERE tag = 'a' GROUP BY {order}")  # fmt: skip
+    options = Options(epsilon=1.0, delta=1e-6)
+    context = PlanContext(load_policy(_row_level_policy()), options, dialect, seed=11)
+    stream = running.plan_running(parse_statement(sql, dialect).tree, context).stream
+    for done, steps in [(0, 1), (3, 7), (29, 52), (0, stream.domain.horizon)]:
+        bounds = [stream.domain.literal(stream.domain.label(i)) for i in (done, steps)]
+        assert stream.step_sql(done, steps, context) == stream._step_query(*bounds, dialect, 11)
+    assert stream.templates[dialect] is not None  # the ticks above were written into it
+
+
+def _ticks() -> duckdb.DuckDBPyConnection:
+    db = duckdb.connect()
+    db.execute(
+        "CREATE TABLE ticks (day DATE, week DATE, seen TIMESTAMP, n INT, x DOUBLE, tag TEXT)"
+    )
+    db.execute(
+        "INSERT INTO ticks SELECT DATE '2024-01-01' + (i % 40)::INT, DATE '2024-01-01', "
+        "TIMESTAMP '2024-01-01' + to_hours(i % 100), i % 100 - 50, (i % 21) / 2, "
+        "CASE WHEN i % 3 = 0 THEN '__dpsql_first_step__' ELSE 'b' END FROM range(3000) t(i)"
+    )
+    return db
+
+
+@pytest.mark.parametrize("tag", ["b", "__dpsql_first_step__"])
+def test_row_level_ticks_release_the_exact_running_counts(tmp_path, monkeypatch, tag):
+    """Tick after tick over a table without a privacy unit (the step query's template;
+    with a marker's text in the analyst's WHERE, the query built afresh), late rows ignored."""
+    db = _ticks()
+    con = dpsql.connect(db, policy=_row_level_policy(), ledger=tmp_path / "ledger.sqlite")
+    query = (f"SELECT day, SUM(COUNT(*)) OVER (ORDER BY day) AS n FROM ticks "
+             f"WHERE tag = '{tag}' GROUP BY day")  # fmt: skip
+    truth = [n for _, n in _ticks().execute(
+        f"SELECT day, SUM(COUNT(*)) OVER (ORDER BY day) FROM ticks WHERE tag = '{tag}' "
+        "GROUP BY day ORDER BY day").fetchall()]  # fmt: skip
+    released = []
+    for day in (5, 6, 17, 40):
+        now = dt.datetime(2024, 1, 1, tzinfo=dt.UTC) + dt.timedelta(days=day)
+        monkeypatch.setattr(running, "clock", lambda now=now: now)
+        released = con.execute(query).fetchall()
+        assert [n for _, n in released] == truth[:day]
+        db.execute(f"INSERT INTO ticks SELECT DATE '2024-01-01', NULL, NULL, 0, 0, '{tag}'")  # late
+    assert [d for d, _ in released] == [DAY0 + dt.timedelta(days=i) for i in range(40)]
+    stream = con.session.plan(parse_statement(query, "duckdb").tree).stream
+    assert (stream.templates["duckdb"] is None) == (tag == "__dpsql_first_step__")

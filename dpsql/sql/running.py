@@ -30,8 +30,9 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -61,6 +62,8 @@ STATE_PREFIX = "stream:"
 # (data-independent, derived from the stream's key), up to these sizes.
 _PLANNED_STREAMS = 64
 _NOISE_VALUES = 1 << 23
+# String literals standing for the step query's bounds in its per-dialect text
+_BOUND_MARKERS = ("__dpsql_first_step__", "__dpsql_end_step__")
 
 
 def _utc_now() -> dt.datetime:
@@ -308,12 +311,16 @@ def _plain_query(
 
 @dataclass(frozen=True)
 class _Domain:
-    """The ordered column's steps: start, width and count (the horizon)."""
+    """The ordered column's steps: start, width and count (the horizon).
+
+    What is derived from the declaration is computed once (cached_property): a
+    stream's domain is kept with its plan, and each tick reads these per row.
+    """
 
     column: Column
     spec: ContinualSpec
 
-    @property
+    @cached_property
     def start(self) -> Any:
         lower = self.column.lower
         if self.column.type == "timestamp" and not isinstance(lower, dt.datetime):
@@ -327,7 +334,7 @@ class _Domain:
             return span // self.spec.step
         return math.floor(span / self.spec.step)
 
-    @property
+    @cached_property
     def horizon(self) -> int:
         if self.column.type == "date":
             return self.steps_before(self.column.upper + dt.timedelta(days=1))
@@ -345,7 +352,7 @@ class _Domain:
     def label(self, index: int) -> Any:
         return self.start + index * self.spec.step
 
-    @property
+    @cached_property
     def native(self) -> bool:
         """Whether each value of the column is a step of its own (days by the day, ints by 1).
 
@@ -518,6 +525,10 @@ class _Stream:
     choice: _Choice
     # the step query without its bounds on the ordered column, analysed once
     base: Analysis
+    # per dialect: the unranked step query's text around its two bounds (see step_sql)
+    templates: dict[str, tuple[str, str, str] | None] = field(default_factory=dict)
+    # the labels of the steps released so far (each release lists every step)
+    known_labels: list[Any] = field(default_factory=list)
 
     @classmethod
     def of(
@@ -601,6 +612,33 @@ class _Stream:
         done = min((self.domain.steps_before(b) for b in bounds), default=self.domain.horizon)
         return max(0, min(done, self.domain.horizon))
 
+    def labels(self, count: int) -> list[Any]:
+        """The labels of the first `count` steps (kept: every release lists every step)."""
+        known = self.known_labels
+        if len(known) < count:
+            known = known + [self.domain.label(i) for i in range(len(known), count)]
+            self.known_labels = known  # replaced whole, never extended in place: threads share it
+        return known[:count]
+
+    @property
+    def unit(self) -> float:
+        """A released total's unit: the SUM's grid step, or 1 for counts."""
+        return self.grid.step if self.grid is not None else 1.0
+
+    @cached_property
+    def deviation(self) -> np.ndarray:
+        """Each step's standard deviation in the counter's units (closed form)."""
+        return np.sqrt(self.counter.variance())
+
+    @cached_property
+    def accuracy(self) -> Accuracy:
+        largest = float(self.deviation.max() * self.unit)
+        note = (
+            f"per-step standard deviation from {self.deviation[0] * self.unit:.4g} to "
+            f"{largest:.4g} (closed form); it varies with the step"
+        )
+        return Accuracy(self.counter.name, largest, None, float(self.sensitivity * self.unit), note)
+
     def step_sql(self, done: int, steps: int, context: Any) -> str:
         """One bounded GROUP BY of the per-step values of the first `steps` steps.
 
@@ -608,9 +646,41 @@ class _Stream:
         unit keeps its earliest steps; without one (or a unique unit) nothing is
         ranked and only the steps after the `done` ones already released are read.
         """
-        order = exp.column(self.base.keys[0].expression.name, quoted=True)
         ranked = self.table.privacy_unit is not None and not self.table.unique_unit
-        first = self.domain.label(0 if ranked else done)
+        bounds = (self.domain.label(0 if ranked else done), self.domain.label(steps))
+        # Ranking keys its hash with this plan's fresh secret: that query is built
+        # anew. Otherwise only the bounds change from tick to tick, and building
+        # the query (analysis, rewrite, SQL generation) cost more than a tenth of
+        # the database's own GROUP BY over a million rows: it is built once per
+        # dialect with marker bounds, and each tick writes its bounds into it.
+        pieces = None if ranked else self._template(context.dialect)
+        if pieces is None:
+            literals = [self.domain.literal(bound) for bound in bounds]
+            return self._step_query(*literals, context.dialect, context.seed)
+        first, end = (self.domain.literal(b).sql(dialect=context.dialect) for b in bounds)
+        return f"{pieces[0]}{first}{pieces[1]}{end}{pieces[2]}"
+
+    def _template(self, dialect: str) -> tuple[str, str, str] | None:
+        """The unranked step query's text cut at its two bounds (None when a marker is not
+        unique: the analyst wrote it too), built on first use."""
+        if dialect not in self.templates:
+            markers = [exp.Literal.string(name) for name in _BOUND_MARKERS]
+            # nothing is ranked, so the rewrite reads no secret: 0 stands for it
+            text = self._step_query(*markers, dialect, 0)
+            first, end = (marker.sql(dialect=dialect) for marker in markers)
+            pieces = None
+            if text.count(first) == text.count(end) == 1 and text.index(first) < text.index(end):
+                head, _, rest = text.partition(first)
+                pieces = (head, *rest.partition(end)[::2])
+            # one assignment, so sessions in other threads see no half-built entry
+            self.templates[dialect] = pieces
+        return self.templates[dialect]
+
+    def _step_query(
+        self, first: exp.Expression, end: exp.Expression, dialect: str, seed: int
+    ) -> str:
+        """The step query over the rows with `first` <= order < `end` (two SQL literals)."""
+        order = exp.column(self.base.keys[0].expression.name, quoted=True)
         # The analyst's parts went through analyze (self.base); the bounds on
         # the ordered column and the step of a row are ours (literals of its
         # declared type; a date difference or a number over a positive
@@ -618,8 +688,8 @@ class _Stream:
         # step replaces the ordered column as the first group key, unless every
         # value is its own step. The rewrite copies what it embeds.
         inside = exp.and_(
-            exp.GTE(this=order.copy(), expression=self.domain.literal(first)),
-            exp.LT(this=order.copy(), expression=self.domain.literal(self.domain.label(steps))),
+            exp.GTE(this=order.copy(), expression=first),
+            exp.LT(this=order.copy(), expression=end),
         )
         base = self.base
         where = inside if base.where is None else exp.and_(exp.paren(base.where.copy()), inside)
@@ -627,7 +697,7 @@ class _Stream:
         keys = [replace(base.keys[0], expression=bucket, domain=None), *base.keys[1:]]
         analysis = replace(base, where=where, keys=keys)
         grids = {0: self.grid} if self.grid is not None else {}
-        return rewrite(analysis, grids, context.dialect, context.seed, False, earliest_groups=True)
+        return rewrite(analysis, grids, dialect, seed, False, earliest_groups=True)
 
 
 def _stream_grid(bounds: Interval, contributions: int, epsilon: float) -> tuple[SumGrid, int]:
@@ -753,39 +823,24 @@ class RunningPlan:
         return [name for name, _ in self.stream.shape.outputs]
 
     def _rows(self, values: np.ndarray) -> list[tuple]:
-        rows = []
-        step = self.stream.grid.step if self.stream.grid is not None else None
+        """One row per step and partition, in step order, from the (partitions, steps) values."""
+        width, count = values.shape
+        grid = self.stream.grid
         # counts rounded half to even, sums scaled by a power of two: exact, in one numpy call
-        shown = (np.rint(values).astype(np.int64) if step is None else values * step).tolist()
-        kinds = [kind for _, kind in self.stream.shape.outputs]
-        for index in range(values.shape[1]):
-            label = self.stream.domain.label(index)
-            for part, key in enumerate(self.stream.partition_values):
-                cells = {"order": label, "partition": key, "total": shown[part][index]}
-                rows.append(tuple(cells[kind] for kind in kinds))
-        return rows
+        shown = np.rint(values).astype(np.int64) if grid is None else values * grid.step
+        cells = {
+            "order": [label for label in self.stream.labels(count) for _ in range(width)],
+            "partition": self.stream.partition_values * count,
+            "total": shown.T.ravel().tolist(),  # step by step, partitions within a step
+        }
+        return list(zip(*(cells[kind] for _, kind in self.stream.shape.outputs), strict=True))
 
     def _accuracy(self) -> dict[str, Accuracy]:
-        deviation = np.sqrt(self.stream.counter.variance())
-        unit = self.stream.grid.step if self.stream.grid is not None else 1.0
-        note = (
-            f"per-step standard deviation from {deviation[0] * unit:.4g} to "
-            f"{deviation.max() * unit:.4g} (closed form); it varies with the step"
-        )
-        return {
-            self.stream.shape.alias: Accuracy(
-                self.stream.counter.name,
-                float(deviation.max() * unit),
-                None,
-                float(self.stream.sensitivity * unit),
-                note,
-            )
-        }
+        return {self.stream.shape.alias: self.stream.accuracy}
 
     def explain(self) -> list[tuple[str, str]]:
         stream = self.stream
-        deviation = np.sqrt(stream.counter.variance())
-        unit = stream.grid.step if stream.grid is not None else 1.0
+        deviation, unit = stream.deviation, stream.unit
         charged = f"{stream.cost}, once for the whole horizon"
         return [
             ("sql", self.sql or "none: every complete step is already released"),
