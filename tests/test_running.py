@@ -417,3 +417,54 @@ def test_row_level_ticks_release_the_exact_running_counts(tmp_path, monkeypatch,
     assert [d for d, _ in released] == [DAY0 + dt.timedelta(days=i) for i in range(40)]
     stream = con.session.plan(parse_statement(query, "duckdb").tree).stream
     assert (stream.templates["duckdb"] is None) == (tag == "__dpsql_first_step__")
+
+
+def _day_query(bound: str) -> str:
+    return f"SELECT day, SUM(COUNT(*)) OVER (ORDER BY day) FROM ticks WHERE day < '{bound}'"
+
+
+def test_two_sessions_ticking_at_once_cannot_both_release_the_same_steps(tmp_path, monkeypatch):
+    """Ticks built on the same released steps are stored under one name: the ledger keeps
+    the first, the second is withheld (two releases of a step with one noise would leak the
+    rows that arrived between them, and both stored would shift every later step)."""
+    db = _ticks()
+    ledger = tmp_path / "ledger.sqlite"
+    first, second = (dpsql.connect(db, policy=_row_level_policy(), ledger=ledger) for _ in "ab")
+    monkeypatch.setattr(running, "clock", lambda: dt.datetime(2024, 1, 11, tzinfo=dt.UTC))
+    assert len(first.execute(f"{_day_query('2024-02-01')} GROUP BY day").fetchall()) == 10
+    now, interleaved = dt.datetime(2024, 2, 1, tzinfo=dt.UTC), []
+
+    def clock() -> dt.datetime:  # read while `first` plans: `second` ticks in between
+        if not interleaved:
+            interleaved.append(now)  # before ticking: `second` reads the clock too
+            second.execute(f"{_day_query('2024-01-26')} GROUP BY day")
+        return now
+
+    monkeypatch.setattr(running, "clock", clock)
+    with pytest.raises(dpsql.OperationalError, match="concurrent query stored stream state"):
+        first.execute(f"{_day_query('2024-01-21')} GROUP BY day")
+    rows = first.execute(f"{_day_query('2024-02-01')} GROUP BY day").fetchall()
+    truth = _ticks().execute(f"{_day_query('2024-02-01')} GROUP BY day ORDER BY day").fetchall()
+    assert rows == [(d, int(n)) for d, n in truth]
+
+
+def test_ticks_stored_by_their_last_step_continue_unless_they_overlap(tmp_path, monkeypatch):
+    """Ledgers written before ticks were named by their first step: a chain of ticks
+    continues; two ticks built on the same steps stop the stream with what to do."""
+    monkeypatch.setattr(running, "clock", lambda: dt.datetime(2024, 1, 31, tzinfo=dt.UTC))
+    query = f"{_day_query('2024-01-31')} GROUP BY day"
+    truth = [int(n) for _, n in _ticks().execute(f"{query} ORDER BY day").fetchall()]
+    for ends, valid in [((10, 20), True), ((10, 20, 25), False)]:
+        con = dpsql.connect(_ticks(), policy=_row_level_policy(), ledger=tmp_path / f"{valid}")
+        plan = con.session.plan(parse_statement(query, "duckdb").tree)
+        ledger, start = con.session.ledger, 0
+        ledger.store_release("default", f"{plan.prefix}meta", '{"key": 7}')
+        for end in ends:
+            start = 10 if end == 25 else start  # the overlapping tick was built on 10 steps
+            ledger.store_release("default", f"{plan.prefix}{end:08d}", str([truth[start:end]]))
+            start = end
+        if valid:
+            assert [n for _, n in con.execute(query).fetchall()] == truth
+        else:
+            with pytest.raises(dpsql.IntegrityError, match="do not follow each other"):
+                con.execute(query)

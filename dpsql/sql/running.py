@@ -39,7 +39,7 @@ import numpy as np
 from sqlglot import exp
 
 from dpsql.accounting import Cost, zcdp_rho
-from dpsql.errors import QueryRefused
+from dpsql.errors import IntegrityError, QueryRefused
 from dpsql.mechanisms.continual import (
     BinaryTree,
     ContinualStream,
@@ -56,6 +56,7 @@ from dpsql.sql.rewrite import SumGrid, rewrite
 
 MAX_HORIZON = 1 << 22
 STATE_PREFIX = "stream:"
+_FROM = "from"  # a tick's stored values are named by the step they start from
 # A standing query is planned again at every tick, and checking and analysing it
 # cost more than the database's own incremental GROUP BY: streams planned before
 # are kept, by everything their plan depends on, and so are their noise vectors
@@ -784,7 +785,9 @@ class RunningPlan:
         ]
         if self.steps > self.done:
             fresh = self._extend(rows)
-            state[f"{self.prefix}{self.steps:08d}"] = json.dumps(fresh.tolist())
+            # named by the step it starts from: of two releases built on the same released
+            # steps (concurrent sessions), the ledger keeps the first and withholds the other
+            state[f"{self.prefix}{_FROM}{self.done:08d}"] = json.dumps(fresh.tolist())
             values = np.concatenate([values, fresh], axis=1)
         values = values[:, : self.steps]  # a lower watermark shows fewer of the released steps
         return Release(self._columns(), self._rows(values), self._accuracy(), notes, state=state)
@@ -861,10 +864,27 @@ class RunningPlan:
 
 
 def _released(stored: dict[str, str], width: int) -> np.ndarray:
-    """The values released so far, per partition, from the stored ticks in step order."""
-    ticks = [
-        np.array(json.loads(stored[k]), dtype=np.float64).reshape(width, -1) for k in sorted(stored)
-    ]
+    """The values released so far, per partition, from the stored ticks in step order.
+
+    Each tick must start where the ones before it end: ledgers written before
+    ticks were named by their first step (`<prefix><last step>`) could hold two
+    ticks built on the same steps, and such a stream is not released again.
+    """
+    ticks, done = [], 0
+    for name in sorted(stored):  # zero-padded: the old names sort first, as they came first
+        tick = np.array(json.loads(stored[name]), dtype=np.float64).reshape(width, -1)
+        suffix = name.rsplit(":", 1)[1]
+        start = (
+            int(suffix[len(_FROM) :]) if suffix.startswith(_FROM) else int(suffix) - tick.shape[1]
+        )
+        if start != done:
+            raise IntegrityError(
+                f"the stored steps of stream {name.split(':')[1]} do not follow each other "
+                f"(a tick from step {start} after {done} steps): it is not released again; "
+                "ask the data owner to look at the ledger"
+            )
+        ticks.append(tick)
+        done += tick.shape[1]
     return np.concatenate(ticks, axis=1) if ticks else np.zeros((width, 0))
 
 
