@@ -26,9 +26,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
+
+from pg_mimic import ResultColumn
 
 from dpsql.session import CachedRelease, Session
+from dpsql.sql.plan import Release
 
 # The view's size in approximate bytes: characters of the key, 100 per released
 # value (a tuple slot, a boxed number or short string, the accuracy beside it).
@@ -36,6 +39,15 @@ MEMO_BYTES = 16 * 1024 * 1024
 _VALUE_BYTES = 100
 
 Key = tuple[str, Any, str, str]
+
+
+class Answer(NamedTuple):
+    """A statement's release with what the wire sends beside its rows, made once: the
+    columns' PostgreSQL types and the encoded NoticeResponses."""
+
+    release: Release
+    columns: list[ResultColumn] | None
+    notices: bytes
 
 
 def memo_key(session: Session, sql: str, parameters: Sequence[Any]) -> Key:
@@ -48,7 +60,8 @@ def memo_key(session: Session, sql: str, parameters: Sequence[Any]) -> Key:
 
 
 class ReleaseMemo:
-    """Cached releases by `memo_key`, least recently used dropped past `capacity` bytes.
+    """Answers of cached releases by `memo_key`, least recently used dropped past
+    `capacity` bytes.
 
     Used from the event loop only, so it takes no lock. Hand-written on an
     OrderedDict: functools.lru_cache wraps a function and bounds entries, not size.
@@ -57,24 +70,25 @@ class ReleaseMemo:
     def __init__(self, capacity: int = MEMO_BYTES):
         self.capacity = capacity
         self.size = 0
-        self._entries: OrderedDict[Key, tuple[CachedRelease, int]] = OrderedDict()
+        self._entries: OrderedDict[Key, tuple[Answer, int]] = OrderedDict()
 
-    def get(self, key: Key) -> CachedRelease | None:
+    def get(self, key: Key) -> Answer | None:
         entry = self._entries.get(key)
         if entry is None:
             return None
         self._entries.move_to_end(key)
         return entry[0]
 
-    def keep(self, key: Key, release: Any) -> None:
-        """Remember `release` if it is one the release cache keeps and it fits."""
+    def keep(self, key: Key, answer: Answer) -> None:
+        """Remember `answer` if its release is one the release cache keeps and it fits."""
+        release = answer.release
         if not isinstance(release, CachedRelease) or key in self._entries:
             return
         values = len(release.columns) * len(release.rows) + len(release.accuracy) + 1
-        size = len(key[2]) + len(key[3]) + _VALUE_BYTES * values
+        size = len(key[2]) + len(key[3]) + len(answer.notices) + _VALUE_BYTES * values
         if size > self.capacity // 16:  # one huge release would push out many small ones
             return
-        self._entries[key] = release, size
+        self._entries[key] = answer, size
         self.size += size
         while self.size > self.capacity:
             _, (_, dropped) = self._entries.popitem(last=False)

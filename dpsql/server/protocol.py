@@ -142,6 +142,14 @@ class WireConnection(Connection):
         self.deadline = deadline  # event-loop time by which the login must be complete
         self._admitted = False
         self._cancel_requested = False
+        self._handlers = {
+            messages.QUERY: self._handle_simple_query,
+            messages.PARSE: self._handle_parse,
+            messages.BIND: self._handle_bind,
+            messages.DESCRIBE: self._handle_describe,
+            messages.EXECUTE: self._handle_execute,
+            messages.CLOSE: self._handle_close,
+        }
 
     async def run(self) -> None:
         """pg-mimic's run, but the analyst's Session opens before BackendKeyData and
@@ -260,15 +268,7 @@ class WireConnection(Connection):
         elif tag == messages.BIND:
             self._check_room(self.portals, parsed.portal_name, "portals")
             self._check_parameters(len(parsed.params))
-        handler = {
-            messages.QUERY: self._handle_simple_query,
-            messages.PARSE: self._handle_parse,
-            messages.BIND: self._handle_bind,
-            messages.DESCRIBE: self._handle_describe,
-            messages.EXECUTE: self._handle_execute,
-            messages.CLOSE: self._handle_close,
-        }[tag]
-        await handler(parsed)
+        await self._handlers[tag](parsed)
 
     async def _handle_simple_query(self, sql: str) -> None:
         """pg-mimic's, without parsing a single statement to split it (sqlglot, ~0.1 ms)."""

@@ -32,13 +32,13 @@ from pg_mimic import PgError, ResultColumn
 from pg_mimic import Session as MimicSession
 from pg_mimic.messages import make_notice_response
 from pg_mimic.middleware import resolve
-from pg_mimic.session import Portal, Statement, drain_rows
+from pg_mimic.session import Portal, Statement
 
 from dpsql.dbapi import Connection as DbapiConnection
 from dpsql.errors import Error, InterfaceError
 from dpsql.mechanisms.samplers import secure_generator
 from dpsql.server import introspection
-from dpsql.server.memo import ReleaseMemo, memo_key
+from dpsql.server.memo import Answer, ReleaseMemo, memo_key
 from dpsql.server.sqlstate import INTERNAL_ERROR, QUERY_CANCELED, pg_error
 from dpsql.server.values import (
     announced_columns,
@@ -182,15 +182,16 @@ class WireSession(MimicSession):
         answered = await resolve(self._connection, sql, param_oids, self.middleware)
         return answered or PrivateStatement(self, sql, param_oids)
 
-    async def execute(self, sql: str, parameters: list[Any]) -> Release:
+    async def execute(self, sql: str, parameters: list[Any]) -> Answer:
         """Answer a repeat from the memo, else run the statement in the pool; dpsql
         errors become ErrorResponses."""
         key = memo_key(self.session, sql, parameters)
-        release = self.backend.memo.get(key)
-        if release is None:
+        answer = self.backend.memo.get(key)
+        if answer is None:
             release = await self._run(sql, parameters)
-            self.backend.memo.keep(key, release)
-        return release
+            answer = Answer(release, _columns(release), _notices(release))
+            self.backend.memo.keep(key, answer)
+        return answer
 
     async def _run(self, sql: str, parameters: list[Any]) -> Release:
         timeout = self.backend.query_timeout or None
@@ -221,21 +222,20 @@ class WireSession(MimicSession):
             _logger.exception("internal error while running %r", sql[:200])
             raise PgError(INTERNAL_ERROR, "internal error in dpsql; see the server log") from None
 
-    def notify(self, release: Release) -> None:
-        """Send the accuracy of a noisy release, and its notes, as NoticeResponses."""
-        if not release.accuracy:
-            return
-        detail = {
+
+def _notices(release: Release) -> bytes:
+    """The accuracy of a noisy release, and its notes, as NoticeResponses."""
+    if not release.accuracy:
+        return b""
+    detail = {
             column: {
                 "mechanism": a.mechanism, "scale": a.scale,
                 "interval95": a.interval95, "sensitivity": a.sensitivity,
             }
             for column, a in release.accuracy.items()
         }  # fmt: skip
-        write = self._connection.stream.write
-        write(_notice(ACCURACY_NOTICE, json.dumps(detail)))
-        for note in release.notes:
-            write(_notice(note))
+    notes = [_notice(note) for note in release.notes]
+    return b"".join([_notice(ACCURACY_NOTICE, json.dumps(detail)), *notes])
 
 
 def _notice(message: str, detail: str | None = None) -> bytes:
@@ -258,7 +258,7 @@ class PrivateStatement(Statement):
         self.param_oids = parameter_oids(self.tree, owner.backend.policy, declared)
         self.columns: list[ResultColumn] | None = None
         self.described = False
-        self._early: Release | None = None
+        self._early: Answer | None = None
 
     async def describe(self) -> list[ResultColumn] | None:
         if self.described:
@@ -268,7 +268,7 @@ class PrivateStatement(Statement):
             self.columns = announced_columns(self.tree, self.owner.backend.policy)
         else:
             self._early = await self.owner.execute(self.sql, [])
-            self.columns = _columns(self._early)
+            self.columns = self._early.columns
         self.described = True
         return self.columns
 
@@ -283,33 +283,40 @@ class PrivateStatement(Statement):
 class PrivatePortal(Portal):
     """A bound statement: runs once, then hands out its rows."""
 
-    def __init__(self, statement: PrivateStatement, values: list[Any], early: Release | None):
+    def __init__(self, statement: PrivateStatement, values: list[Any], early: Answer | None):
         self.statement = statement
         self.values = values
-        self.release = early
+        self.answer = early
         self.columns: list[ResultColumn] | None = None
-        self._rows: Any = None
+        self._rows: list[tuple] | None = None
+        self._sent = 0
 
     async def run(self) -> list[ResultColumn] | None:
         """Execute (once) and return the columns to describe the result with."""
         if self._rows is not None:
             return self.columns
         owner = self.statement.owner
-        if self.release is None:
-            self.release = await owner.execute(self.statement.sql, self.values)
-        rows = self.release.rows
+        if self.answer is None:
+            self.answer = await owner.execute(self.statement.sql, self.values)
+        rows = self.answer.release.rows
         if self.statement.described and self.statement.columns is not None:
             self.columns = self.statement.columns
             rows = _converted(rows, self.columns)
         else:
-            self.columns = _columns(self.release)
-        owner.notify(self.release)
-        self._rows = _iterate(rows)
+            self.columns = self.answer.columns
+        if self.answer.notices:
+            owner._connection.stream.write(self.answer.notices)
+        self._rows = rows
         return self.columns
 
     async def execute(self, max_rows: int) -> tuple[list[tuple], bool]:
+        """The next `max_rows` rows (all if 0), and whether the client must Execute again
+        to find out if there are more (as PostgreSQL: when the limit was reached)."""
         await self.run()
-        return await drain_rows(self._rows, max_rows)
+        end = self._sent + max_rows if max_rows > 0 else len(self._rows)
+        rows = self._rows[self._sent : end]
+        self._sent += len(rows)
+        return rows, max_rows > 0 and len(rows) == max_rows
 
 
 def _columns(release: Release) -> list[ResultColumn] | None:
@@ -324,8 +331,3 @@ def _converted(rows: list[tuple], columns: list[ResultColumn]) -> list[tuple]:
             f"{len(rows[0])}; prepare it again",
         )
     return [tuple(convert(v, c.oid) for v, c in zip(row, columns, strict=True)) for row in rows]
-
-
-async def _iterate(rows: list[tuple]) -> Any:
-    for row in rows:
-        yield row

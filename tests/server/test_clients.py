@@ -306,3 +306,20 @@ def test_sqlalchemy_and_pandas(served) -> None:
         assert list(frame.columns) == ["sex", "n", "income"] and len(frame) == 2
     finally:
         engine.dispose()
+
+
+def test_asyncpg_cursor_fetches_rows_one_at_a_time(served) -> None:
+    asyncpg = pytest.importorskip("asyncpg")
+
+    async def run() -> tuple[list, list]:
+        conn = await asyncpg.connect(served.url())
+        try:
+            whole = await conn.fetch(QUERY)  # the release, then the same rows from the cache
+            async with conn.transaction():  # Execute with a row limit: PortalSuspended between
+                paged = [row async for row in conn.cursor(QUERY, prefetch=1)]
+            return whole, paged
+        finally:
+            await conn.close()
+
+    whole, paged = asyncio.run(run())
+    assert len(whole) == 2 and [tuple(r) for r in paged] == [tuple(r) for r in whole]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from dpsql.server.memo import ReleaseMemo
+from dpsql.server.memo import Answer, ReleaseMemo
 from dpsql.session import CachedRelease
 from dpsql.sql.plan import Release
 
@@ -78,8 +78,8 @@ def test_statements_the_cache_does_not_keep_always_reach_the_session(duck, trips
     assert trips.count("SHOW dpsql.budget") == 2
 
 
-def _cached(rows: int) -> CachedRelease:
-    return CachedRelease(["n"], [(i,) for i in range(rows)])
+def _cached(rows: int) -> Answer:
+    return Answer(CachedRelease(["n"], [(i,) for i in range(rows)]), None, b"")
 
 
 def _key(sql: str) -> tuple:
@@ -88,13 +88,13 @@ def _key(sql: str) -> tuple:
 
 def test_memo_keeps_only_cached_releases_and_drops_the_least_recently_used() -> None:
     memo = ReleaseMemo(capacity=16 * 1_000)
-    memo.keep(_key("plain"), Release(["n"], [(1,)]))
+    memo.keep(_key("plain"), Answer(Release(["n"], [(1,)]), None, b""))
     assert memo.get(_key("plain")) is None
     memo.keep(_key("huge"), _cached(10))  # over a sixteenth of the capacity
     assert memo.get(_key("huge")) is None
     for name in "abcdefghij":
         memo.keep(_key(name), _cached(1))  # about 200 bytes each: 78 fit
-    assert memo.get(_key("a")).rows == [(0,)]  # now the most recently used
+    assert memo.get(_key("a")).release.rows == [(0,)]  # now the most recently used
     for number in range(70):
         memo.keep(_key(str(number)), _cached(1))
     assert memo.get(_key("a")) is not None and memo.get(_key("b")) is None
