@@ -22,12 +22,19 @@ from fractions import Fraction
 def _exact(value: float | int | Fraction, name: str) -> Fraction:
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")
-    # A float is taken as the decimal it prints as (0.1 is 1/10), which is what
-    # the user wrote in a policy or SET; ten charges of 0.1 then fit in 1.0.
-    exact = Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
+    exact = _as_written(value) if isinstance(value, float) else Fraction(value)
     if exact < 0:
         raise ValueError(f"{name} must be non-negative, got {value}")
     return exact
+
+
+@functools.lru_cache(maxsize=1024)
+def _as_written(value: float) -> Fraction:
+    # A float is taken as the decimal it prints as (0.1 is 1/10), which is what
+    # the user wrote in a policy or SET; ten charges of 0.1 then fit in 1.0.
+    # Cached: parsing the text costs microseconds, and every plan converts the
+    # same few epsilons and deltas again (a Fraction is immutable, so shared).
+    return Fraction(repr(value))
 
 
 def round_up(value: Fraction) -> float:

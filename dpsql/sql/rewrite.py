@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sqlglot import Dialect, exp
-from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 
 from dpsql.policy import Column, Table
 from dpsql.sql.analyze import (
@@ -183,14 +182,14 @@ def _in_dialect(query: exp.Select, dialect: str) -> str:
     as the backend folds unquoted names (lower case in PostgreSQL, upper case
     in Snowflake) and then quoted, so a name that is also a keyword still works.
     """
+    backend = Dialect.get_or_raise(dialect)
+    # One walk that unquotes and folds each name (sqlglot's normalize_identifiers
+    # would walk the tree a second time, for metadata this query never has).
     for identifier in query.find_all(exp.Identifier):
         identifier.set("quoted", False)
-    # One Dialect object for both calls: naming the dialect makes each build its own.
-    backend = Dialect.get_or_raise(dialect)
+        backend.normalize_identifier(identifier)
     # copy=False: the query was built for this call only, so the generator may mutate it
-    return normalize_identifiers(query, dialect=backend).sql(
-        dialect=backend, identify=True, copy=False
-    )
+    return query.sql(dialect=backend, identify=True, copy=False)
 
 
 def _where(analysis: Analysis) -> exp.Expression | None:
