@@ -36,7 +36,7 @@ from dpsql.sql.plan import Release
 # The view's size in approximate bytes: characters of the key, 100 per released
 # value (a tuple slot, a boxed number or short string, the accuracy beside it).
 MEMO_BYTES = 16 * 1024 * 1024
-_VALUE_BYTES = 100
+VALUE_BYTES = 100
 
 Key = tuple[str, Any, str, str]
 
@@ -59,37 +59,46 @@ def memo_key(session: Session, sql: str, parameters: Sequence[Any]) -> Key:
     return session.analyst, session.options, sql, repr(list(parameters))
 
 
-class ReleaseMemo:
-    """Answers of cached releases by `memo_key`, least recently used dropped past
-    `capacity` bytes.
+class SizedLru:
+    """Values by key, the least recently used dropped once their sizes add up past
+    `capacity`; a value over a sixteenth of it is not kept (it would push out many).
 
     Used from the event loop only, so it takes no lock. Hand-written on an
     OrderedDict: functools.lru_cache wraps a function and bounds entries, not size.
     """
 
-    def __init__(self, capacity: int = MEMO_BYTES):
+    def __init__(self, capacity: int):
         self.capacity = capacity
         self.size = 0
-        self._entries: OrderedDict[Key, tuple[Answer, int]] = OrderedDict()
+        self._entries: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
 
-    def get(self, key: Key) -> Answer | None:
+    def get(self, key: Any) -> Any:
         entry = self._entries.get(key)
         if entry is None:
             return None
         self._entries.move_to_end(key)
         return entry[0]
 
-    def keep(self, key: Key, answer: Answer) -> None:
-        """Remember `answer` if its release is one the release cache keeps and it fits."""
-        release = answer.release
-        if not isinstance(release, CachedRelease) or key in self._entries:
+    def put(self, key: Any, value: Any, size: int) -> None:
+        if key in self._entries or size > self.capacity // 16:
             return
-        values = len(release.columns) * len(release.rows) + len(release.accuracy) + 1
-        size = len(key[2]) + len(key[3]) + len(answer.notices) + _VALUE_BYTES * values
-        if size > self.capacity // 16:  # one huge release would push out many small ones
-            return
-        self._entries[key] = answer, size
+        self._entries[key] = value, size
         self.size += size
         while self.size > self.capacity:
             _, (_, dropped) = self._entries.popitem(last=False)
             self.size -= dropped
+
+
+class ReleaseMemo(SizedLru):
+    """Answers of cached releases by `memo_key`, in at most `capacity` approximate bytes."""
+
+    def __init__(self, capacity: int = MEMO_BYTES):
+        super().__init__(capacity)
+
+    def keep(self, key: Key, answer: Answer) -> None:
+        """Remember `answer` if its release is one the release cache keeps and it fits."""
+        release = answer.release
+        if isinstance(release, CachedRelease):
+            values = len(release.columns) * len(release.rows) + len(release.accuracy) + 1
+            size = len(key[2]) + len(key[3]) + len(answer.notices) + VALUE_BYTES * values
+            self.put(key, answer, size)

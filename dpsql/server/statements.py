@@ -25,7 +25,7 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlglot
 from pg_mimic import PgError, ResultColumn
@@ -38,7 +38,7 @@ from dpsql.dbapi import Connection as DbapiConnection
 from dpsql.errors import Error, InterfaceError
 from dpsql.mechanisms.samplers import secure_generator
 from dpsql.server import introspection
-from dpsql.server.memo import Answer, ReleaseMemo, memo_key
+from dpsql.server.memo import VALUE_BYTES, Answer, ReleaseMemo, SizedLru, memo_key
 from dpsql.server.sqlstate import INTERNAL_ERROR, QUERY_CANCELED, pg_error
 from dpsql.server.values import (
     announced_columns,
@@ -56,6 +56,15 @@ ACCURACY_NOTICE = "dpsql accuracy"
 # the worker may be planning or charging when the first one comes, before the
 # database has a statement to interrupt.
 INTERRUPT_EVERY = 0.05
+SHAPE_BYTES = 1024 * 1024  # the statement shapes kept, in approximate bytes
+
+
+class Shape(NamedTuple):
+    """What a statement's text says before it runs: its parameters' types and, when it
+    has parameters, the columns it will release."""
+
+    param_oids: list[int]
+    announced: list[ResultColumn] | None
 
 
 @dataclass(eq=False)
@@ -89,10 +98,30 @@ class Backend:
         self.adapter, self.policy, self.ledger = template.adapter, template.policy, template.ledger
         self.schema = introspection.catalog_schema(self.policy)
         self.memo = ReleaseMemo()
+        self.shapes = SizedLru(SHAPE_BYTES)
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="dpsql-wire")
         self._stripes = [threading.Lock() for _ in range(256)]
         self._jobs = threading.Lock()  # guards every Job's thread and ended
         self._stopping: set[asyncio.Task] = set()
+
+    def shape(self, sql: str, declared: list[int | None]) -> Shape:
+        """A statement's parameter types and announced columns, parsed once per text and
+        declared types (sqlglot, ~0.1 ms): a client that does not prepare its statements
+        sends the same Parse again and again."""
+        if not declared and "$" not in sql:
+            return Shape([], None)  # no parameter to type, so no columns to announce
+        key = sql, tuple(declared)
+        shape = self.shapes.get(key)
+        if shape is None:
+            try:
+                tree = sqlglot.parse_one(sql, dialect="postgres")
+            except sqlglot.errors.SqlglotError:
+                tree = None  # the Session says what is wrong with it, at Bind
+            announced = announced_columns(tree, self.policy)
+            shape = Shape(parameter_oids(tree, self.policy, declared), announced)
+            size = len(sql) + VALUE_BYTES * (len(shape.param_oids) + len(announced or ()))
+            self.shapes.put(key, shape, size)
+        return shape
 
     def open_session(self, analyst: str) -> Session:
         return Session(self.adapter, self.policy, self.ledger, analyst, max_groups=self.max_groups)
@@ -249,13 +278,7 @@ class PrivateStatement(Statement):
     def __init__(self, owner: WireSession, sql: str, declared: list[int | None]):
         self.owner = owner
         self.sql = sql
-        try:
-            # the tree types $n parameters, so without a "$" there is none to parse (~0.1 ms)
-            need = declared or "$" in sql
-            self.tree = sqlglot.parse_one(sql, dialect="postgres") if need else None
-        except sqlglot.errors.SqlglotError:
-            self.tree = None  # the Session says what is wrong with it, at Bind
-        self.param_oids = parameter_oids(self.tree, owner.backend.policy, declared)
+        self.param_oids, self._announced = owner.backend.shape(sql, declared)
         self.columns: list[ResultColumn] | None = None
         self.described = False
         self._early: Answer | None = None
@@ -265,7 +288,7 @@ class PrivateStatement(Statement):
             return self.columns
         if self.param_oids:
             # parameters are not bound yet: announce, and convert the release later
-            self.columns = announced_columns(self.tree, self.owner.backend.policy)
+            self.columns = self._announced
         else:
             self._early = await self.owner.execute(self.sql, [])
             self.columns = self._early.columns

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+import sqlglot
 
 from dpsql.server.memo import Answer, ReleaseMemo
 from dpsql.session import CachedRelease
@@ -76,6 +77,20 @@ def test_statements_the_cache_does_not_keep_always_reach_the_session(duck, trips
         spent.append(conn.execute("SHOW dpsql.budget").fetchone()[2])
     assert spent[1] == pytest.approx(spent[0] + 1.0)
     assert trips.count("SHOW dpsql.budget") == 2
+
+
+def test_a_statement_with_parameters_is_parsed_once(duck, monkeypatch) -> None:
+    parse, parsed = sqlglot.parse_one, []
+
+    def counting(sql, *args, **kwargs):
+        parsed.append(sql)
+        return parse(sql, *args, **kwargs)
+
+    monkeypatch.setattr(sqlglot, "parse_one", counting)
+    by_sex = "SELECT COUNT(*) AS n FROM pums WHERE sex = %s"
+    counts = [_run(duck, by_sex, (sex,)) for sex in (0, 1, 0)]  # a Parse on each connection
+    assert counts[0] == counts[2] and isinstance(counts[1][0][0], int)
+    assert parsed == ["SELECT COUNT(*) AS n FROM pums WHERE sex = $1"]
 
 
 def _cached(rows: int) -> Answer:
