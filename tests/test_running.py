@@ -468,3 +468,21 @@ def test_ticks_stored_by_their_last_step_continue_unless_they_overlap(tmp_path, 
         else:
             with pytest.raises(dpsql.IntegrityError, match="do not follow each other"):
                 con.execute(query)
+
+
+def test_stored_ticks_are_decoded_once_while_they_stay_the_first_stored(monkeypatch):
+    """A tick reads every stored tick of its stream: those decoded before are reused, and
+    only while the ledger still holds them first (else everything is decoded again)."""
+    decoded = []
+    loads = running.json.loads
+    monkeypatch.setattr(running.json, "loads", lambda text: decoded.append(text) or loads(text))
+    kept_as = ("stream:test-decoded:", 7)
+    stored = {"stream:test-decoded:from00000000": "[[1.0, 2.0]]"}
+    assert running._released(stored, 1, kept_as).tolist() == [[1.0, 2.0]]
+    stored["stream:test-decoded:from00000002"] = "[[3.0]]"
+    assert running._released(stored, 1, kept_as).tolist() == [[1.0, 2.0, 3.0]]
+    assert running._released(stored, 1, kept_as).tolist() == [[1.0, 2.0, 3.0]]
+    assert decoded == ["[[1.0, 2.0]]", "[[3.0]]"]
+    other = {"stream:test-decoded:from00000000": "[[9.0]]"}  # not what was decoded first
+    assert running._released(other, 1, kept_as).tolist() == [[9.0]]
+    assert decoded[-1] == "[[9.0]]"

@@ -60,9 +60,13 @@ _FROM = "from"  # a tick's stored values are named by the step they start from
 # A standing query is planned again at every tick, and checking and analysing it
 # cost more than the database's own incremental GROUP BY: streams planned before
 # are kept, by everything their plan depends on, and so are their noise vectors
-# (data-independent, derived from the stream's key), up to these sizes.
+# (data-independent, derived from the stream's key), up to these sizes. The
+# released values stored tick by tick are read at every tick: those decoded
+# before are kept too (decoding them all again took a tick of an hourly stream
+# from 4.4 ms CPU at 10 ticks to 12.9 ms at 2,000; 8.1 ms when kept).
 _PLANNED_STREAMS = 64
 _NOISE_VALUES = 1 << 23
+_RELEASED_VALUES = 1 << 22
 # String literals standing for the step query's bounds in its per-dialect text
 _BOUND_MARKERS = ("__dpsql_first_step__", "__dpsql_end_step__")
 
@@ -165,6 +169,8 @@ class _Kept:
 
 _planned = _Kept(_PLANNED_STREAMS)
 _noises = _Kept(_NOISE_VALUES, len)
+# (prefix, noise key) -> (stored payloads in name order, their decoded values)
+_decoded = _Kept(_RELEASED_VALUES, lambda kept: kept[1].size + len(kept[0]))
 
 
 def _shape(select: exp.Select, windows: list[exp.Window]) -> _Shape:
@@ -761,7 +767,7 @@ class RunningPlan:
         stored = context.stored.find(self.prefix)
         meta = stored.pop(f"{self.prefix}meta", None)
         self.key = json.loads(meta)["key"] if meta is not None else None
-        self.released = _released(stored, len(stream.partition_values))
+        self.released = _released(stored, len(stream.partition_values), (self.prefix, self.key))
         self.steps = stream.complete_steps()
         self.cost = stream.cost if self.key is None else Cost()
         self.sql = (
@@ -863,16 +869,29 @@ class RunningPlan:
         ]
 
 
-def _released(stored: dict[str, str], width: int) -> np.ndarray:
+def _released(stored: dict[str, str], width: int, kept_as: tuple[str, Any]) -> np.ndarray:
     """The values released so far, per partition, from the stored ticks in step order.
+
+    The ledger never changes a stored tick, so the ticks decoded at an earlier
+    tick are reused when they are still the first ones stored (compared by
+    their text), and only the newer ones are decoded.
 
     Each tick must start where the ones before it end: ledgers written before
     ticks were named by their first step (`<prefix><last step>`) could hold two
     ticks built on the same steps, and such a stream is not released again.
     """
-    ticks, done = [], 0
-    for name in sorted(stored):  # zero-padded: the old names sort first, as they came first
-        tick = np.array(json.loads(stored[name]), dtype=np.float64).reshape(width, -1)
+    if not stored:
+        return np.zeros((width, 0))
+    names = sorted(stored)  # zero-padded: the old names sort first, as they came first
+    payloads = [stored[name] for name in names]
+    kept = _decoded.get(kept_as)
+    reused = len(kept[0]) if kept is not None and kept[0] == payloads[: len(kept[0])] else 0
+    if reused and reused == len(payloads):
+        return kept[1]
+    ticks = [kept[1]] if reused else []
+    done = kept[1].shape[1] if reused else 0
+    for name, payload in zip(names[reused:], payloads[reused:], strict=True):
+        tick = np.array(json.loads(payload), dtype=np.float64).reshape(width, -1)
         suffix = name.rsplit(":", 1)[1]
         start = (
             int(suffix[len(_FROM) :]) if suffix.startswith(_FROM) else int(suffix) - tick.shape[1]
@@ -885,7 +904,10 @@ def _released(stored: dict[str, str], width: int) -> np.ndarray:
             )
         ticks.append(tick)
         done += tick.shape[1]
-    return np.concatenate(ticks, axis=1) if ticks else np.zeros((width, 0))
+    values = np.concatenate(ticks, axis=1)
+    values.flags.writeable = False  # shared with later ticks of the process
+    _decoded.keep(kept_as, (payloads, values))
+    return values
 
 
 def _key(value: Any) -> Any:
