@@ -67,6 +67,7 @@ MAX_STARTUP_LENGTH = 10_000  # as PostgreSQL's MAX_STARTUP_PACKET_LENGTH
 MAX_MESSAGE_LENGTH = 8 * 1024 * 1024  # far above the Session's 1,000,000-character SQL limit
 PROTOCOL_3_0 = 3 << 16
 _FLUSH_AT = 64 * 1024
+_READ_AT_ONCE = 64 * 1024
 _FLUSHING = {messages.SYNC, messages.QUERY, messages.FLUSH}
 _PARSERS = {
     messages.QUERY: messages.parse_query,
@@ -80,12 +81,13 @@ _logger = logging.getLogger(__name__)
 
 
 class LimitedStream(PgStream):
-    """PgStream with length checks and writes buffered until `drain`."""
+    """PgStream with length checks, and reads and writes buffered."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         super().__init__(reader, writer)
         self.buffer: list[bytes] = []
         self.size = 0
+        self._received = bytearray()  # read past the last message returned
 
     async def read_startup_packet(self) -> tuple[int, bytes]:
         length = unpack_int32(await self._read_exactly(4))
@@ -95,15 +97,31 @@ class LimitedStream(PgStream):
         return code, await self._read_exactly(length - 8)
 
     async def read_message(self) -> tuple[bytes, bytes]:
-        header = await self._read_exactly(5)
-        length = unpack_int32(header, 1)
-        if not 4 <= length <= MAX_MESSAGE_LENGTH:
-            await self.fatal(
-                PROTOCOL_VIOLATION,
-                f"invalid message length {length} (at most {MAX_MESSAGE_LENGTH} bytes); "
-                "send shorter statements",
-            )
-        return header[:1], await self._read_exactly(length - 4)
+        """The next message, cut from what the socket has delivered: a client's Bind,
+        Describe, Execute and Sync arrive together, and reading each header and body
+        with readexactly cost two coroutines and buffer copies per message.
+
+        Only after the startup phase: bytes read ahead of a TLS upgrade would be lost.
+        """
+        received = self._received
+        while True:
+            if len(received) >= 5:
+                length = unpack_int32(received, 1)
+                if not 4 <= length <= MAX_MESSAGE_LENGTH:
+                    await self.fatal(
+                        PROTOCOL_VIOLATION,
+                        f"invalid message length {length} (at most {MAX_MESSAGE_LENGTH} "
+                        "bytes); send shorter statements",
+                    )
+                if len(received) > length:
+                    break
+            chunk = await self.reader.read(_READ_AT_ONCE)
+            if not chunk:
+                raise ConnectionClosed("the client closed the connection")
+            received += chunk
+        message = bytes(received[:1]), bytes(received[5 : length + 1])
+        del received[: length + 1]
+        return message
 
     def write(self, data: bytes) -> None:
         self.buffer.append(data)
@@ -199,18 +217,19 @@ class WireConnection(Connection):
         return ok
 
     async def _command_loop(self) -> None:
+        task = asyncio.current_task()
         while True:
             tag, payload = await self.stream.read_message()
             if tag == messages.TERMINATE:
                 return
-            await self._run(tag, payload)
+            await self._run(tag, payload, task)
             if tag in (messages.QUERY, messages.SYNC):
                 self.stream.write(messages.make_ready_for_query(self.tx_status))
                 self._ignore_until_sync = False
             if tag in _FLUSHING or self.stream.size > _FLUSH_AT:
                 await self.stream.drain()
 
-    async def _run(self, tag: bytes, payload: bytes) -> None:
+    async def _run(self, tag: bytes, payload: bytes, task: asyncio.Task) -> None:
         """Handle one message in this connection's own task, which a CancelRequest cancels.
 
         pg-mimic wraps each message in a Task of its own so that a cancel hits
@@ -219,7 +238,6 @@ class WireConnection(Connection):
         connection's task while it waits inside this method, and only then: the
         flag tells it apart from the server's shutdown, which must go through.
         """
-        task = asyncio.current_task()
         self._current_task = task
         try:
             await self._dispatch(tag, payload)
