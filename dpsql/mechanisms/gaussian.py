@@ -43,14 +43,15 @@ from dpsql.mechanisms.grid import (
     power_of_two_exponent,
     privacy_parameter,
 )
-from dpsql.mechanisms.pool import Draw, NoisePool
-from dpsql.mechanisms.samplers import ExactReal, below, in_chunks, laplace_sampler
+from dpsql.mechanisms.pool import Draw
+from dpsql.mechanisms.samplers import CHUNK, ExactReal, Sampler, below, exact_laplace
 
 GRANULARITY_BITS = 19  # the grid version runs at sigma ~ 2^19 grid steps, as grid Laplace does
 _MAX_SIGMA2 = Fraction(1 << 80)  # t <= 2^40: candidates and their squares stay exact in float64
 _MARGIN = 2.0**-36  # relative slack around the float acceptance probability
 _FLOOR = 2.0**-62  # absolute slack, for probabilities too small to have a relative error
 _WORD = 2.0**-64
+Floats = float | np.ndarray
 _DIRECT_SIGMA = 1 << 16  # above this the closed forms use Euler-Maclaurin, exact to ~sigma^-4
 _CERTAIN = 2.0**-40  # coverage is decided in floating point only when it is this far from 0.95
 
@@ -60,18 +61,20 @@ def _floor_sqrt(value: Fraction) -> int:
     return math.isqrt(value.numerator * value.denominator) // value.denominator
 
 
-class _Plan:
+class _Plan(Sampler):
     """The rejection sampler for one sigma^2."""
 
     def __init__(self, sigma2: Fraction) -> None:
+        super().__init__()
         self.sigma2 = sigma2
         self.t = Fraction(max(1, _floor_sqrt(4096 * sigma2)), 64)  # floor(64 sigma) / 64
         self.shift = sigma2 / self.t  # the candidate |Y| most likely to be accepted
         self._shift = float(self.shift)
         self._half_inverse = float(1 / (2 * sigma2))
         self.acceptance = self._acceptance()
-        self._laplace = laplace_sampler(self.t)
-        self.sample = NoisePool(functools.partial(in_chunks, self._chunk))  # draw(size, rng)
+        self._laplace = exact_laplace(self.t)
+        # outputs per chunk such that one pass of candidates usually fits in CHUNK
+        self.chunk_size = max(1, math.floor((CHUNK - 16) * self.acceptance / 1.05))
 
     def _acceptance(self) -> float:
         """P(a candidate is accepted), in floating point: it only sizes the batches."""
@@ -91,17 +94,26 @@ class _Plan:
         gap = np.abs(candidates) - self._shift
         return np.exp(-(gap * gap) * self._half_inverse)
 
-    def _chunk(self, size: int, rng: np.random.Generator) -> np.ndarray:
+    def chunk(self, size: int, rng: np.random.Generator) -> np.ndarray:
         out = np.empty(size, dtype=np.int64)
         filled = 0
         while filled < size:
             need = size - filled
             # 5% and 16 candidates to spare: a second pass is rare even for a single value
-            candidates = self._laplace(math.ceil(need / self.acceptance * 1.05) + 16, rng)
+            count = min(CHUNK, math.ceil(need / self.acceptance * 1.05) + 16)
+            candidates = self._laplace.draw(count, rng)
             kept = candidates[self._accept(candidates, rng)][:need]
             out[filled : filled + kept.size] = kept
             filled += kept.size
         return out
+
+    def one(self, rng: np.random.Generator) -> int:
+        """`chunk` for one value: candidates one at a time until one is accepted. How many are
+        drawn is independent of the value accepted, as in `chunk`."""
+        while True:
+            candidate = self._laplace.one(rng)
+            if self._accept_one(candidate, int(rng.bit_generator.random_raw()), rng):
+                return candidate
 
     def _accept(self, candidates: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Exact Bernoulli(exp(-(|y| - s)^2 / (2 sigma^2))) for each candidate y.
@@ -114,15 +126,30 @@ class _Plan:
         """
         words = rng.bit_generator.random_raw(candidates.size)
         probability = self._probability(candidates.astype(np.float64))
-        uniform = words.astype(np.float64) * _WORD
-        accept = uniform < probability * (1 - _MARGIN) - _FLOOR
-        undecided = ~accept & (uniform <= probability * (1 + _MARGIN) + _FLOOR)
+        accept, undecided = _decide(words.astype(np.float64) * _WORD, probability)
         for at in np.flatnonzero(undecided):
             accept[at] = below(self.exact_probability(int(candidates[at])), int(words[at]), rng)
         return accept
 
+    def _accept_one(self, candidate: int, word: int, rng: np.random.Generator) -> bool:
+        """`_accept` of one candidate and its word, in Python floats (math.exp is, like
+        np.exp, within a few ulps)."""
+        gap = abs(candidate) - self._shift
+        accept, undecided = _decide(word * _WORD, math.exp(-(gap * gap) * self._half_inverse))
+        if undecided:
+            return below(self.exact_probability(candidate), word, rng)
+        return accept
+
     def exact_probability(self, candidate: int) -> ExactReal:
         return ExactReal.exp_neg((abs(candidate) - self.shift) ** 2 / (2 * self.sigma2))
+
+
+def _decide(uniform: Floats, probability: Floats) -> tuple[Floats, Floats]:
+    """Whether uniform < probability where the float probability's error margin allows it
+    to be told, and where it does not (undecided: the caller decides exactly). Elementwise
+    on arrays."""
+    low = probability * (1 - _MARGIN) - _FLOOR
+    return uniform < low, (uniform >= low) & (uniform <= probability * (1 + _MARGIN) + _FLOOR)
 
 
 @functools.lru_cache(maxsize=64)

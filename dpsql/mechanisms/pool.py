@@ -1,11 +1,14 @@
 """Noise drawn ahead in vectorised batches and handed out a few values at a time: this module's job.
 
-A single noisy value costs an exact sampler its whole fixed sequence of numpy
-operations (13-40 us on 2 cores), almost all of it per call rather than per
-value. A NoisePool wraps one sampler (one mechanism at one parameter) and keeps
-for each generator a reserve of values drawn in one vectorised call; a small
-request is a slice of that reserve (under 2 us), and a refill, which pays the
-sampler's fixed cost again, comes after 64, 128, ... and then every 2048 values.
+A vectorised draw costs an exact sampler a fixed sequence of numpy operations
+(10-25 us on 2 cores) whatever its size, and drawing values one at a time in
+Python costs 2-6 us each. A NoisePool wraps one sampler (one mechanism at one
+parameter) and keeps for each generator a reserve of values drawn ahead; a
+small request is a slice of that reserve (under 2 us). A generator's first
+request draws only what it asks for (one value: the sampler's Python path), so
+a new session's first noise is not delayed by a fill it may never use; refills
+then draw 64, 128 and then every FULL_FILL values in one vectorised call, small
+enough that the request which pays for a refill stays within tens of us.
 
 Why this keeps the samplers' guarantees:
 - every value is an exact sample the wrapped sampler drew from the requesting
@@ -35,8 +38,8 @@ from collections.abc import Callable
 import numpy as np
 
 POOL_REQUEST = 32  # larger requests share the sampler's fixed cost among their own values
-FIRST_FILL = 64  # a generator's first refill costs about one unpooled call
-FULL_FILL = 2048  # refills double up to this: 16 KB per (sampler, generator)
+REFILL = 64  # the first vectorised refill (after a first request drawn as asked)
+FULL_FILL = 256  # refills double up to this: 2 KB per (sampler, generator); ~10 us of draws
 
 Draw = Callable[[int, np.random.Generator], np.ndarray]
 
@@ -83,7 +86,9 @@ class NoisePool:
                 reserve = self._reserves[rng] = _Reserve()
             start, stop = reserve.next, reserve.next + size
             if stop > reserve.values.size:
-                fill = min(FULL_FILL, max(FIRST_FILL, 2 * reserve.values.size))
+                fill = size  # nothing drawn yet: draw only what the first request asks for
+                if reserve.values.size:
+                    fill = min(FULL_FILL, max(REFILL, 2 * reserve.values.size))
                 reserve.values = self._draw(fill, rng)
                 start, stop = 0, size
             reserve.next = stop

@@ -15,15 +15,19 @@ whatever the scale. Every sample costs the same fixed sequence of numpy
 operations and the same number of random words (1 when scale <= 128, 2 up to
 2^20, then one more per further factor of 8192); only ties with a threshold
 and the far tail (together below 2^-48 per sample, see
-`slow_path_probability`) take an exact Python slow path. Table lookups still
-touch memory at value-dependent addresses, so cache state can shift a single
-call's time by ~0.2 us (see benchmarks/bench_samplers.py); single values are
-therefore served from a pool drawn ahead (pool.py), which also saves the
-fixed cost of the numpy operations.
+`slow_path_probability`) take an exact Python slow path. A few values are
+drawn by the same table lookups in Python integers instead (`Sampler.one`,
+2-6 us a value, where the numpy sequence costs 10-25 us whatever the size).
+Table lookups still touch memory at value-dependent addresses, so cache state
+can shift a single call's time by ~0.2 us (see benchmarks/bench_samplers.py);
+single values are therefore served from a pool drawn ahead (pool.py), which
+also spreads the fixed cost of the numpy operations.
 """
 
 from __future__ import annotations
 
+import abc
+import bisect
 import functools
 import itertools
 import math
@@ -44,17 +48,20 @@ _MAX64 = (1 << 64) - 1
 _MASK64 = _MAX64
 _HALF = 1 << 63  # outcome words are 63-bit uniforms in [0, 2^63)
 _PAD = np.uint64(_HALF)  # an empty bucket's threshold: above every 63-bit word, never tied
+
 _ONE = np.uint64(1)
 _TWO53 = np.uint64(1 << 53)
 _SHIFT32 = np.uint64(32)
 _LOW32 = np.uint64((1 << 32) - 1)
 _CLEAR11 = np.uint64(_MAX64 ^ 2047)
-_CHUNK = 1 << 14  # elements per pass: the temporaries of one pass stay in L2 cache
+_SIGN_SHIFT = np.int64(63)
+CHUNK = 1 << 14  # elements per pass: the temporaries of one pass stay in L2 cache
 _TABLE_PRECISION = 128  # first try for table bounds; doubled when a floor is ambiguous
 _MAX_PRECISION = 1 << 16  # bits; only an exactly dyadic value could need more
 _TOP_SCALE = 128  # scale of the geometric read by the last table
 _MAX_DIGIT = 8192  # outcomes per digit: 2 words cover scales up to 128 * 8192 = 2^20
 _MAX_SCALE = Fraction(1 << 48)  # keeps every sample and intermediate far inside int64
+ONE_AT_A_TIME = 4  # up to here values are drawn one at a time in Python integers (Sampler)
 
 
 def secure_generator(seed: int | None = None) -> np.random.Generator:
@@ -301,31 +308,63 @@ def bernoulli(p: ExactReal, size: int, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
-def in_chunks(
-    draw: Callable[[int, np.random.Generator], np.ndarray], size: int, rng: np.random.Generator
-) -> np.ndarray:
-    """`size` int64 draws made _CHUNK at a time, so each pass's temporaries stay in cache."""
-    if size <= _CHUNK:
-        return draw(size, rng)
-    out = np.empty(size, dtype=np.int64)
-    for start in range(0, size, _CHUNK):
-        stop = min(size, start + _CHUNK)
-        out[start:stop] = draw(stop - start, rng)
-    return out
+class Sampler(abc.ABC):
+    """An exact sampler of one distribution, two ways from one stream of words.
+
+    `one` draws a value in Python integers (2-6 us); `chunk` draws many with a
+    fixed sequence of numpy operations (10-25 us whatever the size, then a few
+    ns a value). `draw(size, rng)` takes whichever is cheaper for the size, and
+    `sample` is `draw` behind a noise pool (pool.py). Both ways compare the same
+    words with the same exact thresholds and do the same work for every value
+    (no branch on an outcome outside ties and the far tail), so neither the law
+    nor the time of a value depends on which way drew it.
+    """
+
+    chunk_size = CHUNK  # values per `chunk` call
+
+    def __init__(self) -> None:
+        self.sample = NoisePool(self.draw)  # draw(size, rng), small requests served from a pool
+
+    @abc.abstractmethod
+    def one(self, rng: np.random.Generator) -> int:
+        """One value, in Python integers."""
+
+    @abc.abstractmethod
+    def chunk(self, size: int, rng: np.random.Generator) -> np.ndarray:
+        """`size` <= chunk_size values as int64, vectorised."""
+
+    def draw(self, size: int, rng: np.random.Generator) -> np.ndarray:
+        """`size` int64 values; large sizes chunk_size at a time, so that each pass's
+        temporaries stay in cache (and below the allocator's 128 KB mmap threshold, past which
+        every temporary would be fresh pages, faulted in one by one: twice the time)."""
+        if size < 0:
+            raise ValueError("size must be >= 0")
+        if size <= ONE_AT_A_TIME:
+            return np.array([self.one(rng) for _ in range(size)], dtype=np.int64)
+        step = self.chunk_size
+        if size <= step:
+            return self.chunk(size, rng)
+        out = np.empty(size, dtype=np.int64)
+        for start in range(0, size, step):
+            stop = min(size, start + step)
+            out[start:stop] = self.chunk(stop - start, rng)
+        return out
 
 
 class SortedCuts:
     """An outcome index #{cut points <= V} by bisection among the thresholds floor(2^63 * cut).
 
-    searchsorted runs the same number of steps for every element (the table
-    has a fixed size), and tiny gaps between cuts cost no memory, unlike the
-    guide table of `cut_table`. The word's low bit is left free for the caller.
+    searchsorted (bisect for one word) runs the same number of steps for every
+    element, give or take one (the table has a fixed size), and tiny gaps between
+    cuts cost no memory, unlike the guide table of `cut_table`. The word's low
+    bit is left free for the caller.
     """
 
     def __init__(self, floors: list[int], cut: Callable[[int], ExactReal]) -> None:
         if not all(a < b for a, b in itertools.pairwise([0, *floors, _HALF])):
             raise InternalError("cut points must be strictly increasing inside (0, 1)")
         self._cut = cut
+        self._floors = [_MAX64, *floors]  # for one word: thr[index - 1], or none
         self._thr = np.array(floors, dtype=np.uint64)
         self._below = np.array([_MAX64, *floors], dtype=np.uint64)  # thr[index - 1], or none
 
@@ -337,8 +376,8 @@ class SortedCuts:
 
     def exact_index(self, word: int, rng: np.random.Generator) -> int:
         u = word >> 1
-        index = int(np.searchsorted(self._thr, np.uint64(u), side="right"))
-        if index and u == int(self._thr[index - 1]):  # V may still be below that cut
+        index = bisect.bisect_right(self._floors, u, 1) - 1
+        if u == self._floors[index]:  # V may still be below that cut
             return index - _resolve_below(self._cut(index - 1), 63, rng)
         return index
 
@@ -402,11 +441,12 @@ def uniform_below(n: np.ndarray, words: np.ndarray, rng: np.random.Generator) ->
     undecided = words * n > np.uint64(0) - n  # wrapping products: the low 64 bits
     for at in np.flatnonzero(undecided):
         count = n[at] if n.ndim else n
-        index[at] = _uniform_exact(int(words[at]), int(count), rng)
+        index[at] = uniform_below_one(int(count), int(words[at]), rng)
     return index
 
 
-def _uniform_exact(word: int, n: int, rng: np.random.Generator) -> int:
+def uniform_below_one(n: int, word: int, rng: np.random.Generator) -> int:
+    """`uniform_below` of one word, in Python integers."""
     value, bits = word, 64
     while (low := (value * n) >> bits) != ((value + 1) * n - 1) >> bits:
         value = (value << 64) | int(_draw_words(rng, 1)[0])
@@ -443,6 +483,13 @@ def _log_bucket(u: np.ndarray, mantissa_bits: int) -> np.ndarray:
     exact = np.where(u < _TWO53, u | _ONE, u & _CLEAR11)
     bits = exact.astype(np.float64).view(np.int64)
     return (bits >> (52 - mantissa_bits)) - (1023 << mantissa_bits)
+
+
+def _log_bucket_one(u: int, mantissa_bits: int) -> int:
+    """`_log_bucket` of one u, in Python integers: octave j, then the next bits of u."""
+    exact = u | 1 if u < 1 << 53 else u & (_MAX64 ^ 2047)
+    octave = exact.bit_length() - 1
+    return (octave << mantissa_bits) + (((exact - (1 << octave)) << mantissa_bits) >> octave)
 
 
 def _powers(base_lo: int, base_hi: int, count: int, precision: int) -> tuple[list, list]:
@@ -493,7 +540,8 @@ class _FiniteLevel:
         gap = min((b - a for a, b in itertools.pairwise(floors)), default=_HALF)
         shift = min(62, gap.bit_length() - 1)  # buckets of width 2^shift <= gap hold one cut each
         table = np.array(floors, dtype=np.uint64)
-        self._shift = np.uint64(shift + 1)  # applied to the whole 64-bit word
+        self._word_shift = shift + 1  # applied to the whole 64-bit word
+        self._shift = np.uint64(self._word_shift)
         self._base, self._thr = _guide(
             table, (table >> np.uint64(shift)).astype(np.int64), 1 << (63 - shift)
         )
@@ -509,7 +557,7 @@ class _FiniteLevel:
 
     def exact_index(self, word: int, rng: np.random.Generator) -> int:
         u = word >> 1
-        bucket = word >> int(self._shift)
+        bucket = word >> self._word_shift
         base, thr = int(self._base[bucket]), int(self._thr[bucket])
         if u != thr:
             return base + (u > thr)
@@ -538,6 +586,7 @@ class _TailLevel:
         table, buckets = table[keep], buckets[keep]
         self._mantissa_bits = mantissa_bits
         self._tail_bucket = tail_bits << mantissa_bits
+        self._tail_start = 1 << tail_bits
         self.tail_bits = tail_bits
         self.cuts = int(table.size)
         base, self._thr = _guide(table, buckets, 63 << mantissa_bits)
@@ -570,9 +619,9 @@ class _TailLevel:
 
     def exact_value(self, word: int, rng: np.random.Generator) -> int:
         u = word >> 1
-        if u < 1 << self.tail_bits:
+        if u < self._tail_start:
             return self._tail_value(u, rng)
-        bucket = int(_log_bucket(np.array([u], dtype=np.uint64), self._mantissa_bits)[0])
+        bucket = _log_bucket_one(u, self._mantissa_bits)
         value, thr = int(self._count_minus_base[bucket]), int(self._thr[bucket])
         if u != thr:
             return value - (u > thr)
@@ -604,7 +653,7 @@ class _TailLevel:
             low += int(_draw_words(rng, 1)[0]) * width
 
 
-class _Plan:
+class LaplaceSampler(Sampler):
     """Exact discrete Laplace of one scale t: P(Z = k) proportional to a^|k|, a = e^(-1/t).
 
     |Z| is 0 with probability p0 = (1-a)/(1+a), else 1 + G with G geometric(a)
@@ -613,13 +662,12 @@ class _Plan:
     independent digits: the first word picks zero-or-(sign, 1 + R0) from 2*L0
     nearly even cuts; each next word picks a truncated-geometric digit; the
     last word picks H, geometric with parameter a^(L0*L1*...), from a tail table.
-    `sample(size, rng)` draws; small requests come from its pool.
     """
 
     def __init__(self, scale: Fraction) -> None:
+        super().__init__()
         rate = 1 / scale  # a = e^-rate
         self.scale = scale
-        self.sample = NoisePool(functools.partial(in_chunks, self._chunk))  # draw(size, rng)
         a = ExactReal.exp_neg(rate)
         if scale <= _TOP_SCALE:
             self._first = None
@@ -639,6 +687,7 @@ class _Plan:
         self._top_multiplier = multiplier
         self._top = _TailLevel(ExactReal.rational(1), multiplier * rate)
         self.words_per_sample = levels + 1
+        self.chunk_size = CHUNK // self.words_per_sample  # the words of a chunk: one pass's size
         # outcome index of the first level -> (signed 1 + R0, signed L0) ; index 0 is Z = 0
         steps = np.arange(1, length + 1, dtype=np.int64)
         self._first_value = np.concatenate([[0], steps, -steps])
@@ -695,7 +744,10 @@ class _Plan:
         cuts += self._first.cuts if self._first is not None else 0
         return (cuts + (1 << self._top.tail_bits)) / _HALF
 
-    def _chunk(self, size: int, rng: np.random.Generator) -> np.ndarray:
+    def one(self, rng: np.random.Generator) -> int:
+        return self._exact(_draw_words(rng, self.words_per_sample).tolist(), rng)
+
+    def chunk(self, size: int, rng: np.random.Generator) -> np.ndarray:
         words = _draw_words(rng, (self.words_per_sample, size))
         values, slow = self._fast(words)
         if slow.any():
@@ -720,7 +772,8 @@ class _Plan:
         """One sample in Python integers, resolving ties and the tail exactly."""
         top = self._top.exact_value(words[-1], rng)
         if self._first is None:
-            return -top if words[0] & 1 else top
+            negative = words[0] & 1
+            return (top ^ -negative) + negative  # negated when the low bit is set, with no branch
         inner = top
         for (level, _), word in zip(reversed(self._digits), words[-2:0:-1], strict=True):
             inner = level.exact_index(word, rng) + inner * self._first_length
@@ -729,13 +782,13 @@ class _Plan:
 
 
 @functools.lru_cache(maxsize=32)  # a plan holds up to ~1.5 MB of tables
-def _plan(scale: Fraction) -> _Plan:
-    return _Plan(scale)
+def _plan(scale: Fraction) -> LaplaceSampler:
+    return LaplaceSampler(scale)
 
 
-def laplace_sampler(scale: int | Fraction) -> Callable[[int, np.random.Generator], np.ndarray]:
-    """The exact discrete Laplace sampler of one scale, as draw(size, rng), for callers
-    that sample it again and again (a single value then skips the checks and the lookup).
+def exact_laplace(scale: int | Fraction) -> LaplaceSampler:
+    """The exact discrete Laplace sampler of one scale, for callers that sample it again and
+    again (a single value then skips the checks and the lookup).
 
     The scale is taken as an exact rational (pass Fraction(float) for a float).
     Tables for a scale are built once (tens of milliseconds) and cached.
@@ -743,7 +796,12 @@ def laplace_sampler(scale: int | Fraction) -> Callable[[int, np.random.Generator
     exact = Fraction(scale)
     if not 0 < exact <= _MAX_SCALE:
         raise ValueError(f"discrete Laplace scale must be in (0, 2^48], got {scale}")
-    return _plan(exact).sample
+    return _plan(exact)
+
+
+def laplace_sampler(scale: int | Fraction) -> Callable[[int, np.random.Generator], np.ndarray]:
+    """The pooled draw(size, rng) of `exact_laplace(scale)`."""
+    return exact_laplace(scale).sample
 
 
 def discrete_laplace(scale: int | Fraction, size: int, rng: np.random.Generator) -> np.ndarray:
@@ -756,3 +814,40 @@ def discrete_laplace(scale: int | Fraction, size: int, rng: np.random.Generator)
 def slow_path_probability(scale: int | Fraction) -> float:
     """Upper bound on P(one sample at this scale takes the exact Python slow path)."""
     return _plan(Fraction(scale)).slow_path_probability()
+
+
+class GeometricSampler(Sampler):
+    """Exact G >= 0 with P(G >= k) = e^(-rate * k), for the staircase's block index.
+
+    When 1/rate <= _TOP_SCALE, G is the count of one tail table (one word, and
+    none of the discrete Laplace's sign work); below that rate the table would
+    be too large, and G is a folded discrete Laplace of scale 1/rate (Y if
+    Y >= 0 else -Y - 1), whose tables are split into digits.
+    """
+
+    def __init__(self, rate: Fraction) -> None:
+        super().__init__()
+        self._tail = _TailLevel(ExactReal.rational(1), rate) if rate >= 1 / _TOP_SCALE else None
+        self._laplace = None if self._tail else exact_laplace(1 / rate)
+
+    def one(self, rng: np.random.Generator) -> int:
+        if self._tail is None:
+            folded = self._laplace.one(rng)
+            return folded ^ (folded >> 63)
+        return self._tail.exact_value(int(_draw_words(rng, 1)[0]), rng)
+
+    def chunk(self, size: int, rng: np.random.Generator) -> np.ndarray:
+        if self._tail is None:
+            folded = self._laplace.chunk(size, rng)
+            return folded ^ (folded >> _SIGN_SHIFT)
+        words = _draw_words(rng, size)
+        values, slow = self._tail.values(words)
+        for index in np.flatnonzero(slow):
+            values[index] = self._tail.exact_value(int(words[index]), rng)
+        return values
+
+
+@functools.lru_cache(maxsize=32)
+def exact_geometric(rate: Fraction) -> GeometricSampler:
+    """The exact geometric sampler of one rate > 0 (1/rate at most 2^48), built once."""
+    return GeometricSampler(rate)

@@ -20,8 +20,7 @@ Sampling (time independent of the value): |Z| = 0 with probability p0, else
 1 + G*Delta + j' with G geometric(b) and j' in 0..Delta-1 of weight w(j'+1)
 (w(Delta) = b), sign fair. One word picks zero/high/low step by comparing
 with exact thresholds (its low bit is the sign), one word picks j' uniformly
-within the step, and G is a folded exact discrete Laplace of scale
-1/epsilon: G = Y if Y >= 0 else -Y - 1 is geometric(b).
+within the step, and G is exact geometric(b) (samplers.GeometricSampler).
 """
 
 from __future__ import annotations
@@ -44,15 +43,16 @@ from dpsql.mechanisms.grid import (
     steps_apart,
 )
 from dpsql.mechanisms.laplace import DiscreteLaplace
-from dpsql.mechanisms.pool import Draw, NoisePool
+from dpsql.mechanisms.pool import Draw
 from dpsql.mechanisms.samplers import (
     ExactReal,
+    Sampler,
     SortedCuts,
     cut_table,
-    in_chunks,
-    laplace_sampler,
+    exact_geometric,
     ratio_cuts,
     uniform_below,
+    uniform_below_one,
 )
 
 GRID_STEPS_BITS = 20  # a block of the grid staircase spans about 2^20 grid steps
@@ -60,7 +60,6 @@ _MAX_SENSITIVITY = (1 << 31) - 1  # uniform_below draws offsets below 2^32
 _TABLE_OFFSETS = 4096  # up to here one table holds every offset of a block
 _MISS = Fraction(COVERAGE_MISS).limit_denominator(100)
 _ONE = np.uint64(1)
-_SIGN_SHIFT = np.int64(63)
 
 
 def continuous_gamma(epsilon: float, objective: str) -> float:
@@ -136,7 +135,7 @@ def _best_steps(delta: int, epsilon: float, gamma: float | str) -> int:
     return min(sorted(candidates), key=objective)
 
 
-class _Plan:
+class _Plan(Sampler):
     """The exact sampler of one discrete staircase (Delta >= 2, r, epsilon).
 
     Every probability is (A + B b) / (C + D b) with integers A..D, the
@@ -147,6 +146,7 @@ class _Plan:
     """
 
     def __init__(self, delta: int, r: int, epsilon: Fraction) -> None:
+        super().__init__()
         b = ExactReal.exp_neg(epsilon)
         total = (2 * r - 1, 2 * delta - 2 * r + 1)
         if delta <= _TABLE_OFFSETS:
@@ -158,21 +158,35 @@ class _Plan:
             cuts = [(1, -1)] + ([(2 * r - 1, -1)] if r > 1 else [])  # P(0), P(0) + P(high step)
             self._steps = SortedCuts(*ratio_cuts(b, cuts, total))
             kinds = [(0, 1)] + ([(0, r - 1)] if r > 1 else []) + [(r - 1, delta - r + 1)]
-            self._start = np.array([1 + start for start, _ in kinds], dtype=np.int64)
-            self._count = np.array([count for _, count in kinds], dtype=np.uint64)
+            self._starts = [1 + start for start, _ in kinds]
+            self._counts = [count for _, count in kinds]
+            self._start = np.array(self._starts, dtype=np.int64)
+            self._count = np.array(self._counts, dtype=np.uint64)
             self._words = 2
+            self.chunk_size //= 2  # the words of a chunk: one pass's size
         self._delta = delta
-        self._laplace = laplace_sampler(1 / epsilon)
-        self.sample = NoisePool(functools.partial(in_chunks, self._chunk))  # draw(size, rng)
+        self._blocks = exact_geometric(epsilon)
 
-    def _chunk(self, size: int, rng: np.random.Generator) -> np.ndarray:
+    def chunk(self, size: int, rng: np.random.Generator) -> np.ndarray:
         words = rng.bit_generator.random_raw((self._words, size))
         steps = self._offsets(words, rng)  # 0 for Z = 0, else 1 + j'
-        folded = self._laplace(size, rng)
-        blocks = folded ^ (folded >> _SIGN_SHIFT)  # y >= 0 stays, y < 0 becomes -y - 1
+        blocks = self._blocks.chunk(size, rng)
         magnitude = np.minimum(steps, 1) * (blocks * self._delta + steps)
         negative = (words[0] & _ONE).view(np.int64)
         return (magnitude ^ -negative) + negative  # negates where the low bit is set
+
+    def one(self, rng: np.random.Generator) -> int:
+        """`chunk` for one value in Python integers, step for step (and with no branch on it)."""
+        words = rng.bit_generator.random_raw(self._words).tolist()
+        if self._words == 1:
+            steps = self._table.exact_index(words[0], rng)
+        else:
+            index = self._steps.exact_index(words[0], rng)
+            within = uniform_below_one(self._counts[index], words[1], rng)
+            steps = min(index, 1) * (self._starts[index] + within)
+        magnitude = min(steps, 1) * (self._blocks.one(rng) * self._delta + steps)
+        negative = words[0] & 1
+        return (magnitude ^ -negative) + negative
 
     def _offsets(self, words: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         table = self._table if self._words == 1 else self._steps
