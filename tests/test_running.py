@@ -377,8 +377,9 @@ def test_a_row_level_step_query_is_its_template_with_the_bounds_written_in(diale
     options = Options(epsilon=1.0, delta=1e-6)
     context = PlanContext(load_policy(_row_level_policy()), options, dialect, seed=11)
     stream = running.plan_running(parse_statement(sql, dialect).tree, context).stream
-    for done, steps in [(0, 1), (3, 7), (29, 52), (0, stream.domain.horizon)]:
-        bounds = [stream.domain.literal(stream.domain.label(i)) for i in (done, steps)]
+    domain = stream.domain
+    for done, steps in [(0, 1), (3, 7), (29, 52), (0, domain.horizon)]:
+        bounds = [domain.literal(domain.text(domain.label(i))) for i in (done, steps)]
         assert stream.step_sql(done, steps, context) == stream._step_query(*bounds, dialect, 11)
     assert stream.templates[dialect] is not None  # the ticks above were written into it
 
@@ -486,3 +487,16 @@ def test_stored_ticks_are_decoded_once_while_they_stay_the_first_stored(monkeypa
     other = {"stream:test-decoded:from00000000": "[[9.0]]"}  # not what was decoded first
     assert running._released(other, 1, kept_as).tolist() == [[9.0]]
     assert decoded[-1] == "[[9.0]]"
+
+
+@pytest.mark.parametrize(("order", "bound"), [("n", 10), ("x", 7.5)])
+def test_int_and_float_streams_release_the_exact_running_counts(tmp_path, order, bound):
+    """Numeric bounds written into the step query (negative ints; float steps of 0.5,
+    computed per row in SQL) count exactly the rows of each step."""
+    db = _ticks()
+    con = dpsql.connect(db, policy=_row_level_policy(), ledger=tmp_path / "ledger.sqlite")
+    query = (
+        f"SELECT {order}, SUM(COUNT(*)) OVER (ORDER BY {order}) FROM ticks WHERE {order} < {bound}"
+    )
+    truth = db.execute(f"{query} GROUP BY {order} ORDER BY {order}").fetchall()
+    assert con.execute(f"{query} GROUP BY {order}").fetchall() == [(k, int(n)) for k, n in truth]

@@ -67,7 +67,7 @@ _FROM = "from"  # a tick's stored values are named by the step they start from
 _PLANNED_STREAMS = 64
 _NOISE_VALUES = 1 << 23
 _RELEASED_VALUES = 1 << 22
-# String literals standing for the step query's bounds in its per-dialect text
+# Texts standing for the step query's bounds in its per-dialect text
 _BOUND_MARKERS = ("__dpsql_first_step__", "__dpsql_end_step__")
 
 
@@ -400,14 +400,19 @@ class _Domain:
             width = self.spec.step
         return exp.Floor(this=exp.Div(this=exp.paren(offset), expression=exp.convert(width)))
 
-    def literal(self, value: Any) -> exp.Expression:
+    def text(self, bound: Any) -> str:
+        """A bound's text in its SQL literal: ISO dates and times, numbers as Python prints
+        them (as sqlglot does)."""
+        if isinstance(bound, dt.datetime):
+            return bound.isoformat(sep=" ")
+        return bound.isoformat() if isinstance(bound, dt.date) else str(bound)
+
+    def literal(self, text: str) -> exp.Expression:
+        """The SQL literal of a bound of the column's type, from its text (see `text`)."""
+        if self.column.type not in ("date", "timestamp"):
+            return exp.Literal.number(text)
+        kind = exp.DataType.Type.DATE if self.column.type == "date" else exp.DataType.Type.TIMESTAMP
         # exp.DataType(this=...) rather than a type name, which exp.cast would parse
-        if isinstance(value, dt.datetime):
-            text, kind = value.isoformat(sep=" "), exp.DataType.Type.TIMESTAMP
-        elif isinstance(value, dt.date):
-            text, kind = value.isoformat(), exp.DataType.Type.DATE
-        else:
-            return exp.convert(value)
         return exp.Cast(this=exp.Literal.string(text), to=exp.DataType(this=kind))
 
 
@@ -660,21 +665,21 @@ class _Stream:
         # the query (analysis, rewrite, SQL generation) cost more than a tenth of
         # the database's own GROUP BY over a million rows: it is built once per
         # dialect with marker bounds, and each tick writes its bounds into it.
+        texts = [self.domain.text(bound) for bound in bounds]
         pieces = None if ranked else self._template(context.dialect)
         if pieces is None:
-            literals = [self.domain.literal(bound) for bound in bounds]
+            literals = [self.domain.literal(text) for text in texts]
             return self._step_query(*literals, context.dialect, context.seed)
-        first, end = (self.domain.literal(b).sql(dialect=context.dialect) for b in bounds)
-        return f"{pieces[0]}{first}{pieces[1]}{end}{pieces[2]}"
+        return f"{pieces[0]}{texts[0]}{pieces[1]}{texts[1]}{pieces[2]}"
 
     def _template(self, dialect: str) -> tuple[str, str, str] | None:
-        """The unranked step query's text cut at its two bounds (None when a marker is not
-        unique: the analyst wrote it too), built on first use."""
+        """The unranked step query's text cut where its bounds' texts go (None when a marker
+        is not unique: the analyst wrote it too), built on first use."""
         if dialect not in self.templates:
-            markers = [exp.Literal.string(name) for name in _BOUND_MARKERS]
             # nothing is ranked, so the rewrite reads no secret: 0 stands for it
-            text = self._step_query(*markers, dialect, 0)
-            first, end = (marker.sql(dialect=dialect) for marker in markers)
+            literals = [self.domain.literal(marker) for marker in _BOUND_MARKERS]
+            text = self._step_query(*literals, dialect, 0)
+            first, end = _BOUND_MARKERS
             pieces = None
             if text.count(first) == text.count(end) == 1 and text.index(first) < text.index(end):
                 head, _, rest = text.partition(first)
