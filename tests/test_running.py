@@ -500,3 +500,15 @@ def test_int_and_float_streams_release_the_exact_running_counts(tmp_path, order,
     )
     truth = db.execute(f"{query} GROUP BY {order} ORDER BY {order}").fetchall()
     assert con.execute(f"{query} GROUP BY {order}").fetchall() == [(k, int(n)) for k, n in truth]
+
+
+def test_a_stream_is_planned_again_for_any_other_tree():
+    """Planned streams are kept by the parsed tree's exact image: a repeat finds its plan;
+    another case of a string or quoted name, or a string for a number, does not."""
+    base = "SELECT day, SUM(COUNT(*)) OVER (ORDER BY day) FROM ticks WHERE tag = 'a' GROUP BY day"
+    others = [base.replace("'a'", "'A'"), base.replace("tag", '"Tag"', 1),
+              base.replace("tag = 'a'", "n = 5"), base.replace("tag = 'a'", "n = '5'"),
+              base.replace("WHERE tag = 'a' ", "")]  # fmt: skip
+    keys = [running._tree_key(parse_statement(sql, "duckdb").tree) for sql in [base, *others]]
+    assert running._tree_key(parse_statement(base, "duckdb").tree) == keys[0]
+    assert len(set(keys)) == len(keys)
