@@ -820,21 +820,21 @@ class RunningPlan:
 
     def _extend(self, rows: list[tuple]) -> np.ndarray:
         """Noisy running totals for steps done+1..steps, per partition."""
-        width = len(self.stream.partition_values)
-        exact = np.zeros((width, self.steps), dtype=np.int64)
+        width, new = len(self.stream.partition_values), self.steps - self.done
+        exact = np.zeros((width, new), dtype=np.int64)  # the new steps only, not all so far
         where = {_key(v): i for i, v in enumerate(self.stream.partition_values)}
         for row in rows:
-            step = self.stream.domain.index(row[0])
+            step = self.stream.domain.index(row[0]) - self.done  # ranked: earlier steps too
             part = where.get(_key(row[1])) if width > 1 else 0
-            if part is not None and 0 <= step < self.steps:
+            if part is not None and 0 <= step < new:
                 exact[part, step] += int(row[-1] or 0)
-        fresh = np.zeros((width, self.steps - self.done))
+        fresh = np.zeros((width, new))
         for part in range(width):
             stream = ContinualStream(self.stream.counter, self.key, part, noise=self._noise(part))
             if self.done:
                 last = self.released[part, -1]
                 stream.resume(self.done, last - float(stream.noise[self.done - 1]))
-            fresh[part] = stream.extend(exact[part, self.done : self.steps])
+            fresh[part] = stream.extend(exact[part])
         return fresh
 
     def _noise(self, part: int) -> np.ndarray:
