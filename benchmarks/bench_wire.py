@@ -4,9 +4,14 @@ The server runs as its own process (`dpsql serve --trust` on loopback), as in
 production: clients in the same process would share its interpreter lock and
 be counted as wire cost. 1, 4 and 16 concurrent psycopg clients (over
 bench_load's 8 analysts) run a trivial private COUNT over the demo census
-table. Two kinds of query are timed separately:
+table. Three kinds of query are timed separately:
 
-- repeats: one query again and again, answered from the release cache (free);
+- repeats: one query again and again, answered from the release cache (free;
+  the server answers it from its memory of the cache, without a worker);
+- first-seen: repeats the server has not answered since it started (released
+  beforehand in this process, on the server's ledger), so its Session reads
+  each from the release cache in a worker thread, as after a restart; one
+  client only, and in process the same queries a second time;
 - distinct: a different constant in WHERE each time, so each is planned,
   charged (one fsync'ed ledger write), run and noised.
 
@@ -20,8 +25,8 @@ alternate round by round and the fastest round of each is shown. CPU times
 come from /proc in clock ticks (10 ms): keep --queries in the hundreds.
 Prints ratios; not a timed test.
 
-    python benchmarks/bench_wire.py [--queries 300] [--rounds 3] [--kinds repeats distinct]
-        [--baseline FOLDER]
+    python benchmarks/bench_wire.py [--queries 300] [--rounds 3]
+        [--kinds repeats first-seen distinct] [--baseline FOLDER]
 
 `--baseline` runs a second server from another version's dpsql package in the
 same rounds, so a change is measured against what it replaces under one load.
@@ -42,12 +47,13 @@ from bench_load import ANALYSTS, _policy, _serve  # the sibling benchmark's serv
 import dpsql
 
 CLIENTS = (1, 4, 16)
+KINDS = ("repeats", "first-seen", "distinct")
 
 
 def _queries(kind: str, client: int, count: int) -> list[str]:
     if kind == "repeats":
         return ["SELECT COUNT(*) FROM census WHERE age > 30"] * count
-    # distinct per client and per run: each one is charged
+    # distinct per client and per run: each one is charged (first-seen: beforehand)
     return [
         f"SELECT COUNT(*) FROM census WHERE income > {client * 1_000_000 + i}" for i in range(count)
     ]
@@ -114,14 +120,21 @@ def _measure(
     round by round, so a change in the machine's load hits all alike; the fastest round
     of each is shown."""
     _in_process(local, _queries(kind, 90, 5))  # warm up caches and the ledger
+    counts = (1,) if kind == "first-seen" else CLIENTS
     local_runs = []
-    wire_runs = {(name, clients): [] for name in servers for clients in CLIENTS}
+    wire_runs = {(name, clients): [] for name in servers for clients in counts}
     for r in range(rounds):
-        local_runs.append([t / n for t in _in_process(local, _queries(kind, 99 - r, n))])
-        for s, (name, (server, port)) in enumerate(servers.items()):
-            for clients in CLIENTS:
+        queries = _queries(kind, 99 - r, n)
+        if kind == "first-seen":
+            _in_process(local, queries)  # released now, timed below from the cache
+        local_runs.append([t / n for t in _in_process(local, queries)])
+        for s, (name, (server, port, released)) in enumerate(servers.items()):
+            for clients in counts:
                 # each server and round its own queries: a distinct one is charged afresh
-                run = _wire(port, server.pid, clients, kind, n, (clients + 10 * r + 100 * s) * 100)
+                offset = (clients + 10 * r + 100 * s) * 100
+                if kind == "first-seen":
+                    _in_process(released, _queries(kind, offset, n))
+                run = _wire(port, server.pid, clients, kind, n, offset)
                 wire_runs[name, clients].append([t / (clients * n) for t in run])
     wall, cpu = min(local_runs)
     print(f"\n{kind}: in-process DB-API {wall * 1e3:.3f} ms/query ({1 / wall:,.0f} queries/s), "
@@ -143,8 +156,8 @@ def main() -> None:
     parser.add_argument(
         "--kinds",
         nargs="+",
-        default=["repeats", "distinct"],
-        choices=["repeats", "distinct"],
+        default=list(KINDS),
+        choices=KINDS,
         help="which queries to time",
     )
     parser.add_argument("--baseline", type=Path, metavar="FOLDER",
@@ -155,12 +168,19 @@ def main() -> None:
         folder = Path(name)
         database, policy = _policy(folder)
         sources = {"this tree": None, "baseline": args.baseline} if args.baseline else {"": None}
-        servers = {
-            label: _serve(str(database), policy, folder / f"served{i}.sqlite", max(CLIENTS), source)
-            for i, (label, source) in enumerate(sources.items())
-        }
-        ledger = str(folder / "local.sqlite")
-        local = dpsql.connect(str(database), policy=str(policy), analyst=ANALYSTS[0], ledger=ledger)
+        servers = {}
+        for i, (label, source) in enumerate(sources.items()):
+            ledger = folder / f"served{i}.sqlite"
+            server = _serve(str(database), policy, ledger, max(CLIENTS), source)
+            # releases first-seen queries on the server's ledger, as its first client
+            released = dpsql.connect(
+                str(database), policy=str(policy), analyst=ANALYSTS[0], ledger=str(ledger)
+            )
+            servers[label] = *server, released
+        ledger = folder / "local.sqlite"
+        local = dpsql.connect(
+            str(database), policy=str(policy), analyst=ANALYSTS[0], ledger=str(ledger)
+        )
         print(f"{args.queries} queries per client, fastest of {args.rounds} rounds; demo census "
               f"(50,000 rows); load average {os.getloadavg()[0]:.1f}")  # fmt: skip
         try:
@@ -168,7 +188,8 @@ def main() -> None:
                 _measure(local, servers, kind, args.queries, args.rounds)
         finally:
             local.close()
-            for server, _ in servers.values():
+            for server, _, released in servers.values():
+                released.close()
                 server.terminate()
                 server.wait(timeout=60)
         print(f"\nload average at the end {os.getloadavg()[0]:.1f}")

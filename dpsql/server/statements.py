@@ -217,15 +217,20 @@ class WireSession(MimicSession):
         key = memo_key(self.session, sql, parameters)
         answer = self.backend.memo.get(key)
         if answer is None:
-            release = await self._run(sql, parameters)
-            answer = Answer(release, _columns(release), _notices(release))
+            answer = await self._run(sql, parameters)
             self.backend.memo.keep(key, answer)
         return answer
 
-    async def _run(self, sql: str, parameters: list[Any]) -> Release:
+    def _answer(self, sql: str, parameters: list[Any] | None, job: Job) -> Answer:
+        """Run the statement, in a worker: the answer's column types and notices are made
+        there too, beside the release just built, and off the event loop."""
+        release = self.backend.execute(self.session, sql, parameters, job)
+        return Answer(release, _columns(release), _notices(release))
+
+    async def _run(self, sql: str, parameters: list[Any]) -> Answer:
         timeout = self.backend.query_timeout or None
         job = Job()
-        running = self.backend.run(self.backend.execute, self.session, sql, parameters or None, job)
+        running = self.backend.run(self._answer, sql, parameters or None, job)
         try:
             return await asyncio.wait_for(running, timeout)
         except TimeoutError:
