@@ -38,7 +38,14 @@ from dpsql.dbapi import Connection as DbapiConnection
 from dpsql.errors import Error, InterfaceError
 from dpsql.mechanisms.samplers import secure_generator
 from dpsql.server import introspection
-from dpsql.server.memo import VALUE_BYTES, Answer, ReleaseMemo, SizedLru, memo_key
+from dpsql.server.memo import (
+    ENTRY_BYTES,
+    VALUE_BYTES,
+    Answer,
+    ReleaseMemo,
+    SizedLru,
+    memo_key,
+)
 from dpsql.server.sqlstate import INTERNAL_ERROR, QUERY_CANCELED, pg_error
 from dpsql.server.values import (
     announced_columns,
@@ -119,7 +126,8 @@ class Backend:
                 tree = None  # the Session says what is wrong with it, at Bind
             announced = announced_columns(tree, self.policy)
             shape = Shape(parameter_oids(tree, self.policy, declared), announced)
-            size = len(sql) + VALUE_BYTES * (len(shape.param_oids) + len(announced or ()))
+            values = len(shape.param_oids) + len(announced or ())
+            size = ENTRY_BYTES + len(sql) + VALUE_BYTES * values
             self.shapes.put(key, shape, size)
         return shape
 

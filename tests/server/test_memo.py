@@ -102,15 +102,15 @@ def _key(sql: str) -> tuple:
 
 
 def test_memo_keeps_only_cached_releases_and_drops_the_least_recently_used() -> None:
-    memo = ReleaseMemo(capacity=16 * 1_000)
+    memo = ReleaseMemo(capacity=16 * 20_000)
     memo.keep(_key("plain"), Answer(Release(["n"], [(1,)]), None, b""))
     assert memo.get(_key("plain")) is None
-    memo.keep(_key("huge"), _cached(10))  # over a sixteenth of the capacity
+    memo.keep(_key("huge"), _cached(200))  # over a sixteenth of the capacity
     assert memo.get(_key("huge")) is None
     for name in "abcdefghij":
-        memo.keep(_key(name), _cached(1))  # about 200 bytes each: 78 fit
+        memo.keep(_key(name), _cached(1))  # about 1,600 bytes each: 199 fit
     assert memo.get(_key("a")).release.rows == [(0,)]  # now the most recently used
-    for number in range(70):
+    for number in range(190):
         memo.keep(_key(str(number)), _cached(1))
     assert memo.get(_key("a")) is not None and memo.get(_key("b")) is None
-    assert memo.size <= memo.capacity
+    assert memo.get(_key("c")) is not None and memo.size <= memo.capacity
