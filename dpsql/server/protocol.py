@@ -15,8 +15,9 @@ lacks is added here, by subclassing rather than forking:
   store that accepts unknown users (see `dpsql.server.auth`);
 - the message loop (`WireConnection`): socket writes batched until Sync,
   Query or Flush (one write per message cost about 20% of throughput),
-  messages handled in the connection's own task rather than one task each
-  (a cancel still stops only the running statement), a single simple-query
+  messages cut from buffered reads rather than read one by one, messages
+  handled in the connection's own task rather than one task each (a cancel
+  still stops only the running statement), a single simple-query
   statement not re-parsed to be split, malformed messages answered with
   08P01 instead of crashing the handler, a statement run at Bind so its
   columns are known (see statements.py), a client vanishing mid-query closing
