@@ -384,3 +384,24 @@ def test_gaussian_synopsis_without_delta_budget_goes_direct_saying_what_to_ask(
         assert charge.cost.epsilon > 0 and charge.cost.rho == 0
         with pytest.raises(dpsql.ProgrammingError, match="'mechanism: laplace' in the synopsis"):
             con.session.build_synopsis("synopsis_visits", "day")
+
+
+def test_other_queries_of_a_synopsis_table_are_analysed_once(
+    visits_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dpsql.sql as planning
+    import dpsql.sql.synopsis as synopsis_module
+
+    calls = []
+
+    def counted(select, table):
+        calls.append(select)
+        return analyze(select, table)
+
+    monkeypatch.setattr(planning, "analyze", counted)
+    monkeypatch.setattr(synopsis_module, "analyze", counted)
+    with _connect(visits_db, tmp_path / "l.sqlite") as con:
+        rows, cursor = _one(con, "SELECT sex, COUNT(*) FROM synopsis_visits GROUP BY sex")
+    assert len(calls) == 1
+    assert [key for key, _ in rows] == [0, 1]  # the public domain, answered directly
+    assert not any("synopsis" in note for note in cursor.notes)

@@ -54,7 +54,7 @@ class PlanContext:
 # check, which refuses their window function.
 SPECIAL_PLANNERS: tuple[Callable[[exp.Select, Table, PlanContext], Plan | None], ...] = (
     plan_local,
-    plan_synopsis,  # last: for a query it declines it returns the direct plan with the reason
+    plan_synopsis,  # last: on a table with synopses it returns the direct plan for any other query
 )
 
 

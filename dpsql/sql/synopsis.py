@@ -519,10 +519,12 @@ def _following(moment: dt.datetime, unit: str) -> dt.datetime:
 
 
 def plan_synopsis(select: exp.Select, table: Table, context: PlanContext) -> Any:
-    """A synopsis plan for a checked range count or aligned histogram; None when not one.
+    """A synopsis plan for a checked range count or aligned histogram; None for a table
+    without synopses.
 
-    When the query touches a synopsis column but cannot be answered from it
-    exactly, the direct plan is returned carrying the reason as a note.
+    Any other query of a table with synopses gets the direct plan (analysed once,
+    here), carrying the reason as a note when it touches a synopsis column but
+    cannot be answered from it exactly.
     """
     from dpsql.sql import bounded_table  # the package imports this module: import late
 
@@ -533,8 +535,8 @@ def plan_synopsis(select: exp.Select, table: Table, context: PlanContext) -> Any
         request = _match(analysis, analysis.table)
     except _Decline as reason:
         return _direct_with_note(analysis, context, str(reason))
-    if request is None:
-        return None
+    if request is None:  # not a synopsis query: answered directly, from this analysis
+        return DirectPlan(analysis, context.options, context.dialect, context.seed)
     stored = context.stored.get(request.domain.key)
     if stored is not None:
         return StoredSynopsisPlan(request, analysis, stored)
