@@ -6,15 +6,18 @@ grid of 1 as it is, and scales by 1/step instead of dividing. Here, on values
 beyond the bounds, NaN, infinities and NULL, the exact integers the database
 returns must equal a reference computed in Python: each passing value clamped
 to the bounds (NaN and +inf to the upper one, -inf to the lower one), in
-whole grid steps.
+whole grid steps. Both in DuckDB and in PostgreSQL, whose casts to BIGINT round
+(the rewrite leaves out ROUND there).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import duckdb
 import pytest
+from conftest import _fresh_schema, _with_search_path
 
 from dpsql.adapters.duckdb import DuckDBAdapter
 from dpsql.ledger import Ledger
@@ -53,7 +56,7 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
+def duckdb_session(tmp_path_factory: pytest.TempPathFactory) -> Session:
     path = tmp_path_factory.mktemp("sums") / "sums.duckdb"
     with duckdb.connect(str(path)) as connection:
         connection.execute("CREATE TABLE t (x DOUBLE)")
@@ -61,6 +64,33 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
         connection.execute("CREATE TABLE u (n BIGINT)")
         connection.executemany("INSERT INTO u VALUES (?)", [[v] for v in N])
     return Session(DuckDBAdapter(str(path)), load_policy(POLICY), Ledger(":memory:"))
+
+
+@pytest.fixture(scope="module")
+def postgres_session(postgres_url: str) -> Iterator[Session]:
+    import psycopg
+
+    from dpsql.adapters.postgres import PostgresAdapter
+
+    schema = _fresh_schema()
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+        try:
+            admin.execute(f"CREATE TABLE {schema}.t (x DOUBLE PRECISION)")
+            admin.execute(f"CREATE TABLE {schema}.u (n BIGINT)")
+            with admin.cursor() as cursor:
+                cursor.executemany(f"INSERT INTO {schema}.t VALUES (%s)", [[v] for v in X])
+                cursor.executemany(f"INSERT INTO {schema}.u VALUES (%s)", [[v] for v in N])
+            adapter = PostgresAdapter(_with_search_path(postgres_url, schema))
+            yield Session(adapter, load_policy(POLICY), Ledger(":memory:"))
+            adapter.close()
+        finally:
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture(params=["duckdb", "postgres"])
+def session(request: pytest.FixtureRequest) -> Session:
+    return request.getfixturevalue(f"{request.param}_session")
 
 
 def _steps(value: float, low: float, high: float, step: float) -> int:
@@ -71,7 +101,7 @@ def _steps(value: float, low: float, high: float, step: float) -> int:
 
 @pytest.mark.parametrize(("sql", "passes", "sides"), CASES)
 def test_sums_are_exact_with_only_the_clamps_they_need(session, sql, passes, sides) -> None:
-    plan = session.plan(parse_statement(sql, "duckdb").tree)
+    plan = session.plan(parse_statement(sql, session.adapter.dialect).tree)
     bounds, step = plan.analysis.measurements[0].bounds, plan.measures[0].step
     # The database orders NaN above every number, infinity included: as +inf it
     # passes and fails the same conditions here, and clamps the same.

@@ -36,6 +36,11 @@ _SOURCE = "__dpsql_source"
 _DOUBLE = exp.DataType.build("DOUBLE")
 _BIGINT = exp.DataType.build("BIGINT")
 _TEXT = exp.DataType.build("TEXT")
+# Dialects whose CAST of a DOUBLE to BIGINT rounds to the nearest integer (ties to
+# even): there a SUM's per-row ROUND, one more operation on every row, is left
+# out. Spark's cast truncates, so it keeps ROUND; any rounding keeps each value in
+# [floor(lower/step), ceil(upper/step)], so this is about accuracy, not privacy.
+_CASTS_ROUND = frozenset({"duckdb", "postgres"})
 _SEEDED_HASHES = {"duckdb": "hash", "spark": "xxhash64"}  # hash(secret, values...)
 
 
@@ -73,7 +78,9 @@ def rewrite(
         else None
     )
     measures = [
-        _measure_sql(m, grids.get(i), unit, analysis).as_(f"{MEASURE_PREFIX}{i}", copy=False)
+        _measure_sql(m, grids.get(i), unit, analysis, dialect).as_(
+            f"{MEASURE_PREFIX}{i}", copy=False
+        )
         for i, m in enumerate(analysis.measurements)
     ]
     one_row_per_unit = unit is None or table.unique_unit
@@ -221,17 +228,20 @@ def _measure_sql(
     grid: SumGrid | None,
     unit: exp.Expression | None,
     analysis: Analysis,
+    dialect: str,
 ) -> exp.Expression:
     if measurement.kind == "count_units":
         return exp.Count(this=exp.Distinct(expressions=[unit.copy()]))
     if measurement.kind == "count":
         argument = measurement.argument.copy() if measurement.argument is not None else exp.Star()
         return exp.Count(this=argument)
-    return exp.Coalesce(this=exp.Sum(this=_grid_steps(measurement, grid, analysis)),
+    return exp.Coalesce(this=exp.Sum(this=_grid_steps(measurement, grid, analysis, dialect)),
                         expressions=[exp.convert(0)])  # fmt: skip
 
 
-def _grid_steps(measurement: Measurement, grid: SumGrid, analysis: Analysis) -> exp.Expression:
+def _grid_steps(
+    measurement: Measurement, grid: SumGrid, analysis: Analysis, dialect: str
+) -> exp.Expression:
     """A SUM's argument per row: clamped to the grid's bounds, in whole grid steps.
 
     This is the per-row work of every SUM, so it does no more than it must
@@ -262,7 +272,9 @@ def _grid_steps(measurement: Measurement, grid: SumGrid, analysis: Analysis) -> 
         value = exp.Mul(
             this=value, expression=exp.Cast(this=exp.convert(1 / grid.step), to=_DOUBLE.copy())
         )
-    return exp.Cast(this=exp.Round(this=value), to=_BIGINT.copy())
+    if dialect not in _CASTS_ROUND:
+        value = exp.Round(this=value)
+    return exp.Cast(this=value, to=_BIGINT.copy())
 
 
 def _bare_column(measurement: Measurement, table: Table) -> Column | None:
