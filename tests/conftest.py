@@ -23,6 +23,7 @@ import os
 import secrets
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -191,6 +192,29 @@ def _schema_of(url: str) -> str:
 
 def _with_search_path(url: str, schema: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
+
+
+@contextmanager
+def postgres_tables(url: str, tables: dict[str, list[tuple]]) -> Iterator[str]:
+    """A fresh schema holding `tables` ("name (column type, ...)" -> rows), dropped after;
+    yields a URL whose search_path is that schema."""
+    import psycopg
+
+    schema = _fresh_schema()
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+        try:
+            for spec, rows in tables.items():
+                admin.execute(f"CREATE TABLE {schema}.{spec}")
+                if rows:
+                    values = ", ".join(["%s"] * len(rows[0]))
+                    with admin.cursor() as cursor:
+                        cursor.executemany(
+                            f"INSERT INTO {schema}.{spec.split()[0]} VALUES ({values})", rows
+                        )
+            yield _with_search_path(url, schema)
+        finally:
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import duckdb
 import pytest
-from conftest import _fresh_schema, _with_search_path
+from conftest import postgres_tables
 
 from dpsql.adapters.duckdb import DuckDBAdapter
 from dpsql.ledger import Ledger
@@ -63,22 +63,12 @@ def duck(tmp_path_factory: pytest.TempPathFactory) -> Session:
 
 @pytest.fixture(scope="module")
 def postgres(postgres_url: str) -> Iterator[Session]:
-    import psycopg
-
     from dpsql.adapters.postgres import PostgresAdapter
 
-    schema = _fresh_schema()
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
-        admin.execute(f"CREATE SCHEMA {schema}")
-        try:
-            admin.execute(f"CREATE TABLE {schema}.n (a SMALLINT, b INTEGER, c REAL)")
-            with admin.cursor() as cursor:
-                cursor.executemany(f"INSERT INTO {schema}.n VALUES (%s, %s, %s)", ROWS)
-            adapter = PostgresAdapter(_with_search_path(postgres_url, schema))
-            yield _session(adapter)
-            adapter.close()
-        finally:
-            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+    with postgres_tables(postgres_url, {"n (a SMALLINT, b INTEGER, c REAL)": ROWS}) as url:
+        adapter = PostgresAdapter(url)
+        yield _session(adapter)
+        adapter.close()
 
 
 @pytest.mark.parametrize("backend", ["duck", "postgres"])

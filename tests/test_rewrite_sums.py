@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import duckdb
 import pytest
-from conftest import _fresh_schema, _with_search_path
+from conftest import postgres_tables
 
 from dpsql.adapters.duckdb import DuckDBAdapter
 from dpsql.ledger import Ledger
@@ -68,24 +68,13 @@ def duckdb_session(tmp_path_factory: pytest.TempPathFactory) -> Session:
 
 @pytest.fixture(scope="module")
 def postgres_session(postgres_url: str) -> Iterator[Session]:
-    import psycopg
-
     from dpsql.adapters.postgres import PostgresAdapter
 
-    schema = _fresh_schema()
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
-        admin.execute(f"CREATE SCHEMA {schema}")
-        try:
-            admin.execute(f"CREATE TABLE {schema}.t (x DOUBLE PRECISION)")
-            admin.execute(f"CREATE TABLE {schema}.u (n BIGINT)")
-            with admin.cursor() as cursor:
-                cursor.executemany(f"INSERT INTO {schema}.t VALUES (%s)", [[v] for v in X])
-                cursor.executemany(f"INSERT INTO {schema}.u VALUES (%s)", [[v] for v in N])
-            adapter = PostgresAdapter(_with_search_path(postgres_url, schema))
-            yield Session(adapter, load_policy(POLICY), Ledger(":memory:"))
-            adapter.close()
-        finally:
-            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+    tables = {"t (x DOUBLE PRECISION)": [(v,) for v in X], "u (n BIGINT)": [(v,) for v in N]}
+    with postgres_tables(postgres_url, tables) as url:
+        adapter = PostgresAdapter(url)
+        yield Session(adapter, load_policy(POLICY), Ledger(":memory:"))
+        adapter.close()
 
 
 @pytest.fixture(params=["duckdb", "postgres"])
