@@ -8,9 +8,9 @@ event loop keeps serving other clients; a repeat that the release cache
 answers is taken from the server's memo of it (memo.py) without that trip.
 A statement runs once per portal, at Bind (or at a parameterless Describe):
 its columns are only known from the release, and the release is what is
-charged. After a noisy release the
-portal sends a NoticeResponse `dpsql accuracy` whose detail is JSON
-{column: {mechanism, scale, interval95, sensitivity}}; `dpsql shell` reads it.
+charged. After a noisy release the portal sends a NoticeResponse
+`dpsql accuracy` whose detail is JSON {column: {mechanism, scale,
+interval95, sensitivity}}; `dpsql shell` reads it.
 
 A statement that runs over the query timeout, or that the client cancels,
 is answered 57014 at once and its statement is interrupted in the database
@@ -264,18 +264,23 @@ class WireSession(MimicSession):
             _logger.exception("internal error while running %r", sql[:200])
             raise PgError(INTERNAL_ERROR, "internal error in dpsql; see the server log") from None
 
+    def notify(self, answer: Answer) -> None:
+        """Send the answer's NoticeResponses (its accuracy and notes), if it has any."""
+        if answer.notices:
+            self._connection.stream.write(answer.notices)
+
 
 def _notices(release: Release) -> bytes:
     """The accuracy of a noisy release, and its notes, as NoticeResponses."""
     if not release.accuracy:
         return b""
     detail = {
-            column: {
-                "mechanism": a.mechanism, "scale": a.scale,
-                "interval95": a.interval95, "sensitivity": a.sensitivity,
-            }
-            for column, a in release.accuracy.items()
-        }  # fmt: skip
+        column: {
+            "mechanism": a.mechanism, "scale": a.scale,
+            "interval95": a.interval95, "sensitivity": a.sensitivity,
+        }
+        for column, a in release.accuracy.items()
+    }  # fmt: skip
     notes = [_notice(note) for note in release.notes]
     return b"".join([_notice(ACCURACY_NOTICE, json.dumps(detail)), *notes])
 
@@ -340,8 +345,7 @@ class PrivatePortal(Portal):
             rows = _converted(rows, self.columns)
         else:
             self.columns = self.answer.columns
-        if self.answer.notices:
-            owner._connection.stream.write(self.answer.notices)
+        owner.notify(self.answer)
         self._rows = rows
         return self.columns
 
