@@ -11,9 +11,12 @@
    runs it), and medians.
 3. The factorization counter's cost per step at T = 2^20: the FFT
    precomputation once, amortised over the horizon, plus an O(1) step.
+4. A tick as its stream ages: an hourly stream ticked every hour, the CPU
+   time of a tick after 10, 1,000 and 2,000 stored ticks (the stored ticks
+   are read back at every tick, and every step is listed).
 
     python benchmarks/bench_continual.py [--reps 2000] [--rows 1000000] [--repeats 15]
-        [--only accuracy|tick|step]
+        [--only accuracy|tick|step|age]
 """
 
 from __future__ import annotations
@@ -135,12 +138,38 @@ def step_cost() -> None:
           f"per step: {(opened / horizon + per_step) * 1e3:.4f} ms per step in all")  # fmt: skip
 
 
+def tick_age(ages: list[int]) -> None:
+    """CPU time of a tick of an hourly stream once it has stored each of `ages` ticks."""
+    db = duckdb.connect()
+    db.execute("CREATE TABLE bench_hours (ts TIMESTAMP)")
+    db.execute("INSERT INTO bench_hours SELECT TIMESTAMP '2024-01-01' + to_minutes(i % 525600) "
+               "FROM range(200000) t(i)")  # fmt: skip
+    policy = {"version": 1, "analysts": {"default": {"epsilon": 10.0, "delta": 1e-5}},
+              "defaults": {"epsilon_per_query": 1.0, "delta": 1e-6},
+              "tables": {"bench_hours": {"columns": {"ts": {
+                  "type": "timestamp", "lower": "2024-01-01", "upper": "2024-12-31",
+                  "continual": {"step": "1 hour", "epsilon": 1.0}}}}}}  # fmt: skip
+    query = "SELECT ts, SUM(COUNT(*)) OVER (ORDER BY ts) AS n FROM bench_hours GROUP BY ts"
+    start, cpu = dt.datetime(2024, 1, 1, tzinfo=dt.UTC), {}
+    with tempfile.TemporaryDirectory() as folder:
+        con = dpsql.connect(db, policy=policy, ledger=Path(folder) / "ledger.sqlite")
+        for tick in range(1, max(ages) + 6):
+            running.clock = lambda tick=tick: start + dt.timedelta(hours=tick)
+            began = time.process_time()
+            con.execute(query).fetchall()
+            cpu[tick] = time.process_time() - began
+    running.clock = running._utc_now
+    figures = [f"{np.median([cpu[a + i] for i in range(5)]) * 1e3:.1f} ms at {a:,}" for a in ages]
+    print(f"an hourly stream's tick after n stored ticks (median CPU time of 5): "
+          f"{'; '.join(figures)}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="continual counting benchmark")
     parser.add_argument("--reps", type=int, default=2000)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=15, help="ticks timed (fastest kept)")
-    parser.add_argument("--only", choices=["accuracy", "tick", "step"], help="run one part")
+    parser.add_argument("--only", choices=["accuracy", "tick", "step", "age"], help="run one part")
     args = parser.parse_args()
     if args.only in (None, "accuracy"):
         accuracy_ratio(args.reps)
@@ -148,6 +177,8 @@ def main() -> None:
         tick_cost(args.rows, args.repeats)
     if args.only in (None, "step"):
         step_cost()
+    if args.only in (None, "age"):
+        tick_age([10, 1000, 2000])
 
 
 if __name__ == "__main__":
