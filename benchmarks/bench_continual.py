@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import tempfile
 import time
 from pathlib import Path
@@ -79,7 +80,9 @@ def tick_cost(rows: int, repeats: int) -> None:
 
     Each repeat opens a new ledger (a new stream: charge, release January),
     then times the tick that releases February, and the raw incremental
-    GROUP BY over the same rows right after; the shared machine's load swamps
+    GROUP BY over the same rows right after, each after a garbage collection
+    (so that neither pays for collecting the earlier repeats' connections,
+    which a tick's allocations could trigger); the shared machine's load swamps
     single timings, so the ratio of the fastest of each is printed, medians,
     and the ratio of median CPU times (the process's, DuckDB's threads included).
     """
@@ -104,10 +107,12 @@ def tick_cost(rows: int, repeats: int) -> None:
             running.clock = lambda: dt.datetime(2024, 1, 31, tzinfo=dt.UTC)
             con.execute(query).fetchall()  # charge the stream and release January
             running.clock = lambda: dt.datetime(2024, 3, 1, tzinfo=dt.UTC)
+            gc.collect()  # the earlier repeats' connections: not this tick's garbage
             began, cpu = time.perf_counter(), time.process_time()
             con.execute(query).fetchall()
             ticks.append(time.perf_counter() - began)
             tick_cpu.append(time.process_time() - cpu)
+            gc.collect()
             began, cpu = time.perf_counter(), time.process_time()
             db.execute(raw_sql).fetchall()
             raws.append(time.perf_counter() - began)
