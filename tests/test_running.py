@@ -512,3 +512,17 @@ def test_a_stream_is_planned_again_for_any_other_tree():
     keys = [running._tree_key(parse_statement(sql, "duckdb").tree) for sql in [base, *others]]
     assert running._tree_key(parse_statement(base, "duckdb").tree) == keys[0]
     assert len(set(keys)) == len(keys)
+
+
+def test_a_stream_planned_for_a_budget_with_delta_is_refused_to_one_without(events, tmp_path):
+    """Streams planned once per process are kept by whether the budget has a delta: a
+    factorization planned for one analyst is still refused to an analyst without delta."""
+    policy = _policy(2.0)
+    policy["analysts"]["nodelta"] = {"epsilon": 10.0, "delta": 0.0}
+    ledger, query = tmp_path / "ledger.sqlite", f"{RUNNING} WHERE day < '2024-01-11' GROUP BY day"
+    first = dpsql.connect(events, policy=policy, ledger=ledger, continual="factorization")
+    assert len(first.execute(query).fetchall()) == 10
+    other = dpsql.connect(events, policy=policy, ledger=ledger, analyst="nodelta",
+                          continual="factorization")  # fmt: skip
+    with pytest.raises(QueryRefused, match="budget has no delta"):
+        other.execute(query)

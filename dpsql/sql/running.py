@@ -109,7 +109,7 @@ def plan_running(select: exp.Select, context: Any) -> RunningPlan | None:
         context.options,
         context.dialect,
         context.unique_units,
-        context.budget,
+        _budget_without_delta(context),  # not the budget: hashing its Fractions cost more
     )
     stream = _planned.get(planned)
     if stream is not None:  # the same query, checked and planned under the same everything
@@ -485,6 +485,11 @@ def _upper_bound(condition: exp.Expression, order: str, domain: _Domain) -> Any:
     return value
 
 
+def _budget_without_delta(context: Any) -> bool:
+    """Whether the analyst's budget has no delta: all that a stream's plan reads of it."""
+    return context.budget is not None and not context.budget.delta
+
+
 @dataclass(frozen=True)
 class _Choice:
     """A stream's mechanism, the delta its Gaussian noise is converted with, and why."""
@@ -516,8 +521,7 @@ def _choose(spec: ContinualSpec, column: str, context: Any) -> _Choice:
     if mechanism == "binary":
         return _Choice(mechanism, 0.0, f"{reason}: pure epsilon, Laplace noise")
     delta = spec.delta if spec.mechanism == "factorization" else context.options.delta
-    budget = context.budget
-    no_budget = budget is not None and not budget.delta
+    no_budget = _budget_without_delta(context)
     if no_budget or not delta:
         who = "your budget has no delta" if no_budget else "this session's dpsql.delta is 0"
         raise _refuse(
