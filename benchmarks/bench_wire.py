@@ -53,9 +53,12 @@ KINDS = ("repeats", "first-seen", "distinct")
 def _queries(kind: str, client: int, count: int) -> list[str]:
     if kind == "repeats":
         return ["SELECT COUNT(*) FROM census WHERE age > 30"] * count
-    # distinct per client and per run: each one is charged (first-seen: beforehand)
+    # distinct per client and per run: each one is charged (first-seen: beforehand); the
+    # two kinds compare differently, so they never share a release
+    compare = ">=" if kind == "first-seen" else ">"
     return [
-        f"SELECT COUNT(*) FROM census WHERE income > {client * 1_000_000 + i}" for i in range(count)
+        f"SELECT COUNT(*) FROM census WHERE income {compare} {client * 1_000_000 + i}"
+        for i in range(count)
     ]
 
 
