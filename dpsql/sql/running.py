@@ -663,6 +663,7 @@ class _Stream:
 
     @cached_property
     def accuracy(self) -> Accuracy:
+        """The running total's accuracy: a closed form, the same at every tick."""
         largest = float(self.deviation.max() * self.unit)
         note = (
             f"per-step standard deviation from {self.deviation[0] * self.unit:.4g} to "
