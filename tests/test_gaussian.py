@@ -122,12 +122,6 @@ def test_acceptance_decisions_are_exact() -> None:
         accepted = plan._accept(candidates, ScriptedWords(words + tie_words))
         exact = [w < f or (w == f and expected) for w, f in zip(words, floors, strict=True)]
         assert accepted.tolist() == exact
-        # one candidate at a time, in Python floats: the same decisions
-        one_by_one = [
-            plan._accept_one(int(y), w, ScriptedWords(tie_words[:1]))
-            for y, w in zip(candidates, words, strict=True)
-        ]
-        assert one_by_one == exact
     # random words: the float filter and the exact comparison agree
     rng = secure_generator(4)
     many = rng.integers(-60, 61, 20_000)
@@ -136,8 +130,6 @@ def test_acceptance_decisions_are_exact() -> None:
     by_candidate = dict(zip(candidates.tolist(), floors, strict=True))
     exact = [int(w) < by_candidate[int(y)] for y, w in zip(many, words, strict=True)]
     assert accepted.tolist() == exact
-    one_by_one = [plan._accept_one(int(y), int(w), None) for y, w in zip(many, words, strict=True)]
-    assert one_by_one == exact
 
 
 def test_a_tied_word_is_resolved_by_the_next_bits() -> None:
@@ -146,8 +138,6 @@ def test_a_tied_word_is_resolved_by_the_next_bits() -> None:
     word, digit = p.floor_scaled(64), p.floor_scaled(128) & ((1 << 64) - 1)
     assert plan._accept(np.array([3]), ScriptedWords([word, digit - 1]))[0]
     assert not plan._accept(np.array([3]), ScriptedWords([word, digit + 1]))[0]
-    assert plan._accept_one(3, word, ScriptedWords([digit - 1]))
-    assert not plan._accept_one(3, word, ScriptedWords([digit + 1]))
     assert isinstance(p, ExactReal)
 
 
@@ -166,28 +156,14 @@ def test_samples_match_closed_forms(sigma2: Fraction) -> None:
     assert abs(np.abs(z).mean() - abs_mean) <= SIGMAS * math.sqrt((variance - abs_mean**2) / N)
 
 
-def _one_at_a_time(sigma2: Fraction, size: int, rng: np.random.Generator) -> np.ndarray:
-    """Values drawn by the sampler's Python path (the first value of every pool)."""
-    plan = gaussian._plan(sigma2)
-    return np.array([plan.one(rng) for _ in range(size)])
-
-
-@pytest.mark.parametrize(
-    ("sigma2", "draw", "size"),
-    [
-        (Fraction(9, 4), discrete_gaussian, N),
-        (Fraction(50), discrete_gaussian, N),
-        (Fraction(9, 4), _one_at_a_time, N // 20),
-        (Fraction(50), _one_at_a_time, N // 20),
-    ],
-)
-def test_pmf_chi_square(sigma2: Fraction, draw, size: int) -> None:
-    z = draw(sigma2, size, secure_generator(7))
+@pytest.mark.parametrize("sigma2", [Fraction(9, 4), Fraction(50)])
+def test_pmf_chi_square(sigma2: Fraction) -> None:
+    z = discrete_gaussian(sigma2, N, secure_generator(7))
     pmf = _pmf(sigma2)
-    support = [k for k, p in pmf.items() if p * size >= 50]
+    support = [k for k, p in pmf.items() if p * N >= 50]
     observed = np.array([(z == k).sum() for k in support] + [(~np.isin(z, support)).sum()])
-    expected = np.array([float(pmf[k]) * size for k in support])
-    expected = np.append(expected, size - expected.sum())
+    expected = np.array([float(pmf[k]) * N for k in support])
+    expected = np.append(expected, N - expected.sum())
     statistic = float(((observed - expected) ** 2 / expected).sum())
     assert stats.chi2.sf(statistic, len(support)) > 1e-6
 

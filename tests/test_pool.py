@@ -18,12 +18,11 @@ import threading
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from dpsql.mechanisms import samplers
 from dpsql.mechanisms.gaussian import DiscreteGaussian, GridGaussian
 from dpsql.mechanisms.laplace import DiscreteLaplace, GridLaplace
-from dpsql.mechanisms.pool import FULL_FILL, POOL_REQUEST, REFILL, NoisePool, PoolableGenerator
+from dpsql.mechanisms.pool import FIRST_FILL, FULL_FILL, POOL_REQUEST, NoisePool, PoolableGenerator
 from dpsql.mechanisms.samplers import secure_generator
 from dpsql.mechanisms.staircase import Staircase
 
@@ -43,34 +42,30 @@ class Counter:
 
 
 def _fills(total: int) -> list[int]:
-    """The draws of a pool serving `total` single values: one value, then REFILL doubling."""
-    fills = [1, REFILL]
+    """The draws of a pool serving `total` single values: FIRST_FILL, doubling to FULL_FILL."""
+    fills = [FIRST_FILL]
     while sum(fills) < total:
         fills.append(min(FULL_FILL, 2 * fills[-1]))
     return fills
 
 
-def test_first_request_draws_what_it_asks_then_refills_double_up_to_the_full_fill() -> None:
+def test_refills_double_up_to_the_full_fill() -> None:
     counter = Counter()
     pool, rng = NoisePool(counter), secure_generator(1)
     served = [int(pool(1, rng)[0]) for _ in range(10_000)]
     assert served == list(range(10_000))  # one at a time, in order, none skipped or repeated
     assert counter.sizes == _fills(10_000)
-    assert counter.sizes[:5] == [1, 64, 128, 256, 256] == [1, REFILL, 2 * REFILL, *[FULL_FILL] * 2]
-    counter = Counter()
-    NoisePool(counter)(POOL_REQUEST, rng)
-    assert counter.sizes == [POOL_REQUEST]  # a larger first request: just its own values
+    assert counter.sizes[:4] == [64, 128, 256, 256]
 
 
 def test_a_request_that_does_not_fit_drops_the_rest_and_never_serves_it() -> None:
     counter = Counter()
     pool, rng = NoisePool(counter), secure_generator(1)
-    assert pool(1, rng).tolist() == [0]
-    half = (REFILL - 4) // 2
-    assert pool(half, rng).tolist() + pool(half, rng).tolist() == list(range(1, 1 + 2 * half))
+    half = (FIRST_FILL - 4) // 2
+    assert pool(half, rng).tolist() + pool(half, rng).tolist() == list(range(2 * half))
     again = pool(POOL_REQUEST, rng)  # 4 values left: not enough
-    assert again.tolist() == list(range(1 + REFILL, 1 + REFILL + POOL_REQUEST))
-    assert counter.sizes == [1, REFILL, 2 * REFILL]
+    assert again.tolist() == list(range(FIRST_FILL, FIRST_FILL + POOL_REQUEST))
+    assert counter.sizes == [FIRST_FILL, 2 * FIRST_FILL]
 
 
 def test_large_requests_and_plain_generators_go_straight_to_the_sampler() -> None:
@@ -107,8 +102,8 @@ def test_reserves_are_per_generator_and_go_with_it() -> None:
     counter = Counter()
     pool = NoisePool(counter)
     first, second = secure_generator(3), secure_generator(3)
-    assert pool(1, first)[0] == 0 and pool(1, second)[0] == 1  # not first's reserve
-    assert pool(1, first)[0] == 2 and pool(1, second)[0] == 2 + REFILL
+    assert pool(1, first)[0] == 0 and pool(1, second)[0] == FIRST_FILL  # not first's reserve
+    assert pool(1, first)[0] == 1
     del first, second
     gc.collect()
     assert len(pool._reserves) == 0
@@ -134,35 +129,13 @@ def test_secure_generators_are_poolable() -> None:
     ids=lambda mechanism: f"{type(mechanism).__name__}-{mechanism.scale:g}",
 )
 def test_single_calls_are_the_draws_of_the_same_seed(mechanism) -> None:
-    fills = _fills(1 + REFILL + 1)  # one value, one vectorised refill, and the next refill
+    fills = _fills(FIRST_FILL + 1)  # the first fill and the next
     pooled = secure_generator(7)
     singles = [mechanism.sample(np.zeros(1, dtype=np.int64), pooled)[0] for _ in range(sum(fills))]
     # the same stream, read by draws of the same sizes on an unpooled generator
     plain = np.random.Generator(np.random.PCG64(7))
     draws = [mechanism.sample(np.zeros(size, dtype=np.int64), plain) for size in fills]
     assert np.array_equal(np.array(singles), np.concatenate(draws))
-
-
-@pytest.mark.parametrize(
-    "mechanism",
-    [DiscreteLaplace(1, 0.3), Staircase(10, 1.0), Staircase(5000, 2.0), DiscreteGaussian(3, 1.0)],
-    ids=lambda mechanism: f"{type(mechanism).__name__}-{mechanism.scale:g}",
-)
-def test_first_values_and_later_values_have_one_law(mechanism) -> None:
-    """A generator's first value comes from the sampler's Python path, later ones from its
-    vectorised refills: a two-sample chi-square test (alpha 1e-6) cannot tell them apart."""
-    size, one = 20_000, np.zeros(1, dtype=np.int64)
-    first = [mechanism.sample(one, secure_generator(seed))[0] for seed in range(size)]
-    rng = secure_generator(size)
-    later = [mechanism.sample(one, rng)[0] for _ in range(size + 1)][1:]
-    # bins at the combined sample's quantiles, a few hundred draws each
-    edges = np.unique(np.quantile(np.concatenate([first, later]), np.linspace(0, 1, 41)))
-    counts = [
-        np.bincount(np.searchsorted(edges, d), minlength=edges.size + 1) for d in (first, later)
-    ]
-    table = np.array(counts)
-    table = table[:, table.sum(axis=0) > 0]
-    assert stats.chi2_contingency(table).pvalue > 1e-6
 
 
 _FORK_SCRIPT = """

@@ -177,21 +177,10 @@ def test_exact_path_agrees_with_vectorised_path(scale: float) -> None:
     assert fast.tolist() == exact
 
 
-@pytest.mark.parametrize("scale", [0.5, 3.7, 128, 129, 1e4, 1e6, 1e9])
-def test_one_value_in_python_is_the_vectorised_value_of_the_same_words(scale: float) -> None:
-    sampler = samplers.exact_laplace(Fraction(scale))
-    for seed in range(2000):
-        one = sampler.one(secure_generator(seed))
-        assert one == sampler.chunk(1, secure_generator(seed))[0]
-    assert sampler.draw(samplers.ONE_AT_A_TIME, secure_generator(1)).dtype == np.int64
-
-
 @pytest.mark.parametrize("rate", [Fraction(5), Fraction(1), Fraction(1, 100), Fraction(1, 1000)])
 def test_geometric_sampler_law_from_a_table_or_a_folded_laplace(rate: Fraction) -> None:
     sampler = samplers.exact_geometric(rate)
     assert (sampler._tail is None) == (rate < Fraction(1, 128))  # else a folded Laplace
-    for seed in range(500):
-        assert sampler.one(secure_generator(seed)) == sampler.chunk(1, secure_generator(seed))[0]
     g = sampler.draw(N // 4, secure_generator(int(1 / rate)))
     b = math.exp(-float(rate))
     # bins: each k with >= 50 expected draws, and the tail beyond them (P(G >= k) = b^k)
@@ -200,13 +189,6 @@ def test_geometric_sampler_law_from_a_table_or_a_folded_laplace(rate: Fraction) 
     observed = np.bincount(np.minimum(g, last), minlength=last + 1)
     statistic = float(((observed - probs * g.size) ** 2 / (probs * g.size)).sum())
     assert g.min() >= 0 and stats.chi2.sf(statistic, last) > 1e-6
-
-
-def _one_and_vectorised(scale: Fraction, words: list[int]) -> int:
-    """The value both paths make of the scripted words, which they must agree on."""
-    one = int(discrete_laplace(scale, 1, ScriptedWords(words))[0])  # one value: the Python path
-    assert samplers._plan(scale).chunk(1, ScriptedWords(words))[0] == one
-    return one
 
 
 def test_tie_with_a_threshold_reads_the_next_bits(digits90: None) -> None:
@@ -218,8 +200,8 @@ def test_tie_with_a_threshold_reads_the_next_bits(digits90: None) -> None:
         word = _floor_bits(cut, 63) << 1
         digit = _floor_bits(cut, 127) & samplers._MASK64
         # V just below the cut: |Z| >= k; just above: |Z| = k - 1; the low bit is the sign
-        assert _one_and_vectorised(scale, [word, digit - 1]) == k
-        assert _one_and_vectorised(scale, [word | 1, digit + 1]) == -(k - 1)
+        assert discrete_laplace(scale, 1, ScriptedWords([word, digit - 1]))[0] == k
+        assert discrete_laplace(scale, 1, ScriptedWords([word | 1, digit + 1]))[0] == -(k - 1)
     assert plan._top.tail_bits >= 1
 
 
@@ -230,8 +212,8 @@ def test_first_level_tie_in_the_two_word_plan(digits90: None) -> None:
     word = _floor_bits(p0, 63) << 1
     digit = _floor_bits(p0, 127) & samplers._MASK64
     top_word = 1 << 62  # any word that lands in the bulk of the top table
-    assert _one_and_vectorised(scale, [word, top_word, digit - 1]) == 0
-    assert _one_and_vectorised(scale, [word, top_word, digit + 1]) != 0
+    assert discrete_laplace(scale, 1, ScriptedWords([word, top_word, digit - 1]))[0] == 0
+    assert discrete_laplace(scale, 1, ScriptedWords([word, top_word, digit + 1]))[0] != 0
 
 
 @pytest.mark.parametrize("u", [0, 1, 37, 200])
@@ -240,7 +222,7 @@ def test_far_tail_is_exact(u: int, digits90: None) -> None:
     plan = samplers._plan(scale)
     assert u < 1 << plan._top.tail_bits
     rest = [0x9E3779B97F4A7C15, 0x6A09E667F3BCC908, 0xBB67AE8584CAA73B]
-    value = _one_and_vectorised(scale, [u << 1, *rest])
+    value = discrete_laplace(scale, 1, ScriptedWords([u << 1, *rest]))[0]
     v = Decimal(u)
     for word in rest:
         v = v * (1 << 64) + word
@@ -299,16 +281,6 @@ def test_pmf_chi_square(scale: float) -> None:
         obs, exp = np.append(obs, observed[~keep].sum()), np.append(exp, expected[~keep].sum())
     statistic = float(((obs - exp) ** 2 / exp).sum())
     assert stats.chi2.sf(statistic, obs.size - 1) > 1e-6
-
-
-@pytest.mark.parametrize("mantissa_bits", [0, 1, 4, 8, 12])
-def test_log_bucket_of_one_word_is_the_vectorised_bucket(mantissa_bits: int) -> None:
-    rng = secure_generator(mantissa_bits)
-    edges = [(1 << k) + d for k in range(64) for d in (-1, 0, 1)] + [(1 << 53) + d for d in (-3, 3)]
-    spread = [int(w) >> (i % 64) for i, w in enumerate(rng.bit_generator.random_raw(20_000))]
-    u = [value for value in [*edges, *spread] if 0 <= value < 1 << 63]
-    vectorised = samplers._log_bucket(np.array(u, dtype=np.uint64), mantissa_bits)
-    assert vectorised.tolist() == [samplers._log_bucket_one(value, mantissa_bits) for value in u]
 
 
 def test_timing_relevant_shape_every_sample_reads_the_same_words() -> None:

@@ -192,20 +192,6 @@ def test_step_sampler_for_large_sensitivity_is_the_exact_pmf() -> None:
     assert abs(np.abs(noise).mean() - abs_mean) <= SIGMAS * math.sqrt(variance / (N // 4))
 
 
-@pytest.mark.parametrize(
-    ("delta", "epsilon"), [(10, 1.0), (100, 10.0), (4000, 12.0), (5000, 2.0), (5000, 12.0)]
-)
-def test_one_value_in_python_is_the_vectorised_value_of_the_same_words(
-    delta: int, epsilon: float
-) -> None:
-    """Guide and bisection tables, one word and two: the Python path makes the same value of
-    the same words (a single value reads its words in the same order either way)."""
-    mech = Staircase(delta, epsilon)
-    plan = staircase._plan(delta, mech.steps, Fraction(epsilon))
-    for seed in range(2000):
-        assert plan.one(secure_generator(seed)) == plan.chunk(1, secure_generator(seed))[0]
-
-
 # --- the sampler against the closed forms ---------------------------------------------------------
 
 

@@ -51,7 +51,6 @@ _MAX_SIGMA2 = Fraction(1 << 80)  # t <= 2^40: candidates and their squares stay 
 _MARGIN = 2.0**-36  # relative slack around the float acceptance probability
 _FLOOR = 2.0**-62  # absolute slack, for probabilities too small to have a relative error
 _WORD = 2.0**-64
-Floats = float | np.ndarray
 _DIRECT_SIGMA = 1 << 16  # above this the closed forms use Euler-Maclaurin, exact to ~sigma^-4
 _CERTAIN = 2.0**-40  # coverage is decided in floating point only when it is this far from 0.95
 
@@ -107,14 +106,6 @@ class _Plan(Sampler):
             filled += kept.size
         return out
 
-    def one(self, rng: np.random.Generator) -> int:
-        """`chunk` for one value: candidates one at a time until one is accepted. How many are
-        drawn is independent of the value accepted, as in `chunk`."""
-        while True:
-            candidate = self._laplace.one(rng)
-            if self._accept_one(candidate, int(rng.bit_generator.random_raw()), rng):
-                return candidate
-
     def _accept(self, candidates: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Exact Bernoulli(exp(-(|y| - s)^2 / (2 sigma^2))) for each candidate y.
 
@@ -126,30 +117,15 @@ class _Plan(Sampler):
         """
         words = rng.bit_generator.random_raw(candidates.size)
         probability = self._probability(candidates.astype(np.float64))
-        accept, undecided = _decide(words.astype(np.float64) * _WORD, probability)
+        uniform = words.astype(np.float64) * _WORD
+        accept = uniform < probability * (1 - _MARGIN) - _FLOOR
+        undecided = ~accept & (uniform <= probability * (1 + _MARGIN) + _FLOOR)
         for at in np.flatnonzero(undecided):
             accept[at] = below(self.exact_probability(int(candidates[at])), int(words[at]), rng)
         return accept
 
-    def _accept_one(self, candidate: int, word: int, rng: np.random.Generator) -> bool:
-        """`_accept` of one candidate and its word, in Python floats (math.exp is, like
-        np.exp, within a few ulps)."""
-        gap = abs(candidate) - self._shift
-        accept, undecided = _decide(word * _WORD, math.exp(-(gap * gap) * self._half_inverse))
-        if undecided:
-            return below(self.exact_probability(candidate), word, rng)
-        return accept
-
     def exact_probability(self, candidate: int) -> ExactReal:
         return ExactReal.exp_neg((abs(candidate) - self.shift) ** 2 / (2 * self.sigma2))
-
-
-def _decide(uniform: Floats, probability: Floats) -> tuple[Floats, Floats]:
-    """Whether uniform < probability where the float probability's error margin allows it
-    to be told, and where it does not (undecided: the caller decides exactly). Elementwise
-    on arrays."""
-    low = probability * (1 - _MARGIN) - _FLOOR
-    return uniform < low, (uniform >= low) & (uniform <= probability * (1 + _MARGIN) + _FLOOR)
 
 
 @functools.lru_cache(maxsize=64)

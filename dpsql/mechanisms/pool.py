@@ -1,13 +1,11 @@
 """Noise drawn ahead in vectorised batches and handed out a few values at a time: this module's job.
 
 A vectorised draw costs an exact sampler a fixed sequence of numpy operations
-(10-25 us on 2 cores) whatever its size, and drawing values one at a time in
-Python costs 2-6 us each. A NoisePool wraps one sampler (one mechanism at one
-parameter) and keeps for each generator a reserve of values drawn ahead; a
-small request is a slice of that reserve (under 2 us). A generator's first
-request draws only what it asks for (one value: the sampler's Python path), so
-a new session's first noise is not delayed by a fill it may never use; refills
-then draw 64, 128 and then every FULL_FILL values in one vectorised call, small
+(10-30 us on 2 cores) whatever its size up to a few hundred values. A
+NoisePool wraps one sampler (one mechanism at one parameter) and keeps for
+each generator a reserve of values drawn ahead; a small request is a slice of
+that reserve (under 2 us). A generator's first request draws FIRST_FILL values
+for about the price of one; refills then double up to FULL_FILL values, small
 enough that the request which pays for a refill stays within tens of us.
 
 Why this keeps the samplers' guarantees:
@@ -38,8 +36,8 @@ from collections.abc import Callable
 import numpy as np
 
 POOL_REQUEST = 32  # larger requests share the sampler's fixed cost among their own values
-REFILL = 64  # the first vectorised refill (after a first request drawn as asked)
-FULL_FILL = 256  # refills double up to this: 2 KB per (sampler, generator); ~10 us of draws
+FIRST_FILL = 64  # a generator's first fill costs about one unpooled call
+FULL_FILL = 256  # refills double up to this: 2 KB per (sampler, generator)
 
 Draw = Callable[[int, np.random.Generator], np.ndarray]
 
@@ -86,9 +84,7 @@ class NoisePool:
                 reserve = self._reserves[rng] = _Reserve()
             start, stop = reserve.next, reserve.next + size
             if stop > reserve.values.size:
-                fill = size  # nothing drawn yet: draw only what the first request asks for
-                if reserve.values.size:
-                    fill = min(FULL_FILL, max(REFILL, 2 * reserve.values.size))
+                fill = min(FULL_FILL, max(FIRST_FILL, 2 * reserve.values.size))
                 reserve.values = self._draw(fill, rng)
                 start, stop = 0, size
             reserve.next = stop

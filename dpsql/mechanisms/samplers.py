@@ -15,19 +15,20 @@ whatever the scale. Every sample costs the same fixed sequence of numpy
 operations and the same number of random words (1 when scale <= 128, 2 up to
 2^20, then one more per further factor of 8192); only ties with a threshold
 and the far tail (together below 2^-48 per sample, see
-`slow_path_probability`) take an exact Python slow path. A few values are
-drawn by the same table lookups in Python integers instead (`Sampler.one`,
-2-6 us a value, where the numpy sequence costs 10-25 us whatever the size).
-Table lookups still touch memory at value-dependent addresses, so cache state
-can shift a single call's time by ~0.2 us (see benchmarks/bench_samplers.py);
-single values are therefore served from a pool drawn ahead (pool.py), which
-also spreads the fixed cost of the numpy operations.
+`slow_path_probability`) take an exact Python slow path. Values are never
+drawn one at a time in Python integers, even a single one: CPython's integer
+arithmetic takes time that depends on the numbers (small ones are cached, large
+ones take more digits and allocations), which measurably leaked the noise value
+through a call's time. Table lookups still touch memory at value-dependent
+addresses, so cache state can shift a single call's time by ~0.2 us (see
+benchmarks/bench_samplers.py); single values are therefore served from a pool
+drawn ahead (pool.py), which also spreads the fixed cost of the numpy
+operations (10-30 us on 2 cores whatever the size).
 """
 
 from __future__ import annotations
 
 import abc
-import bisect
 import functools
 import itertools
 import math
@@ -48,7 +49,6 @@ _MAX64 = (1 << 64) - 1
 _MASK64 = _MAX64
 _HALF = 1 << 63  # outcome words are 63-bit uniforms in [0, 2^63)
 _PAD = np.uint64(_HALF)  # an empty bucket's threshold: above every 63-bit word, never tied
-
 _ONE = np.uint64(1)
 _TWO53 = np.uint64(1 << 53)
 _SHIFT32 = np.uint64(32)
@@ -61,7 +61,6 @@ _MAX_PRECISION = 1 << 16  # bits; only an exactly dyadic value could need more
 _TOP_SCALE = 128  # scale of the geometric read by the last table
 _MAX_DIGIT = 8192  # outcomes per digit: 2 words cover scales up to 128 * 8192 = 2^20
 _MAX_SCALE = Fraction(1 << 48)  # keeps every sample and intermediate far inside int64
-ONE_AT_A_TIME = 4  # up to here values are drawn one at a time in Python integers (Sampler)
 
 
 def secure_generator(seed: int | None = None) -> np.random.Generator:
@@ -309,25 +308,19 @@ def bernoulli(p: ExactReal, size: int, rng: np.random.Generator) -> np.ndarray:
 
 
 class Sampler(abc.ABC):
-    """An exact sampler of one distribution, two ways from one stream of words.
+    """An exact sampler of one distribution, drawn with a fixed sequence of numpy operations.
 
-    `one` draws a value in Python integers (2-6 us); `chunk` draws many with a
-    fixed sequence of numpy operations (10-25 us whatever the size, then a few
-    ns a value). `draw(size, rng)` takes whichever is cheaper for the size, and
-    `sample` is `draw` behind a noise pool (pool.py). Both ways compare the same
-    words with the same exact thresholds and do the same work for every value
-    (no branch on an outcome outside ties and the far tail), so neither the law
-    nor the time of a value depends on which way drew it.
+    `chunk` draws up to chunk_size values (its fixed cost, 10-30 us, dominates
+    below a few hundred values); `draw(size, rng)` draws any number a chunk at a
+    time, and `sample` is `draw` behind a noise pool (pool.py). Every value costs
+    the same operations on the same number of words, whatever it turns out to be
+    (only ties and the far tail take an exact slow path).
     """
 
     chunk_size = CHUNK  # values per `chunk` call
 
     def __init__(self) -> None:
         self.sample = NoisePool(self.draw)  # draw(size, rng), small requests served from a pool
-
-    @abc.abstractmethod
-    def one(self, rng: np.random.Generator) -> int:
-        """One value, in Python integers."""
 
     @abc.abstractmethod
     def chunk(self, size: int, rng: np.random.Generator) -> np.ndarray:
@@ -339,8 +332,6 @@ class Sampler(abc.ABC):
         every temporary would be fresh pages, faulted in one by one: twice the time)."""
         if size < 0:
             raise ValueError("size must be >= 0")
-        if size <= ONE_AT_A_TIME:
-            return np.array([self.one(rng) for _ in range(size)], dtype=np.int64)
         step = self.chunk_size
         if size <= step:
             return self.chunk(size, rng)
@@ -354,17 +345,16 @@ class Sampler(abc.ABC):
 class SortedCuts:
     """An outcome index #{cut points <= V} by bisection among the thresholds floor(2^63 * cut).
 
-    searchsorted (bisect for one word) runs the same number of steps for every
-    element, give or take one (the table has a fixed size), and tiny gaps between
-    cuts cost no memory, unlike the guide table of `cut_table`. The word's low
-    bit is left free for the caller.
+    searchsorted runs the same number of steps for every element, give or take
+    one (the table has a fixed size), and tiny gaps between cuts cost no memory,
+    unlike the guide table of `cut_table`. The word's low bit is left free for
+    the caller.
     """
 
     def __init__(self, floors: list[int], cut: Callable[[int], ExactReal]) -> None:
         if not all(a < b for a, b in itertools.pairwise([0, *floors, _HALF])):
             raise InternalError("cut points must be strictly increasing inside (0, 1)")
         self._cut = cut
-        self._floors = [_MAX64, *floors]  # for one word: thr[index - 1], or none
         self._thr = np.array(floors, dtype=np.uint64)
         self._below = np.array([_MAX64, *floors], dtype=np.uint64)  # thr[index - 1], or none
 
@@ -376,8 +366,8 @@ class SortedCuts:
 
     def exact_index(self, word: int, rng: np.random.Generator) -> int:
         u = word >> 1
-        index = bisect.bisect_right(self._floors, u, 1) - 1
-        if u == self._floors[index]:  # V may still be below that cut
+        index = int(np.searchsorted(self._thr, np.uint64(u), side="right"))
+        if index and u == int(self._thr[index - 1]):  # V may still be below that cut
             return index - _resolve_below(self._cut(index - 1), 63, rng)
         return index
 
@@ -441,12 +431,11 @@ def uniform_below(n: np.ndarray, words: np.ndarray, rng: np.random.Generator) ->
     undecided = words * n > np.uint64(0) - n  # wrapping products: the low 64 bits
     for at in np.flatnonzero(undecided):
         count = n[at] if n.ndim else n
-        index[at] = uniform_below_one(int(count), int(words[at]), rng)
+        index[at] = _uniform_exact(int(words[at]), int(count), rng)
     return index
 
 
-def uniform_below_one(n: int, word: int, rng: np.random.Generator) -> int:
-    """`uniform_below` of one word, in Python integers."""
+def _uniform_exact(word: int, n: int, rng: np.random.Generator) -> int:
     value, bits = word, 64
     while (low := (value * n) >> bits) != ((value + 1) * n - 1) >> bits:
         value = (value << 64) | int(_draw_words(rng, 1)[0])
@@ -483,13 +472,6 @@ def _log_bucket(u: np.ndarray, mantissa_bits: int) -> np.ndarray:
     exact = np.where(u < _TWO53, u | _ONE, u & _CLEAR11)
     bits = exact.astype(np.float64).view(np.int64)
     return (bits >> (52 - mantissa_bits)) - (1023 << mantissa_bits)
-
-
-def _log_bucket_one(u: int, mantissa_bits: int) -> int:
-    """`_log_bucket` of one u, in Python integers: octave j, then the next bits of u."""
-    exact = u | 1 if u < 1 << 53 else u & (_MAX64 ^ 2047)
-    octave = exact.bit_length() - 1
-    return (octave << mantissa_bits) + (((exact - (1 << octave)) << mantissa_bits) >> octave)
 
 
 def _powers(base_lo: int, base_hi: int, count: int, precision: int) -> tuple[list, list]:
@@ -540,8 +522,7 @@ class _FiniteLevel:
         gap = min((b - a for a, b in itertools.pairwise(floors)), default=_HALF)
         shift = min(62, gap.bit_length() - 1)  # buckets of width 2^shift <= gap hold one cut each
         table = np.array(floors, dtype=np.uint64)
-        self._word_shift = shift + 1  # applied to the whole 64-bit word
-        self._shift = np.uint64(self._word_shift)
+        self._shift = np.uint64(shift + 1)  # applied to the whole 64-bit word
         self._base, self._thr = _guide(
             table, (table >> np.uint64(shift)).astype(np.int64), 1 << (63 - shift)
         )
@@ -557,7 +538,7 @@ class _FiniteLevel:
 
     def exact_index(self, word: int, rng: np.random.Generator) -> int:
         u = word >> 1
-        bucket = word >> self._word_shift
+        bucket = word >> int(self._shift)
         base, thr = int(self._base[bucket]), int(self._thr[bucket])
         if u != thr:
             return base + (u > thr)
@@ -586,7 +567,6 @@ class _TailLevel:
         table, buckets = table[keep], buckets[keep]
         self._mantissa_bits = mantissa_bits
         self._tail_bucket = tail_bits << mantissa_bits
-        self._tail_start = 1 << tail_bits
         self.tail_bits = tail_bits
         self.cuts = int(table.size)
         base, self._thr = _guide(table, buckets, 63 << mantissa_bits)
@@ -619,9 +599,9 @@ class _TailLevel:
 
     def exact_value(self, word: int, rng: np.random.Generator) -> int:
         u = word >> 1
-        if u < self._tail_start:
+        if u < 1 << self.tail_bits:
             return self._tail_value(u, rng)
-        bucket = _log_bucket_one(u, self._mantissa_bits)
+        bucket = int(_log_bucket(np.array([u], dtype=np.uint64), self._mantissa_bits)[0])
         value, thr = int(self._count_minus_base[bucket]), int(self._thr[bucket])
         if u != thr:
             return value - (u > thr)
@@ -744,9 +724,6 @@ class LaplaceSampler(Sampler):
         cuts += self._first.cuts if self._first is not None else 0
         return (cuts + (1 << self._top.tail_bits)) / _HALF
 
-    def one(self, rng: np.random.Generator) -> int:
-        return self._exact(_draw_words(rng, self.words_per_sample).tolist(), rng)
-
     def chunk(self, size: int, rng: np.random.Generator) -> np.ndarray:
         words = _draw_words(rng, (self.words_per_sample, size))
         values, slow = self._fast(words)
@@ -772,8 +749,7 @@ class LaplaceSampler(Sampler):
         """One sample in Python integers, resolving ties and the tail exactly."""
         top = self._top.exact_value(words[-1], rng)
         if self._first is None:
-            negative = words[0] & 1
-            return (top ^ -negative) + negative  # negated when the low bit is set, with no branch
+            return -top if words[0] & 1 else top
         inner = top
         for (level, _), word in zip(reversed(self._digits), words[-2:0:-1], strict=True):
             inner = level.exact_index(word, rng) + inner * self._first_length
@@ -829,12 +805,6 @@ class GeometricSampler(Sampler):
         super().__init__()
         self._tail = _TailLevel(ExactReal.rational(1), rate) if rate >= 1 / _TOP_SCALE else None
         self._laplace = None if self._tail else exact_laplace(1 / rate)
-
-    def one(self, rng: np.random.Generator) -> int:
-        if self._tail is None:
-            folded = self._laplace.one(rng)
-            return folded ^ (folded >> 63)
-        return self._tail.exact_value(int(_draw_words(rng, 1)[0]), rng)
 
     def chunk(self, size: int, rng: np.random.Generator) -> np.ndarray:
         if self._tail is None:

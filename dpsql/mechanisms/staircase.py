@@ -52,7 +52,6 @@ from dpsql.mechanisms.samplers import (
     exact_geometric,
     ratio_cuts,
     uniform_below,
-    uniform_below_one,
 )
 
 GRID_STEPS_BITS = 20  # a block of the grid staircase spans about 2^20 grid steps
@@ -158,10 +157,8 @@ class _Plan(Sampler):
             cuts = [(1, -1)] + ([(2 * r - 1, -1)] if r > 1 else [])  # P(0), P(0) + P(high step)
             self._steps = SortedCuts(*ratio_cuts(b, cuts, total))
             kinds = [(0, 1)] + ([(0, r - 1)] if r > 1 else []) + [(r - 1, delta - r + 1)]
-            self._starts = [1 + start for start, _ in kinds]
-            self._counts = [count for _, count in kinds]
-            self._start = np.array(self._starts, dtype=np.int64)
-            self._count = np.array(self._counts, dtype=np.uint64)
+            self._start = np.array([1 + start for start, _ in kinds], dtype=np.int64)
+            self._count = np.array([count for _, count in kinds], dtype=np.uint64)
             self._words = 2
             self.chunk_size //= 2  # the words of a chunk: one pass's size
         self._delta = delta
@@ -174,19 +171,6 @@ class _Plan(Sampler):
         magnitude = np.minimum(steps, 1) * (blocks * self._delta + steps)
         negative = (words[0] & _ONE).view(np.int64)
         return (magnitude ^ -negative) + negative  # negates where the low bit is set
-
-    def one(self, rng: np.random.Generator) -> int:
-        """`chunk` for one value in Python integers, step for step (and with no branch on it)."""
-        words = rng.bit_generator.random_raw(self._words).tolist()
-        if self._words == 1:
-            steps = self._table.exact_index(words[0], rng)
-        else:
-            index = self._steps.exact_index(words[0], rng)
-            within = uniform_below_one(self._counts[index], words[1], rng)
-            steps = min(index, 1) * (self._starts[index] + within)
-        magnitude = min(steps, 1) * (self._blocks.one(rng) * self._delta + steps)
-        negative = words[0] & 1
-        return (magnitude ^ -negative) + negative
 
     def _offsets(self, words: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         table = self._table if self._words == 1 else self._steps
