@@ -120,7 +120,7 @@ class _Plan(Sampler):
         uniform = words.astype(np.float64) * _WORD
         accept = uniform < probability * (1 - _MARGIN) - _FLOOR
         undecided = ~accept & (uniform <= probability * (1 + _MARGIN) + _FLOOR)
-        for at in np.flatnonzero(undecided):
+        for at in undecided.nonzero()[0]:
             accept[at] = below(self.exact_probability(int(candidates[at])), int(words[at]), rng)
         return accept
 

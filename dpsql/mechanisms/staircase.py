@@ -175,7 +175,7 @@ class _Plan(Sampler):
     def _offsets(self, words: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         table = self._table if self._words == 1 else self._steps
         index, tie = table.index(words[0])
-        for at in np.flatnonzero(tie):
+        for at in tie.nonzero()[0]:
             index[at] = table.exact_index(int(words[0, at]), rng)
         if self._words == 1:
             return index
