@@ -20,7 +20,10 @@ wire layer's cost per query is printed two ways, from the 1-client run:
 wall time per query over the wire minus in-process wall time per query (it
 includes the client's and the loopback's share), and the server process's
 CPU time per query minus in-process CPU time per query (the server's own
-share, which a loaded machine disturbs less). In-process and wire runs
+share, which a loaded machine disturbs less). For repeats it is negative:
+the DB-API parses each one and reads the ledger, the server answers from
+memory; first-seen shows what the server adds to a statement it hands to a
+worker (the protocol, the trip to the thread). In-process and wire runs
 alternate round by round and the fastest round of each is shown. CPU times
 come from /proc in clock ticks (10 ms): keep --queries in the hundreds.
 Prints ratios; not a timed test.
