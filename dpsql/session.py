@@ -299,7 +299,7 @@ class Session:
         while ticks is None or tick < ticks:
             if tick:
                 sleep(every)
-            release = self.execute(sql)
+            release = self._answer(statement)  # parsed once: each tick plans from the tree
             yield replace(release, rows=release.rows[shown:], state={})
             shown, tick = max(shown, len(release.rows)), tick + 1
 
