@@ -127,11 +127,12 @@ class Session:
         )
         return plan_query(tree, context)
 
-    def _answer(self, statement: Statement) -> Release:
+    def _answer(self, statement: Statement, *, stream: bool = False) -> Release:
         # A repeat is answered from the release cache before any planning: the
         # fingerprint needs only the statement's key, the policy and the options.
+        # A `stream` (a watch's tick) is never in the cache: no lookup.
         fingerprint = self._fingerprint(statement)
-        cached = self.ledger.cached_release(self.analyst, fingerprint)
+        cached = None if stream else self.ledger.cached_release(self.analyst, fingerprint)
         if cached is not None:
             return _decode(cached)
         plan = self.plan(statement.tree)
@@ -299,7 +300,7 @@ class Session:
         while ticks is None or tick < ticks:
             if tick:
                 sleep(every)
-            release = self._answer(statement)  # parsed once: each tick plans from the tree
+            release = self._answer(statement, stream=True)  # parsed once; planned from the tree
             yield replace(release, rows=release.rows[shown:], state={})
             shown, tick = max(shown, len(release.rows)), tick + 1
 
