@@ -185,7 +185,7 @@ class Session:
                 self.adapter.dialect,
                 self.policy.digest,
                 self.policy.data_version,
-                asdict(self.options),
+                vars(self.options),  # flat: asdict's deep copy costs more than the hash
             ]
         )
         return hashlib.sha256(text.encode()).hexdigest()
@@ -394,7 +394,7 @@ def _encode(release: Release) -> str:
         {
             "columns": release.columns,
             "rows": rows,
-            "accuracy": {k: asdict(v) for k, v in release.accuracy.items()},
+            "accuracy": {k: vars(v) for k, v in release.accuracy.items()},  # flat dataclasses
             "notes": release.notes,
         },
         default=_encode_value,
