@@ -192,10 +192,9 @@ def mechanism_table() -> None:
         )
     print(
         "single call: median; mean call: all calls, pool refills included; 1st and 2nd call: on "
-        f"a new generator (the 1st fills its pool); refill: an unpooled draw of the pool's full "
-        f"refill ({FULL_FILL} "
-        "values), the slowest single call; unpooled: one value on a generator with no pool; the "
-        "verdict reads the batch rate and every single-call figure"
+        "a new generator (the 1st fills its pool); refill: an unpooled draw of the pool's full "
+        f"refill ({FULL_FILL} values), the slowest single call; unpooled: one value on a "
+        "generator with no pool; the verdict reads the batch rate and every single-call figure"
     )
 
 
