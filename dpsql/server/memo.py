@@ -24,12 +24,12 @@ released to the analyst, and answering it again costs no privacy.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from pg_mimic import ResultColumn
 
+from dpsql.lru import WeightedLru
 from dpsql.session import CachedRelease, Session
 from dpsql.sql.plan import Release
 
@@ -62,41 +62,12 @@ def memo_key(session: Session, sql: str, parameters: Sequence[Any]) -> Key:
     return session.analyst, session.options, sql, repr(list(parameters))
 
 
-class SizedLru:
-    """Values by key, the least recently used dropped once their sizes add up past
-    `capacity`; a value over a sixteenth of it is not kept (it would push out many).
+class ReleaseMemo(WeightedLru):
+    """Answers of cached releases by `memo_key`, in at most `limit` approximate bytes; an
+    answer over a sixteenth of that is not kept."""
 
-    Used from the event loop only, so it takes no lock. Hand-written on an
-    OrderedDict: functools.lru_cache wraps a function and bounds entries, not size.
-    """
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.size = 0
-        self._entries: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
-
-    def get(self, key: Any) -> Any:
-        entry = self._entries.get(key)
-        if entry is None:
-            return None
-        self._entries.move_to_end(key)
-        return entry[0]
-
-    def put(self, key: Any, value: Any, size: int) -> None:
-        if key in self._entries or size > self.capacity // 16:
-            return
-        self._entries[key] = value, size
-        self.size += size
-        while self.size > self.capacity:
-            _, (_, dropped) = self._entries.popitem(last=False)
-            self.size -= dropped
-
-
-class ReleaseMemo(SizedLru):
-    """Answers of cached releases by `memo_key`, in at most `capacity` approximate bytes."""
-
-    def __init__(self, capacity: int = MEMO_BYTES):
-        super().__init__(capacity)
+    def __init__(self, limit: int = MEMO_BYTES):
+        super().__init__(limit, largest=limit // 16)
 
     def keep(self, key: Key, answer: Answer) -> None:
         """Remember `answer` if its release is one the release cache keeps and it fits."""

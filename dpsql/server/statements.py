@@ -36,6 +36,7 @@ from pg_mimic.session import Portal, Statement
 
 from dpsql.dbapi import Connection as DbapiConnection
 from dpsql.errors import Error, InterfaceError
+from dpsql.lru import WeightedLru
 from dpsql.mechanisms.samplers import secure_generator
 from dpsql.server import introspection
 from dpsql.server.memo import (
@@ -43,7 +44,6 @@ from dpsql.server.memo import (
     VALUE_BYTES,
     Answer,
     ReleaseMemo,
-    SizedLru,
     memo_key,
 )
 from dpsql.server.sqlstate import INTERNAL_ERROR, QUERY_CANCELED, pg_error
@@ -105,7 +105,7 @@ class Backend:
         self.adapter, self.policy, self.ledger = template.adapter, template.policy, template.ledger
         self.schema = introspection.catalog_schema(self.policy)
         self.memo = ReleaseMemo()
-        self.shapes = SizedLru(SHAPE_BYTES)
+        self.shapes = WeightedLru(SHAPE_BYTES, largest=SHAPE_BYTES // 16)
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="dpsql-wire")
         self._stripes = [threading.Lock() for _ in range(256)]
         self._jobs = threading.Lock()  # guards every Job's thread and ended

@@ -27,8 +27,6 @@ import datetime as dt
 import hashlib
 import json
 import math
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
@@ -40,6 +38,7 @@ from sqlglot import exp
 
 from dpsql.accounting import Cost, zcdp_rho
 from dpsql.errors import IntegrityError, QueryRefused
+from dpsql.lru import WeightedLru
 from dpsql.mechanisms.continual import (
     BinaryTree,
     ContinualStream,
@@ -132,7 +131,7 @@ def plan_running(select: exp.Select, context: Any) -> RunningPlan | None:
     from dpsql.sql import bounded_table  # the package imports this module
 
     stream = _Stream.of(select, shape, bounded_table(table, context), column, context)
-    _planned.keep(planned, stream)
+    _planned.put(planned, stream)
     return RunningPlan(stream, context)
 
 
@@ -151,41 +150,11 @@ def _tree_key(node: Any) -> Any:
     return node  # a name, flag or enum: hashable (sqlglot hashes the arguments too)
 
 
-class _Kept:
-    """A least-recently-used cache holding at most `limit` in weight (entries by default).
-
-    Hand-written because functools.lru_cache bounds entries, not their size, and a
-    noise vector of a long stream weighs millions of values.
-
-    Shared by the sessions of a process (the wire server runs them in threads).
-    """
-
-    def __init__(self, limit: int, weight: Callable[[Any], int] = lambda _: 1):
-        self.limit, self.weight, self.total = limit, weight, 0
-        self.entries: OrderedDict[Any, Any] = OrderedDict()
-        self.lock = threading.Lock()
-
-    def get(self, key: Any) -> Any:
-        with self.lock:
-            value = self.entries.get(key)
-            if value is not None:
-                self.entries.move_to_end(key)
-            return value
-
-    def keep(self, key: Any, value: Any) -> None:
-        with self.lock:
-            if key in self.entries:
-                self.total -= self.weight(self.entries.pop(key))
-            self.entries[key] = value
-            self.total += self.weight(value)
-            while self.total > self.limit and len(self.entries) > 1:
-                self.total -= self.weight(self.entries.popitem(last=False)[1])
-
-
-_planned = _Kept(_PLANNED_STREAMS)
-_noises = _Kept(_NOISE_VALUES, len)
+# shared by the sessions of a process (the wire server runs them in threads)
+_planned = WeightedLru(_PLANNED_STREAMS)
+_noises = WeightedLru(_NOISE_VALUES)  # weighed in values
 # (prefix, noise key) -> (stored payloads in name order, their decoded values)
-_decoded = _Kept(_RELEASED_VALUES, lambda kept: kept[1].size + len(kept[0]))
+_decoded = WeightedLru(_RELEASED_VALUES)
 
 
 def _shape(select: exp.Select, windows: list[exp.Window]) -> _Shape:
@@ -850,7 +819,7 @@ class RunningPlan:
         if noise is None:
             noise = stream.counter.noise(keyed_generator(self.key, part))
             noise.flags.writeable = False
-            _noises.keep(cached, noise)
+            _noises.put(cached, noise, len(noise))
         return noise
 
     def _columns(self) -> list[str]:
@@ -931,7 +900,7 @@ def _released(stored: dict[str, str], width: int, kept_as: tuple[str, Any]) -> n
         done += tick.shape[1]
     values = np.concatenate(ticks, axis=1)
     values.flags.writeable = False  # shared with later ticks of the process
-    _decoded.keep(kept_as, (payloads, values))
+    _decoded.put(kept_as, (payloads, values), values.size + len(payloads))
     return values
 
 

@@ -102,7 +102,7 @@ def _key(sql: str) -> tuple:
 
 
 def test_memo_keeps_only_cached_releases_and_drops_the_least_recently_used() -> None:
-    memo = ReleaseMemo(capacity=16 * 20_000)
+    memo = ReleaseMemo(limit=16 * 20_000)
     memo.keep(_key("plain"), Answer(Release(["n"], [(1,)]), None, b""))
     assert memo.get(_key("plain")) is None
     memo.keep(_key("huge"), _cached(200))  # over a sixteenth of the capacity
@@ -113,4 +113,4 @@ def test_memo_keeps_only_cached_releases_and_drops_the_least_recently_used() -> 
     for number in range(190):
         memo.keep(_key(str(number)), _cached(1))
     assert memo.get(_key("a")) is not None and memo.get(_key("b")) is None
-    assert memo.get(_key("c")) is not None and memo.size <= memo.capacity
+    assert memo.get(_key("c")) is not None and memo.total <= memo.limit
