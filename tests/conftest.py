@@ -22,6 +22,7 @@ import importlib.util
 import os
 import secrets
 import shutil
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -192,6 +193,25 @@ def _schema_of(url: str) -> str:
 
 def _with_search_path(url: str, schema: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
+
+
+@contextmanager
+def cancelling(connection: Any, every: float) -> Iterator[None]:
+    """Send `connection`'s cancel request every `every` seconds until the block ends: a
+    cancel that reaches the server before its query is ignored, so it is sent again."""
+    done = threading.Event()
+
+    def cancel() -> None:
+        while not done.wait(every):
+            connection.cancel_safe()
+
+    canceller = threading.Thread(target=cancel)
+    canceller.start()
+    try:
+        yield
+    finally:
+        done.set()
+        canceller.join()
 
 
 @contextmanager

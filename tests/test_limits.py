@@ -28,6 +28,7 @@ import psycopg
 import pytest
 import sqlglot
 import yaml
+from conftest import cancelling
 from test_faults import serve_process
 
 import dpsql
@@ -258,21 +259,8 @@ def test_a_query_over_the_timeout_is_stopped_in_the_database(timed: tuple[int, P
 def test_a_cancelled_query_is_stopped_in_the_database(timed: tuple[int, Path]) -> None:
     port, _ = timed
     with psycopg.connect(f"host=127.0.0.1 port={port} user=default", autocommit=True) as client:
-        answered = threading.Event()
-
-        def cancel_until_answered() -> None:
-            # a cancel that reaches the server before the query is ignored: send again
-            while not answered.wait(0.2):
-                client.cancel_safe()
-
-        canceller = threading.Thread(target=cancel_until_answered)
-        canceller.start()
-        try:
-            with pytest.raises(psycopg.errors.QueryCanceled, match="user request"):
-                client.execute(SLOW)
-        finally:
-            answered.set()
-            canceller.join()
+        with cancelling(client, 0.2), pytest.raises(psycopg.errors.QueryCanceled, match="user"):
+            client.execute(SLOW)
         _answers_promptly(client)
 
 

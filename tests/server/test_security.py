@@ -15,6 +15,7 @@ import dpsql
 from dpsql.errors import InterfaceError
 from dpsql.server import BackgroundServer, build
 from dpsql.server.auth import read_users
+from tests.conftest import cancelling
 
 from .conftest import PASSWORDS, _policy, self_signed
 
@@ -53,25 +54,12 @@ def test_cancel_while_waiting_charges_nothing(duck) -> None:
     with psycopg.connect(duck.dsn(), autocommit=True) as conn:
         # occupy both workers; bounded, so a missed cancel fails the test instead of hanging it
         blockers = [backend.pool.submit(release.wait, 60) for _ in range(2)]
-        answered = threading.Event()
-
-        def cancel_until_answered() -> None:
-            # a cancel that arrives before the server has the query is ignored: send again
-            while not answered.wait(0.3):
-                conn.cancel_safe()
-
-        canceller = threading.Thread(target=cancel_until_answered)
-        canceller.start()
         try:
-            with pytest.raises(psycopg.errors.QueryCanceled):
+            with cancelling(conn, 0.3), pytest.raises(psycopg.errors.QueryCanceled):
                 conn.execute("SELECT COUNT(*) FROM pums WHERE age > 61")
-            answered.set()
-            canceller.join()
             release.set()
             assert conn.execute("SELECT 1").fetchone() == (1,)  # ReadyForQuery came back
         finally:
-            answered.set()
-            canceller.join()
             release.set()
             for blocker in blockers:
                 blocker.result(timeout=10)
