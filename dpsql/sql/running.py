@@ -893,8 +893,9 @@ def _released(stored: dict[str, str], width: int, kept_as: tuple[str, Any]) -> n
         if start != done:
             raise IntegrityError(
                 f"the stored steps of stream {name.split(':')[1]} do not follow each other "
-                f"(a tick from step {start} after {done} steps): it is not released again; "
-                "ask the data owner to look at the ledger"
+                f"(a tick from step {start} after {done} steps): it is not released again. "
+                "Instead: ask the data owner to bump data_version in the policy, which starts "
+                "a new stream (and charges it once)"
             )
         ticks.append(tick)
         done += tick.shape[1]
