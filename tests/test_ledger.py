@@ -31,9 +31,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from psycopg import sql
 
 from dpsql._ledger_postgres import split_location
+from dpsql._ledger_store import Units
 from dpsql.accounting import Cost, zcdp_epsilon
 from dpsql.errors import BudgetExhausted, InterfaceError, NotSupportedError, OperationalError
 from dpsql.ledger import (
@@ -42,6 +45,9 @@ from dpsql.ledger import (
     RHO_QUANTUM,
     Charge,
     Ledger,
+    _admit,
+    _as_cost,
+    _budget_cost,
     open_ledger,
 )
 
@@ -756,3 +762,31 @@ def test_sigkill_never_leaves_log_and_balance_disagreeing(ledger_location: str) 
         before = led.spent("alice")
         led.charge("alice", cost, budget, "after")
         assert led.spent("alice") == before + cost
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    spent=st.tuples(st.integers(0, 10**13), st.integers(0, 10**13)),
+    charge=st.tuples(st.integers(0, 10**13), st.integers(0, 10**13)),
+    slack=st.tuples(st.integers(-2, 2), st.integers(-2, 2)),
+)
+def test_pure_charges_are_admitted_in_integers_exactly_as_in_rationals(
+    spent: tuple[int, int], charge: tuple[int, int], slack: tuple[int, int]
+) -> None:
+    """A charge without rho is checked on integer quanta; it must agree with the rational
+    check on the budget rounded down to the quantum, at the boundary and around it."""
+    total = Units(*spent).plus(Units(*charge))
+    budget = Cost(
+        Fraction(max(0, total.epsilon + slack[0]), EPSILON_QUANTUM),
+        Fraction(max(0, total.delta + slack[1]), DELTA_QUANTUM),
+    )
+    rounded = _budget_cost(budget)
+    admit = _admit("alice", Cost(), Units(*charge), rounded)
+    try:
+        admit(Units(*spent))
+        admitted = True
+    except BudgetExhausted:
+        admitted = False
+    assert admitted == _as_cost(total).fits_within(rounded)
+    limit = (max(0, total.epsilon + slack[0]), max(0, total.delta + slack[1]))
+    assert admitted == (total.epsilon <= limit[0] and total.delta <= limit[1])
