@@ -31,7 +31,7 @@ from dpsql.mechanisms.samplers import secure_generator
 from dpsql.policy import CONTINUAL_MECHANISMS, MECHANISMS, Policy
 from dpsql.sql import PlanContext, plan_query
 from dpsql.sql.check import refuse_statement
-from dpsql.sql.parse import Statement, parse_statement
+from dpsql.sql.parse import Statement, parse_statement, repeat_key, tokenize
 from dpsql.sql.plan import MAX_GROUPS, Accuracy, Options, Plan, Release, release_stream
 from dpsql.sql.running import RunningPlan
 from dpsql.sql.synopsis import BuildSynopsisPlan, StoredSynopsisPlan, SynopsisStatus
@@ -101,7 +101,14 @@ class Session:
 
     def execute(self, sql: str, parameters: Any = None) -> Release:
         """Run one statement and return its (noisy) release."""
-        statement = parse_statement(sql, self.adapter.dialect, parameters)
+        tokens = tokenize(sql, self.adapter.dialect)
+        if not parameters:
+            # A repeat is found by its tokens, before (and instead of) parsing: a
+            # query without parameters has the key repeat_key reads off them.
+            cached = self.ledger.cached_release(self.analyst, self._fingerprint(repeat_key(tokens)))
+            if cached is not None:
+                return _decode(cached)
+        statement = parse_statement(sql, self.adapter.dialect, parameters, tokens=tokens)
         if statement.kind == "set":
             return self._set(statement)
         if statement.kind == "show":
@@ -111,7 +118,7 @@ class Session:
         if statement.kind == "explain":
             plan = self.plan(statement.tree)
             return Release(["item", "detail"], plan.explain())
-        return self._answer(statement)
+        return self._answer(statement, looked_up=not parameters)
 
     def plan(self, tree: Any) -> Plan:
         with self._rng_lock:
@@ -127,12 +134,17 @@ class Session:
         )
         return plan_query(tree, context)
 
-    def _answer(self, statement: Statement, *, stream: bool = False) -> Release:
+    def _answer(
+        self, statement: Statement, *, stream: bool = False, looked_up: bool = False
+    ) -> Release:
         # A repeat is answered from the release cache before any planning: the
         # fingerprint needs only the statement's key, the policy and the options.
-        # A `stream` (a watch's tick) is never in the cache: no lookup.
-        fingerprint = self._fingerprint(statement)
-        cached = None if stream else self.ledger.cached_release(self.analyst, fingerprint)
+        # A `stream` (a watch's tick) is never in the cache, and a statement
+        # `looked_up` by its tokens already was not: no lookup.
+        fingerprint = self._fingerprint(statement.key)
+        cached = (
+            None if stream or looked_up else self.ledger.cached_release(self.analyst, fingerprint)
+        )
         if cached is not None:
             return _decode(cached)
         plan = self.plan(statement.tree)
@@ -176,12 +188,12 @@ class Session:
                 )
         return release
 
-    def _fingerprint(self, statement: Statement) -> str:
+    def _fingerprint(self, key: str) -> str:
         # The key is read off the tokens (parse.py says what it folds): generating
         # normalised SQL from the tree just to hash it cost more than the hash.
         text = json.dumps(
             [
-                statement.key,
+                key,
                 self.adapter.dialect,
                 self.policy.digest,
                 self.policy.data_version,

@@ -61,6 +61,32 @@ def test_identical_repeat_is_identical_and_free_also_after_restart(connect, tmp_
     assert again.budget().epsilon_spent == pytest.approx(1.5)
 
 
+def test_a_repeat_is_answered_from_its_tokens_without_parsing(connect, monkeypatch):
+    connection = connect(small_budget(3.0))
+    query = "SELECT sex, COUNT(*) FROM pums WHERE age > 30 GROUP BY sex"
+    answer = connection.execute(query).fetchall()
+
+    def no_parsing(*args, **kwargs):
+        raise AssertionError("a repeat was parsed")
+
+    monkeypatch.setattr("dpsql.session.parse_statement", no_parsing)
+    spelled_otherwise = "select sex, count(*)  FROM pums -- again\n where AGE > 30 group by SEX;"
+    assert connection.execute(spelled_otherwise).fetchall() == answer
+    # a new query, a statement with parameters, a SET: each is parsed
+    for statement, parameters in (
+        ("SELECT sex, COUNT(*) FROM pums WHERE age > 31 GROUP BY sex", None),
+        ("SELECT sex, COUNT(*) FROM pums WHERE age > ? GROUP BY sex", [30]),
+        ("SET dpsql.epsilon = 0.5", None),
+    ):
+        with pytest.raises(AssertionError, match="a repeat was parsed"):
+            connection.execute(statement, parameters)
+    monkeypatch.undo()
+    # parameters bound to the same values share their own release, charged once
+    bound = connection.execute("SELECT COUNT(*) FROM pums WHERE age > ?", [30]).fetchall()
+    assert connection.execute("SELECT COUNT(*) FROM pums WHERE age > $1", [30]).fetchall() == bound
+    assert connection.budget().epsilon_spent == pytest.approx(2.0)
+
+
 @on_every_backend
 def test_data_version_invalidates_the_cache(connect):
     query = "SELECT COUNT(*) FROM pums"

@@ -44,10 +44,8 @@ class Statement:
     key: str = ""
 
 
-def parse_statement(
-    sql: str, dialect: str, parameters: Sequence[Any] | Mapping[str, Any] | None = None
-) -> Statement:
-    """Parse `sql` (exactly one statement) and bind `parameters` into it."""
+def tokenize(sql: str, dialect: str) -> list:
+    """The tokens of `sql`, refusing a text that is not a string, too long, or unreadable."""
     if not isinstance(sql, str):
         raise InterfaceError(f"the statement must be a string, got {type(sql).__name__}")
     if len(sql) > MAX_SQL_LENGTH:
@@ -56,7 +54,45 @@ def parse_statement(
             f"it is {len(sql):,} characters long, over the limit of {MAX_SQL_LENGTH:,}",
             "send a shorter query; pass long value lists as parameters",
         )
-    tokens = _tokens(sql, dialect)
+    try:
+        return sqlglot.Dialect.get_or_raise(dialect).tokenize(sql)
+    except TokenError as exc:
+        raise QueryRefused(
+            "malformed SQL", f"it could not be read: {exc}", "check the quoting"
+        ) from None
+
+
+def repeat_key(tokens: list) -> str:
+    """The key a query of these tokens, bound to no parameters, has in the release cache.
+
+    It is read off the tokens alone, so a repeat can be found in the cache
+    before (and instead of) parsing: only a statement that parsed as one query
+    without placeholders was ever stored under it, and the same tokens parse
+    the same way. Any other statement gets a key nothing was stored under.
+    """
+    while tokens and tokens[-1].token_type == TokenType.SEMICOLON:
+        tokens = tokens[:-1]  # a statement's terminator, which the parser ignores too
+    parts = [
+        (token.token_type.name,
+         token.text if token.token_type in _EXACT_TOKENS else token.text.lower())
+        for token in tokens
+    ]  # fmt: skip
+    return "tokens:" + json.dumps(parts)
+
+
+def parse_statement(
+    sql: str,
+    dialect: str,
+    parameters: Sequence[Any] | Mapping[str, Any] | None = None,
+    *,
+    tokens: list | None = None,
+) -> Statement:
+    """Parse `sql` (exactly one statement) and bind `parameters` into it.
+
+    `tokens` are `tokenize(sql, dialect)` when the caller has them already.
+    """
+    if tokens is None:
+        tokens = tokenize(sql, dialect)
     keyword = tokens[0].text.upper() if tokens else ""
     if keyword == "EXPLAIN":
         inner = parse_statement(sql[tokens[0].end + 1 :], dialect, parameters)
@@ -78,38 +114,23 @@ def parse_statement(
     return Statement("other", tree)
 
 
-def _tokens(sql: str, dialect: str) -> list:
-    try:
-        return sqlglot.Dialect.get_or_raise(dialect).tokenize(sql)
-    except TokenError as exc:
-        raise QueryRefused(
-            "malformed SQL", f"it could not be read: {exc}", "check the quoting"
-        ) from None
-
-
 def _key(tree: exp.Expression, tokens: list, bound: list[Any], dialect: str) -> str:
     """The release cache's name for a statement.
 
-    Without parameters it is read off the tokens, which costs far less than
-    generating SQL from the tree: only differences the parser ignores are
-    folded (whitespace, comments, a final semicolon, the case of keywords and
-    unquoted names; quoted names and strings are kept as written), so two
-    texts with one key parse to the same query. Texts that sqlglot would print alike but are
-    spelled differently (`x::INT` and `CAST(x AS INT)`) get different keys:
-    the second is charged and answered afresh, which costs budget, never
-    privacy. With parameters it is the bound tree printed normalised, so `?`,
-    `$1` and `:name` binding the same values share one release.
+    Without parameters it is read off the tokens (`repeat_key`), which costs
+    far less than generating SQL from the tree: only differences the parser
+    ignores are folded (whitespace, comments, a final semicolon, the case of
+    keywords and unquoted names; quoted names and strings are kept as
+    written), so two texts with one key parse to the same query. Texts that
+    sqlglot would print alike but are spelled differently (`x::INT` and
+    `CAST(x AS INT)`) get different keys: the second is charged and answered
+    afresh, which costs budget, never privacy. With parameters it is the bound
+    tree printed normalised, so `?`, `$1` and `:name` binding the same values
+    share one release.
     """
     if bound:
         return "bound:" + tree.sql(dialect=dialect, normalize=True)
-    while tokens and tokens[-1].token_type == TokenType.SEMICOLON:
-        tokens = tokens[:-1]  # a statement's terminator, which the parser ignores too
-    parts = [
-        (token.token_type.name,
-         token.text if token.token_type in _EXACT_TOKENS else token.text.lower())
-        for token in tokens
-    ]  # fmt: skip
-    return "tokens:" + json.dumps(parts)
+    return repeat_key(tokens)
 
 
 # Tokens whose case is part of their meaning.
@@ -231,4 +252,4 @@ def _positional(parameters: Sequence[Any] | Mapping[str, Any], index: int) -> An
     return parameters[index]
 
 
-__all__ = ["Statement", "bind_parameters", "literal", "parse_statement"]
+__all__ = ["Statement", "bind_parameters", "literal", "parse_statement", "repeat_key", "tokenize"]
