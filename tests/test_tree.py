@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal, getcontext
 from fractions import Fraction
 
 import numpy as np
@@ -218,6 +219,32 @@ def test_chernoff_halfwidth_is_a_valid_bound() -> None:
     (wide,) = chernoff_halfwidths(1.0, np.array([10_000.0]), np.array([1.0]))
     normal = 1.96 * np.sqrt(2 * a / (1 - a) ** 2 * 10_000)
     assert normal < wide < 1.5 * normal
+
+
+def test_chernoff_halfwidth_is_the_crossing_of_the_bound_to_within_its_margin() -> None:
+    # the bound evaluated in 50-digit decimals: the half-width is never inside the
+    # crossing (valid), and less than 1e-8 beyond it (Newton's method converged)
+    getcontext().prec = 50
+    ratios = np.concatenate([np.geomspace(1e-3, 1e12, 400), [1.0, 2.0]])
+    widths = chernoff_halfwidths(1.0, ratios, np.ones_like(ratios))
+    target = Decimal("0.025").ln()
+
+    def log_bound(ratio: float, tau: float) -> Decimal:
+        k, t = Decimal(ratio), Decimal(tau)
+        v = t / ((k * k + t * t).sqrt() + k)
+        return -v * t - k * (1 - v * v).ln()
+
+    for ratio, width in zip(ratios, widths, strict=True):
+        assert log_bound(ratio, width) <= target
+        assert log_bound(ratio, width * (1 - 1e-8)) > target
+
+
+def test_range_weights_of_a_batch_over_many_chunks_match_one_range_at_a_time() -> None:
+    shape = TreeShape(5000, 4)
+    starts, stops = np.sort(np.random.default_rng(3).integers(0, 5001, (2, 3000)), axis=0)
+    squares, largest = range_weights(shape, starts, stops)
+    for a, e, q2, w in zip(starts, stops, squares, largest, strict=True):
+        assert (q2, w) == tuple(float(x[0]) for x in range_weights(shape, [a], [e]))
 
 
 @pytest.mark.parametrize("build", [_laplace, _gaussian])

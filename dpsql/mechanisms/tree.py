@@ -65,7 +65,9 @@ from dpsql.mechanisms.laplace import DiscreteLaplace
 
 _TAIL = 0.05
 _SQRT_BITS = 32  # the L2 sensitivity is rounded up to a multiple of 2^-32
-_BISECTIONS = 40  # the bracket shrinks to 1e-12 of the half-width
+_NEWTON_STEPS = 20  # a cap: K from 1e-3 to 1e12 needs at most 5
+_NEWTON_TOLERANCE = 1e-12  # relative to the half-width, far below the 1e-9 margin
+_CHUNK = 1 << 13  # elements in range_weights' largest array per chunk: 64 KB stays in cache
 
 
 @dataclass(frozen=True)
@@ -189,76 +191,80 @@ def range_weights(
     The estimator is w^T (noisy nodes) with w = A (A^T A)^{-1} q. For a node v
     at level l, w_v = b^(h-l) * sum_{j <= l} (c_j - c_{j-1}) / lambda_j, where
     c_j is the fraction of v's level-j ancestor that the range covers: the
-    weights change only along the two boundary paths.
+    weights change only along the two boundary paths. All levels are computed
+    at once (a levels axis), so one range costs a few dozen numpy calls, not a
+    few dozen per level; ranges go in chunks that bound the temporary arrays.
     """
     a = np.asarray(starts, dtype=np.int64)
     e = np.asarray(stops, dtype=np.int64)
-    b, lam = shape.branching, shape.eigenvalues
-    squares = np.zeros(a.shape)
-    previous_norm = np.zeros(a.shape)
-    largest = np.zeros(a.shape)
-    g = np.zeros((2, *a.shape))  # along the left and the right boundary path
-    cover = np.zeros((2, *a.shape))
-    for level in range(shape.height + 1):
-        size = shape.block(level)
-        paths = np.stack([a // size, (e - 1) // size])
-        left = (paths[0] + 1) * size - a
-        right = e - paths[1] * size
-        norm = np.where(
-            paths[0] == paths[1],
-            (e - a) ** 2 / size,
-            (left**2 + right**2) / size + (paths[1] - paths[0] - 1) * size,
-        )
-        squares += np.maximum(norm - previous_norm, 0) / lam[level]
-        previous_norm = norm
-        covered = _coverage(paths, size, a, e)
-        g = g + (covered - cover) / lam[level]
-        cover = covered
-        if level >= shape.top:
-            largest = np.maximum(largest, np.abs(size * g).max(axis=0))
-        if level < shape.height:
-            child_size = size // b
-            children = paths[..., None] * b + np.arange(b)
-            child_cover = _coverage(children, child_size, a[..., None], e[..., None])
-            child_g = g[..., None] + (child_cover - covered[..., None]) / lam[level + 1]
-            largest = np.maximum(largest, np.abs(child_size * child_g).max(axis=(0, -1)))
+    squares, largest = np.empty(a.shape), np.empty(a.shape)
+    chunk = max(1, _CHUNK // ((shape.height + 1) * shape.branching))
+    flat = (a.reshape(-1), e.reshape(-1), squares.reshape(-1), largest.reshape(-1))
+    for first in range(0, flat[0].size, chunk):
+        part = slice(first, first + chunk)
+        flat[2][part], flat[3][part] = _weights(shape, flat[0][part], flat[1][part])
     return squares, largest
 
 
-def _coverage(node: np.ndarray, size: int, a: np.ndarray, e: np.ndarray) -> np.ndarray:
+def _weights(shape: TreeShape, a: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """range_weights of 1-d `a`, `e`: arrays are (path, level[, child], range)."""
+    b, lam = shape.branching, shape.eigenvalues[:, None]
+    size = np.array([shape.block(level) for level in range(shape.height + 1)])[:, None]
+    paths = np.stack([a // size, (e - 1) // size])  # the left and the right boundary path
+    left, right = (paths[0] + 1) * size - a, e - paths[1] * size
+    norm = np.where(
+        paths[0] == paths[1],
+        (e - a) ** 2 / size,
+        (left**2 + right**2) / size + (paths[1] - paths[0] - 1) * size,
+    )
+    # summed level by level (cumsum's order, unlike sum's, does not depend on the shape):
+    # a range gets the same bits alone as in a batch
+    squares = np.cumsum(np.maximum(np.diff(norm, axis=0, prepend=0), 0) / lam, axis=0)[-1]
+    covered = _coverage(paths, size, a, e)
+    g = np.cumsum(np.diff(covered, axis=1, prepend=0) / lam, axis=1)
+    largest = np.abs(size * g)[:, shape.top :].max(axis=(0, 1), initial=0.0)
+    if shape.height:  # the children of each path node, one level down; ranges last, so
+        # the reductions over paths, levels and children are elementwise maxima of rows
+        child_size = size[1:, None]
+        children = paths[:, :-1, None] * b + np.arange(b)[:, None]
+        child_cover = _coverage(children, child_size, a, e)
+        child_g = g[:, :-1, None] + (child_cover - covered[:, :-1, None]) / lam[1:, None]
+        largest = np.maximum(largest, np.abs(child_size * child_g).max(axis=(0, 1, 2)))
+    return squares, largest
+
+
+def _coverage(node: np.ndarray, size: np.ndarray, a: np.ndarray, e: np.ndarray) -> np.ndarray:
     low = node * size
     return np.clip(np.minimum(e, low + size) - np.maximum(a, low), 0, None) / size
-
-
-def _log_bound(tau: np.ndarray, ratio: np.ndarray) -> np.ndarray:
-    """min over v of -v tau - K log(1 - v^2), at its optimum v = (sqrt(K^2 + tau^2) - K) / tau."""
-    v = (np.sqrt(ratio * ratio + tau * tau) - ratio) / tau
-    return -v * tau - ratio * np.log1p(-v * v)
 
 
 def chernoff_halfwidths(scale: float, squares: np.ndarray, largest: np.ndarray) -> np.ndarray:
     """Half-widths t with P(|sum_v w_v Z_v| > t) <= 5% for discrete Laplace Z_v of `scale`.
 
     `squares` = sum w_v^2 and `largest` = max |w_v|, per estimate. In units of
-    s W the half-width depends only on K = squares / largest^2; the bound
-    decreases in it, so a vectorised bisection finds where it crosses 2.5%
-    (one side). K is rounded down by 1e-9 (a smaller K gives a wider bound)
-    and the result up by 1e-9, so float rounding never narrows the interval.
+    s W the half-width depends only on K = squares / largest^2: it is where
+    f(tau) = min over v of -v tau - K log(1 - v^2) (the log of the one-sided
+    bound) crosses log 2.5%. f is a minimum of lines in tau, so concave and
+    decreasing, with slope -v at the optimum v = tau / (sqrt(K^2 + tau^2) + K).
+    Newton's method therefore lands at or beyond the crossing from any start
+    (a concave function lies below its tangents) and then descends to it
+    without passing it: every iterate from the first on is a valid, wider
+    half-width, and a few iterations reach 1e-12 of it (bisection took 40).
+    K is rounded down by 1e-9 (a smaller K gives a wider bound) and the result
+    up by 1e-9, so float rounding never narrows the interval.
     """
     squares, largest = np.asarray(squares, dtype=float), np.asarray(largest, dtype=float)
     valid = (squares > 0) & (largest > 0)
     ratio = np.where(valid, squares / np.where(valid, largest, 1) ** 2 * (1 - 1e-9), 1.0)
     target = math.log(_TAIL / 2)
-    # start near the answer: about sqrt(4 K log 40) for large K, log 40 for small
-    low = np.zeros_like(ratio)
-    high = np.sqrt(4 * ratio * math.log(40)) + math.log(40)
-    while np.any(above := _log_bound(high, ratio) > target):
-        low, high = np.where(above, high, low), np.where(above, high * 2, high)
-    for _ in range(_BISECTIONS):
-        middle = (low + high) / 2
-        above = _log_bound(middle, ratio) > target
-        low, high = np.where(above, middle, low), np.where(above, high, middle)
-    return np.where(valid, scale * largest * high * (1 + 1e-9), 0.0)
+    tau = np.sqrt(4 * ratio * math.log(40)) + math.log(40)  # about the answer
+    for _ in range(_NEWTON_STEPS):
+        v = tau / (np.sqrt(ratio * ratio + tau * tau) + ratio)
+        step = (-v * tau - ratio * np.log1p(-v * v) - target) / v
+        tau = tau + step
+        if np.all(np.abs(step) <= _NEWTON_TOLERANCE * tau):
+            break
+    return np.where(valid, scale * largest * tau * (1 + 1e-9), 0.0)
 
 
 def subgaussian_halfwidths(sigma: float, squares: np.ndarray) -> np.ndarray:
