@@ -11,7 +11,11 @@ prints, per query, the median time dpsql adds around the database call:
   overhead without it (the CPU part dpsql controls);
 * cached: a repeat of a text already answered, served from the release cache;
 * the cold overhead in CPU time of this thread (the proxy's own work, which
-  neither the disk's wait nor other processes' load inflate much).
+  neither the disk's wait nor other processes' load inflate much);
+* parse and plan alone for new texts, back to back and with a trivial
+  database call (`SELECT 1`) between them: the proxy's code runs slower on the
+  CPU caches a database call (or any idle wait) leaves behind, which is part
+  of every cold figure above.
 
 Usage: python benchmarks/bench_overhead.py [--repeat 50]
 """
@@ -32,6 +36,7 @@ from dpsql.adapters.duckdb import DuckDBAdapter
 from dpsql.ledger import Ledger
 from dpsql.policy import load_policy
 from dpsql.session import Session
+from dpsql.sql.parse import parse_statement
 
 QUERIES = [
     "SELECT COUNT(*) FROM census",
@@ -113,6 +118,19 @@ def fsync_floor(folder: str, repeat: int) -> float:
     return statistics.median(samples)
 
 
+def parse_and_plan(session: Session, repeat: int, between: Any) -> float:
+    """Median seconds to parse and plan a new text of each query, calling `between()` after each."""
+    samples = []
+    for run in range(repeat):
+        for sql in QUERIES:
+            text = fresh_text(sql, run)
+            start = time.perf_counter()
+            session.plan(parse_statement(text, session.adapter.dialect).tree)
+            samples.append(time.perf_counter() - start)
+            between()
+    return statistics.median(samples)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=50)
@@ -147,6 +165,11 @@ def main() -> None:
             print(f"{sql[:64]:<66} {row[0]:>8.3f} {row[1]:>7.3f} {row[2]:>11.3f} {row[3]:>7.3f} "
                   f"{row[4]:>8.3f}")  # fmt: skip
         floor = fsync_floor(folder, args.repeat) * 1e3
+        warm = parse_and_plan(session, args.repeat, lambda: None) * 1e3
+        database = demo.demo_connection()
+        after_call = parse_and_plan(
+            session, args.repeat, lambda: database.execute("SELECT 1").fetchall()
+        )
     cold, charge, rest, cached, cpu = (
         statistics.median(column) for column in zip(*rows, strict=True)
     )
@@ -157,7 +180,9 @@ def main() -> None:
         f"{floor:.3f} ms)\n"
         f"  cold minus charge {rest:.3f} ms\n"
         f"  cold, CPU time    {cpu:.3f} ms (this thread, outside the database)\n"
-        f"  cached repeat     {cached:.3f} ms"
+        f"  cached repeat     {cached:.3f} ms\n"
+        f"  parse and plan    {warm:.3f} ms back to back, {after_call * 1e3:.3f} ms after a "
+        "database call (SELECT 1): the CPU caches it leaves cold"
     )
 
 
