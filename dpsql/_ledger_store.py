@@ -205,12 +205,12 @@ class Store(ABC):
                 return payload
             return self._execute(conn, _RELEASE, (analyst, fingerprint)).fetchone()[0]
 
-    def stored_releases(self, analyst: str, prefix: str) -> dict[str, str]:
+    def stored_releases(self, analyst: str, prefix: str, after: str) -> dict[str, str]:
         escaped = prefix.replace("!", "!!").replace("%", "!%").replace("_", "!_")
         rows = self._read(
             "SELECT fingerprint, payload FROM releases WHERE analyst = ? "
-            "AND fingerprint LIKE ? ESCAPE '!' ORDER BY fingerprint",
-            (analyst, escaped + "%"),
+            "AND fingerprint LIKE ? ESCAPE '!' AND fingerprint > ? ORDER BY fingerprint",
+            (analyst, escaped + "%", after),
         )
         return dict(rows)
 

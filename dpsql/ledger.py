@@ -301,14 +301,15 @@ class Ledger:
             durable,
         )
 
-    def stored_releases(self, analyst: str, prefix: str) -> dict[str, str]:
-        """Every stored payload of `analyst` whose fingerprint starts with `prefix`.
+    def stored_releases(self, analyst: str, prefix: str, *, after: str = "") -> dict[str, str]:
+        """Every stored payload of `analyst` whose fingerprint starts with `prefix`
+        (and, if given, sorts after `after`: what was stored since that one).
 
         Plans that keep state (a range synopsis, a running stream) store it under
         fingerprints of their own, e.g. ``synopsis:<table>.<column>:...``.
         """
         return self._store.stored_releases(
-            _check_text(analyst, "analyst"), _check_text(prefix, "prefix")
+            _check_text(analyst, "analyst"), _check_text(prefix, "prefix"), after
         )
 
     def forget_release(self, analyst: str, fingerprint: str) -> bool:

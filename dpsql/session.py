@@ -357,8 +357,12 @@ class _AnalystState:
     def get(self, key: str) -> str | None:
         return self.ledger.cached_release(self.analyst, key)
 
-    def find(self, prefix: str) -> dict[str, str]:
-        return self.ledger.stored_releases(self.analyst, prefix)
+    def find(self, prefix: str, after: str = "") -> dict[str, str]:
+        return self.ledger.stored_releases(self.analyst, prefix, after=after)
+
+    @property
+    def owner(self) -> tuple[str, str]:
+        return (self.ledger.location, self.analyst)
 
 
 def _number(value: Any, name: str) -> float:

@@ -471,21 +471,42 @@ def test_ticks_stored_by_their_last_step_continue_unless_they_overlap(tmp_path, 
                 con.execute(query)
 
 
-def test_stored_ticks_are_decoded_once_while_they_stay_the_first_stored(monkeypatch):
-    """A tick reads every stored tick of its stream: those decoded before are reused, and
-    only while the ledger still holds them first (else everything is decoded again)."""
+class _Stored(dict):
+    """The stored-state protocol over a dict, recording what each read returned."""
+
+    def __init__(self, owner: tuple[str, str]):
+        super().__init__()
+        self.owner, self.reads = owner, []
+
+    def find(self, prefix: str, after: str = "") -> dict[str, str]:
+        found = {k: v for k, v in self.items() if k.startswith(prefix) and k > after}
+        self.reads.append(sorted(found))
+        return found
+
+
+def test_a_tick_reads_only_the_ticks_stored_since_it_last_decoded(monkeypatch):
+    """The values decoded at a tick are kept by ledger, analyst, stream and key: a later
+    tick reads and decodes only the ticks stored after them, another ledger all of its own."""
     decoded = []
     loads = running.json.loads
     monkeypatch.setattr(running.json, "loads", lambda text: decoded.append(text) or loads(text))
-    kept_as = ("stream:test-decoded:", 7)
-    stored = {"stream:test-decoded:from00000000": "[[1.0, 2.0]]"}
-    assert running._released(stored, 1, kept_as).tolist() == [[1.0, 2.0]]
-    stored["stream:test-decoded:from00000002"] = "[[3.0]]"
-    assert running._released(stored, 1, kept_as).tolist() == [[1.0, 2.0, 3.0]]
-    assert running._released(stored, 1, kept_as).tolist() == [[1.0, 2.0, 3.0]]
+    prefix = "stream:test-decoded:"
+    stored = _Stored(("ledger-a", "default"))
+    stored[f"{prefix}meta"] = '{"key": 7}'
+    stored[f"{prefix}from00000000"] = "[[1.0, 2.0]]"
+    assert running._released(stored, prefix, 7, 1).tolist() == [[1.0, 2.0]]
+    stored[f"{prefix}from00000002"] = "[[3.0]]"
+    assert running._released(stored, prefix, 7, 1).tolist() == [[1.0, 2.0, 3.0]]
+    assert running._released(stored, prefix, 7, 1).tolist() == [[1.0, 2.0, 3.0]]
     assert decoded == ["[[1.0, 2.0]]", "[[3.0]]"]
-    other = {"stream:test-decoded:from00000000": "[[9.0]]"}  # not what was decoded first
-    assert running._released(other, 1, kept_as).tolist() == [[9.0]]
+    assert stored.reads == [
+        [f"{prefix}from00000000", f"{prefix}meta"],
+        [f"{prefix}from00000002", f"{prefix}meta"],
+        [f"{prefix}meta"],
+    ]
+    other = _Stored(("ledger-b", "default"))  # the same stream and key in another ledger
+    other[f"{prefix}from00000000"] = "[[9.0]]"
+    assert running._released(other, prefix, 7, 1).tolist() == [[9.0]]
     assert decoded[-1] == "[[9.0]]"
 
 

@@ -23,14 +23,23 @@ class StoredState(Protocol):
 
     def get(self, key: str) -> str | None: ...
 
-    def find(self, prefix: str) -> dict[str, str]: ...
+    def find(self, prefix: str, after: str = "") -> dict[str, str]:
+        """Entries whose key starts with `prefix` and sorts after `after`."""
+        ...
+
+    @property
+    def owner(self) -> tuple[str, str]:
+        """Whose state this is: (ledger location, analyst)."""
+        ...
 
 
 class _NothingStored:
+    owner = ("", "")
+
     def get(self, key: str) -> str | None:
         return None
 
-    def find(self, prefix: str) -> dict[str, str]:
+    def find(self, prefix: str, after: str = "") -> dict[str, str]:
         return {}
 
 
