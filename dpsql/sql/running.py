@@ -872,6 +872,8 @@ def _released(stored: Any, prefix: str, key: int | None, width: int) -> np.ndarr
     so the values decoded at an earlier tick of this process are kept, by
     ledger, analyst, stream and key, and only the ticks stored after the last
     one decoded are read: a tick's cost does not grow with the stream's age.
+    (The names after the prefix are zero-padded digits, `from` and digits, or
+    `meta`, which any database collation sorts as Python does.)
 
     Each tick must start where the ones before it end: ledgers written before
     ticks were named by their first step (`<prefix><last step>`) could hold two
