@@ -118,6 +118,11 @@ class TreeShape:
         b, h = self.branching, self.height
         return np.array([(b ** (h - max(j, self.top) + 1) - 1) / (b - 1) for j in range(h + 1)])
 
+    @functools.cached_property
+    def blocks(self) -> np.ndarray:
+        """block(level) for every level, root first."""
+        return np.array([self.block(level) for level in range(self.height + 1)])
+
     def node_bound(self, length: int) -> int:
         """(b - 1)(2 ceil(log_b r) + 1): the most nodes a range of `length` bins needs."""
         depth, span = 0, 1
@@ -208,8 +213,7 @@ def range_weights(
 
 def _weights(shape: TreeShape, a: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """range_weights of 1-d `a`, `e`: arrays are (path, level[, child], range)."""
-    b, lam = shape.branching, shape.eigenvalues[:, None]
-    size = np.array([shape.block(level) for level in range(shape.height + 1)])[:, None]
+    b, lam, size = shape.branching, shape.eigenvalues[:, None], shape.blocks[:, None]
     paths = np.stack([a // size, (e - 1) // size])  # the left and the right boundary path
     left, right = (paths[0] + 1) * size - a, e - paths[1] * size
     norm = np.where(
@@ -258,11 +262,12 @@ def chernoff_halfwidths(scale: float, squares: np.ndarray, largest: np.ndarray) 
     ratio = np.where(valid, squares / np.where(valid, largest, 1) ** 2 * (1 - 1e-9), 1.0)
     target = math.log(_TAIL / 2)
     tau = np.sqrt(4 * ratio * math.log(40)) + math.log(40)  # about the answer
+    squared = ratio * ratio
     for _ in range(_NEWTON_STEPS):
-        v = tau / (np.sqrt(ratio * ratio + tau * tau) + ratio)
+        v = tau / (np.sqrt(squared + tau * tau) + ratio)
         step = (-v * tau - ratio * np.log1p(-v * v) - target) / v
         tau = tau + step
-        if np.all(np.abs(step) <= _NEWTON_TOLERANCE * tau):
+        if (np.abs(step) <= _NEWTON_TOLERANCE * tau).all():
             break
     return np.where(valid, scale * largest * tau * (1 + 1e-9), 0.0)
 
@@ -349,8 +354,9 @@ class HierarchicalHistogram:
         """Every measured node of `counts`' tree, plus independent `noise`."""
         return cls(shape, [noise.sample(level, rng) for level in level_sums(shape, counts)], noise)
 
-    @property
+    @functools.cached_property
     def node_variance(self) -> float:
+        """The variance of each node's noise (exact, from Fractions: worth keeping)."""
         return self.noise.variance()
 
     @property

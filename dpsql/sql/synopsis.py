@@ -35,6 +35,7 @@ from sqlglot import exp
 
 from dpsql.accounting import Cost, zcdp_rho
 from dpsql.errors import ProgrammingError, QueryRefused
+from dpsql.lru import WeightedLru
 from dpsql.mechanisms.tree import HierarchicalHistogram, TreeShape, l2_sensitivity
 from dpsql.policy import Column, Policy, Table
 from dpsql.sql.analyze import VALUE_PREFIX, Analysis, Interval, _conjuncts, analyze, clamp
@@ -65,7 +66,8 @@ class Domain:
 
     Bin i holds the (clamped) values in [lower + i*width, lower + (i+1)*width).
     `step` is the spacing of the values themselves: 1 for int, a day for date,
-    None for float and timestamp (continuous).
+    None for float and timestamp (continuous). `data_version` is the policy's: a
+    synopsis of other data is another synopsis.
     """
 
     table: Table
@@ -74,14 +76,16 @@ class Domain:
     upper: Fraction
     width: Fraction
     step: Fraction | None
+    data_version: str = ""
 
     @classmethod
-    def of(cls, table: Table, column: Column) -> Domain:
+    def of(cls, table: Table, column: Column, data_version: str = "") -> Domain:
         spec = column.synopsis
         timed = column.type in ("date", "timestamp")
         width = Fraction(int(spec.bin.total_seconds())) if timed else _fraction(spec.bin)
         step = {"int": Fraction(1), "date": Fraction(_DAY)}.get(column.type)
-        return cls(table, column, _coordinate(column.lower), _coordinate(column.upper), width, step)
+        lower, upper = _coordinate(column.lower), _coordinate(column.upper)
+        return cls(table, column, lower, upper, width, step, data_version)
 
     @functools.cached_property
     def bins(self) -> int:
@@ -152,12 +156,14 @@ class Domain:
         """Ledger key: changes whenever anything the synopsis depends on changes."""
         return f"{PREFIX}{self.table.name}.{self.column.name}:{self.digest}"
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
         spec = self.column.synopsis
         parts = [self.column.type, str(self.lower), str(self.upper), str(self.width),
                  spec.branching, str(spec.epsilon), spec.mechanism, str(spec.delta),
                  self.table.privacy_unit, self.contributions]  # fmt: skip
+        if self.data_version:  # only when set: keys of policies without one stay as they were
+            parts.append(self.data_version)
         return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
 
     @property
@@ -270,7 +276,7 @@ class Request:
     summary: str
 
 
-def _match(analysis: Analysis, table: Table) -> Request | None:
+def _match(analysis: Analysis, table: Table, data_version: str) -> Request | None:
     """The request the synopsis answers; None if the query does not touch a synopsis column.
 
     Raises _Decline with the reason when it touches one but cannot be answered exactly.
@@ -281,7 +287,7 @@ def _match(analysis: Analysis, table: Table) -> Request | None:
     if len(touched) > 1:
         raise _Decline(f"it involves several synopsis columns ({', '.join(touched)})")
     column = table.column(touched[0])
-    domain = Domain.of(table, column)
+    domain = Domain.of(table, column, data_version)
     _check_measurement(analysis, column)
     start, stop, constrained = _where_bins(analysis.where, domain)
     if not analysis.keys:
@@ -355,22 +361,19 @@ def _bounds(condition: exp.Expression, domain: Domain) -> list[tuple[bool, Fract
             f"the condition {condition.sql()} is not a range on {domain.column.name} with a "
             "constant"
         )
-    at_or_above, above = domain.grid_at_or_above(value), domain.grid_above(value)
-    if kind in (exp.GT, exp.LTE) and above is None:
-        op = ">" if kind is exp.GT else "<="
-        raise _Decline(
-            f"{domain.column.name} {op} {right.sql()} includes the bin that starts at that value "
-            f"(a continuous column); write {'>=' if op == '>' else '<'} a bin edge instead"
-        )
-    if kind is exp.GTE:
-        return [(True, at_or_above)]
-    if kind is exp.GT:
-        return [(True, above)]
-    if kind is exp.LT:
-        return [(False, at_or_above)]
-    if kind is exp.LTE:
-        return [(False, above)]
-    if domain.step is None or at_or_above != value:
+    if kind in (exp.GTE, exp.LT):
+        return [(kind is exp.GTE, domain.grid_at_or_above(value))]
+    if kind in (exp.GT, exp.LTE):
+        above = domain.grid_above(value)
+        if above is None:
+            op = ">" if kind is exp.GT else "<="
+            raise _Decline(
+                f"{domain.column.name} {op} {right.sql()} includes the bin that starts at that "
+                f"value (a continuous column); write {'>=' if op == '>' else '<'} a bin edge "
+                "instead"
+            )
+        return [(kind is exp.GT, above)]
+    if domain.step is None or domain.grid_at_or_above(value) != value:
         raise _Decline(f"equality on {domain.column.name} needs a value of a discrete column")
     return [(True, value), (False, value + domain.step)]
 
@@ -532,7 +535,7 @@ def plan_synopsis(select: exp.Select, table: Table, context: PlanContext) -> Any
         return None
     analysis = analyze(select, bounded_table(table, context))
     try:
-        request = _match(analysis, analysis.table)
+        request = _match(analysis, analysis.table, context.policy.data_version)
     except _Decline as reason:
         return _direct_with_note(analysis, context, str(reason))
     if request is None:  # not a synopsis query: answered directly, from this analysis
@@ -645,6 +648,12 @@ class _SynopsisAnswer:
 class BuildSynopsisPlan(_SynopsisAnswer):
     """Charges the synopsis's cost, measures the per-bin counts, builds and stores the tree."""
 
+    # Not kept in the release cache: a repeat is answered from the stored synopsis
+    # (the same answer, free) while it exists, and once it is dropped or cleared
+    # the next range query, this one included, builds a new one, as documented;
+    # a cached copy would answer it from the synopsis that is gone.
+    cacheable = False
+
     def __init__(self, request: Request, analysis: Analysis, dialect: str, seed: int):
         self.request = request
         self.analysis = analysis
@@ -693,25 +702,50 @@ class StoredSynopsisPlan(_SynopsisAnswer):
         self.cost = Cost()
 
     def release(self, columns: list[str], rows: list[tuple], rng: np.random.Generator) -> Release:
-        built, tree = load(self.payload)
+        built, tree = load(self.request.domain.key, self.payload)
         return self._answer(tree, built)
 
     def status(self, built: str | None = None) -> SynopsisStatus:
-        return super().status(load(self.payload)[0])
+        return super().status(load(self.request.domain.key, self.payload)[0])
 
     def explain(self) -> list[tuple[str, str]]:
-        built, _ = load(self.payload)
+        built, _ = load(self.request.domain.key, self.payload)
         return self._lines(
             f"answered from the stored synopsis (built {built}); the database is not read",
             "none: post-processing of the stored synopsis",
         )
 
 
-@functools.lru_cache(maxsize=8)
-def load(payload: str) -> tuple[str, HierarchicalHistogram]:
-    """(when it was built, the tree) from a stored payload; parsed once per payload."""
+# Decoded synopses, shared by the sessions of a process (the wire server runs them in
+# threads), weighed in bytes: a payload with its tree and prefix sums is about 28 bytes
+# per bin (1.9 MB at 65,536 bins).
+_LOADED_BYTES = 1 << 28
+_SAMPLED_CHARACTERS = 256
+_loaded = WeightedLru(_LOADED_BYTES)
+
+
+def load(key: str, payload: str) -> tuple[str, HierarchicalHistogram]:
+    """(when it was built, the tree) from the payload stored under ledger `key`; decoded
+    once per process.
+
+    Each query reads the payload from the ledger, and the decoded tree is a function of
+    it alone: a kept tree is used only when its payload equals the one just read (a
+    memory comparison), so a dropped, rebuilt, cleared or another analyst's synopsis
+    is never answered from a stale tree. The lookup key samples the payload (its
+    noisy nodes differ between builds) instead of hashing it: a new string of a
+    65,536-bin synopsis is 0.7 MB, which hashing would read whole at every query.
+    """
+    sample = payload[:: max(1, len(payload) // _SAMPLED_CHARACTERS)]
+    kept = _loaded.get((key, len(payload), sample))
+    if kept is not None and kept[0] == payload:
+        return kept[1], kept[2]
     data = json.loads(payload)
-    return data["built"], HierarchicalHistogram.from_json(data["tree"])
+    tree = HierarchicalHistogram.from_json(data["tree"])
+    for array in (tree.prefix, *tree.noisy):  # consistency computed now, once; then shared
+        array.flags.writeable = False
+    weight = len(payload) + tree.prefix.nbytes + sum(level.nbytes for level in tree.noisy)
+    _loaded.put((key, len(payload), sample), (payload, data["built"], tree), weight)
+    return data["built"], tree
 
 
 def _histogram_sql(domain: Domain, dialect: str, seed: int) -> str:
