@@ -44,13 +44,16 @@ from dpsql.mechanisms.grid import (
     privacy_parameter,
 )
 from dpsql.mechanisms.pool import Draw
-from dpsql.mechanisms.samplers import CHUNK, ExactReal, Sampler, below, exact_laplace
+from dpsql.mechanisms.samplers import CHUNK, ExactReal, Sampler, below, constant, exact_laplace
 
 GRANULARITY_BITS = 19  # the grid version runs at sigma ~ 2^19 grid steps, as grid Laplace does
 _MAX_SIGMA2 = Fraction(1 << 80)  # t <= 2^40: candidates and their squares stay exact in float64
-_MARGIN = 2.0**-36  # relative slack around the float acceptance probability
-_FLOOR = 2.0**-62  # absolute slack, for probabilities too small to have a relative error
-_WORD = 2.0**-64
+_MARGIN = constant(2.0**-36, np.float64)  # relative slack around the float acceptance probability
+_FLOOR = constant(
+    2.0**-62, np.float64
+)  # absolute slack, for probabilities too small to have a relative error
+_WORD = constant(2.0**-64, np.float64)
+_NONE = np.empty(0, dtype=np.int64)
 _DIRECT_SIGMA = 1 << 16  # above this the closed forms use Euler-Maclaurin, exact to ~sigma^-4
 _CERTAIN = 2.0**-40  # coverage is decided in floating point only when it is this far from 0.95
 
@@ -68,8 +71,8 @@ class _Plan(Sampler):
         self.sigma2 = sigma2
         self.t = Fraction(max(1, _floor_sqrt(4096 * sigma2)), 64)  # floor(64 sigma) / 64
         self.shift = sigma2 / self.t  # the candidate |Y| most likely to be accepted
-        self._shift = float(self.shift)
-        self._half_inverse = float(1 / (2 * sigma2))
+        self._shift = constant(float(self.shift), np.float64)
+        self._negative_half_inverse = constant(-float(1 / (2 * sigma2)), np.float64)
         self.acceptance = self._acceptance()
         self._laplace = exact_laplace(self.t)
         # outputs per chunk such that one pass of candidates usually fits in CHUNK
@@ -81,7 +84,10 @@ class _Plan(Sampler):
         if self.t > 1 << 12:
             # the sum is then an integral to many digits: (sigma/t) sqrt(pi/2) e^(-s^2/(2 sigma^2))
             return (
-                sigma / self.t * math.sqrt(math.pi / 2) * math.exp(-(self._shift**2) / 2 / sigma**2)
+                sigma
+                / self.t
+                * math.sqrt(math.pi / 2)
+                * math.exp(-(float(self.shift) ** 2) / 2 / sigma**2)
             )
         reach = math.ceil(60 * self.t)
         y = np.arange(-reach, reach + 1, dtype=np.float64)
@@ -90,21 +96,22 @@ class _Plan(Sampler):
         return float((laplace * self._probability(y)).sum())
 
     def _probability(self, candidates: np.ndarray) -> np.ndarray:
+        """exp(-(|y| - s)^2 / (2 sigma^2)) of float candidates y."""
         gap = np.abs(candidates) - self._shift
-        return np.exp(-(gap * gap) * self._half_inverse)
+        return np.exp(gap * gap * self._negative_half_inverse)
 
     def chunk(self, size: int, rng: np.random.Generator) -> np.ndarray:
-        out = np.empty(size, dtype=np.int64)
+        passes = [_NONE]
         filled = 0
         while filled < size:
             need = size - filled
             # 5% and 16 candidates to spare: a second pass is rare even for a single value
             count = min(CHUNK, math.ceil(need / self.acceptance * 1.05) + 16)
             candidates = self._laplace.draw(count, rng)
-            kept = candidates[self._accept(candidates, rng)][:need]
-            out[filled : filled + kept.size] = kept
-            filled += kept.size
-        return out
+            passes.append(candidates[self._accept(candidates, rng)][:need])
+            filled += passes[-1].size
+        # one pass (nearly always): its accepted candidates are the values, uncopied
+        return passes[1] if len(passes) == 2 else np.concatenate(passes)
 
     def _accept(self, candidates: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Exact Bernoulli(exp(-(|y| - s)^2 / (2 sigma^2))) for each candidate y.
@@ -118,8 +125,10 @@ class _Plan(Sampler):
         words = rng.bit_generator.random_raw(candidates.size)
         probability = self._probability(candidates.astype(np.float64))
         uniform = words.astype(np.float64) * _WORD
-        accept = uniform < probability * (1 - _MARGIN) - _FLOOR
-        undecided = ~accept & (uniform <= probability * (1 + _MARGIN) + _FLOOR)
+        accept = uniform < probability
+        # farther apart than the margin, the float comparison is the exact one (the
+        # difference of two floats is within a relative 2^-53 of the exact difference)
+        undecided = np.abs(uniform - probability) <= probability * _MARGIN + _FLOOR
         for at in undecided.nonzero()[0]:
             accept[at] = below(self.exact_probability(int(candidates[at])), int(words[at]), rng)
         return accept

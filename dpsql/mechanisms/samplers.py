@@ -49,12 +49,29 @@ _MAX64 = (1 << 64) - 1
 _MASK64 = _MAX64
 _HALF = 1 << 63  # outcome words are 63-bit uniforms in [0, 2^63)
 _PAD = np.uint64(_HALF)  # an empty bucket's threshold: above every 63-bit word, never tied
-_ONE = np.uint64(1)
-_TWO53 = np.uint64(1 << 53)
-_SHIFT32 = np.uint64(32)
-_LOW32 = np.uint64((1 << 32) - 1)
-_CLEAR11 = np.uint64(_MAX64 ^ 2047)
-_SIGN_SHIFT = np.int64(63)
+
+
+def constant(value: int | float, dtype: type[np.generic]) -> np.ndarray:
+    """`value` as a read-only 0-d array, for an operand of the samplers' array arithmetic.
+
+    numpy 2 converts a Python or numpy scalar operand on every ufunc call, which
+    costs ~0.2 us more than a 0-d array of the other operand's dtype; a small
+    draw runs 20-50 such operations, so this is a fifth of its fixed cost. The
+    result's dtype is the same as with the scalar.
+    """
+    array = np.array(value, dtype=dtype)
+    array.flags.writeable = False
+    return array
+
+
+_ONE = constant(1, np.uint64)
+_ZERO = constant(0, np.uint64)
+_TWO53 = constant(1 << 53, np.uint64)
+_SHIFT32 = constant(32, np.uint64)
+_LOW32 = constant((1 << 32) - 1, np.uint64)
+_CLEAR11 = constant(_MAX64 ^ 2047, np.uint64)
+_SIGN_SHIFT = constant(63, np.int64)
+_SIGNS = np.array([1, -1], dtype=np.int64)  # indexed by a word's low bit
 CHUNK = 1 << 14  # elements per pass: the temporaries of one pass stay in L2 cache
 _TABLE_PRECISION = 128  # first try for table bounds; doubled when a floor is ambiguous
 _MAX_PRECISION = 1 << 16  # bits; only an exactly dyadic value could need more
@@ -99,6 +116,12 @@ def _draw_words(rng: np.random.Generator, shape: int | tuple[int, ...]) -> np.nd
     """Uniform 64-bit words straight from the bit generator (a tenth of the call overhead
     of Generator.integers, which matters for single-value queries)."""
     return rng.bit_generator.random_raw(shape)
+
+
+def signed(magnitude: np.ndarray, words: np.ndarray) -> np.ndarray:
+    """`magnitude` negated where the word's low bit is set (a fair sign when the rest of the
+    word was used for something else)."""
+    return _SIGNS.take(words & _ONE) * magnitude
 
 
 def _ceil_shift(value: int, bits: int) -> int:
@@ -430,7 +453,7 @@ def uniform_below(n: np.ndarray, words: np.ndarray, rng: np.random.Generator) ->
     n = np.asarray(n, dtype=np.uint64)
     t = (words >> _SHIFT32) * n + (((words & _LOW32) * n) >> _SHIFT32)
     index = (t >> _SHIFT32).astype(np.int64)
-    undecided = words * n > np.uint64(0) - n  # wrapping products: the low 64 bits
+    undecided = words * n > _ZERO - n  # wrapping products: the low 64 bits
     for at in undecided.nonzero()[0]:
         count = n[at] if n.ndim else n
         index[at] = _uniform_exact(int(words[at]), int(count), rng)
@@ -463,7 +486,7 @@ def _guide(table: np.ndarray, buckets: np.ndarray, count: int) -> tuple[np.ndarr
     return base.astype(np.int64), thr
 
 
-def _log_bucket(u: np.ndarray, mantissa_bits: int) -> np.ndarray:
+class _LogBuckets:
     """Octave of u and its next `mantissa_bits` bits, via the bits of an exact float64.
 
     float64 holds u exactly once the bits it could not represent are cleared:
@@ -471,9 +494,15 @@ def _log_bucket(u: np.ndarray, mantissa_bits: int) -> np.ndarray:
     low 11 do. Both changes are monotone in u, so the bucket is monotone in u,
     and no rounding mode can move a value between buckets.
     """
-    exact = np.where(u < _TWO53, u | _ONE, u & _CLEAR11)
-    bits = exact.astype(np.float64).view(np.int64)
-    return (bits >> (52 - mantissa_bits)) - (1023 << mantissa_bits)
+
+    def __init__(self, mantissa_bits: int) -> None:
+        self.mantissa_bits = mantissa_bits
+        self._shift = constant(52 - mantissa_bits, np.int64)
+        self._offset = constant(1023 << mantissa_bits, np.int64)
+
+    def of(self, u: np.ndarray) -> np.ndarray:
+        exact = np.where(u < _TWO53, u | _ONE, u & _CLEAR11)
+        return (exact.astype(np.float64).view(np.int64) >> self._shift) - self._offset
 
 
 def _powers(base_lo: int, base_hi: int, count: int, precision: int) -> tuple[list, list]:
@@ -524,7 +553,7 @@ class _FiniteLevel:
         gap = min((b - a for a, b in itertools.pairwise(floors)), default=_HALF)
         shift = min(62, gap.bit_length() - 1)  # buckets of width 2^shift <= gap hold one cut each
         table = np.array(floors, dtype=np.uint64)
-        self._shift = np.uint64(shift + 1)  # applied to the whole 64-bit word
+        self._shift = constant(shift + 1, np.uint64)  # applied to the whole 64-bit word
         self._base, self._thr = _guide(
             table, (table >> np.uint64(shift)).astype(np.int64), 1 << (63 - shift)
         )
@@ -562,13 +591,13 @@ class _TailLevel:
         descending = _exact_table(self._bounds)
         table = np.array(descending[::-1], dtype=np.uint64)
         mantissa_bits = max(0, math.ceil(math.log2(max(1.0, float(1 / rate))))) + 1
-        buckets = _log_bucket(table, mantissa_bits) if table.size else np.zeros(0, np.int64)
+        self._buckets = _LogBuckets(mantissa_bits)
+        buckets = self._buckets.of(table) if table.size else np.zeros(0, np.int64)
         clash = np.flatnonzero(np.diff(buckets) <= 0)
         tail_bits = max(1, int(table[clash[-1]]).bit_length()) if clash.size else 1
         keep = table >= np.uint64(1 << tail_bits)
         table, buckets = table[keep], buckets[keep]
-        self._mantissa_bits = mantissa_bits
-        self._tail_bucket = tail_bits << mantissa_bits
+        self._tail_bucket = constant(tail_bits << mantissa_bits, np.int64)
         self.tail_bits = tail_bits
         self.cuts = int(table.size)
         base, self._thr = _guide(table, buckets, 63 << mantissa_bits)
@@ -594,7 +623,7 @@ class _TailLevel:
     def values(self, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """M for each word, and the mask of elements tied or in the far tail."""
         u = words >> _ONE
-        bucket = _log_bucket(u, self._mantissa_bits)
+        bucket = self._buckets.of(u)
         thr = self._thr.take(bucket)
         value = self._count_minus_base.take(bucket) - (u >= thr)
         return value, (u == thr) | (bucket < self._tail_bucket)
@@ -603,7 +632,7 @@ class _TailLevel:
         u = word >> 1
         if u < 1 << self.tail_bits:
             return self._tail_value(u, rng)
-        bucket = int(_log_bucket(np.array([u], dtype=np.uint64), self._mantissa_bits)[0])
+        bucket = int(self._buckets.of(np.array([u], dtype=np.uint64))[0])
         value, thr = int(self._count_minus_base[bucket]), int(self._thr[bucket])
         if u != thr:
             return value - (u > thr)
@@ -661,6 +690,7 @@ class LaplaceSampler(Sampler):
         levels = max(1, math.ceil(math.log(float(spread)) / math.log(_MAX_DIGIT)))
         length = math.ceil(float(spread) ** (1 / levels))
         self._first_length = length
+        self._length = constant(length, np.int64)
         self._first = self._first_level(a, rate, length)
         multiplier, self._digits = length, []
         for _ in range(levels - 1):
@@ -736,11 +766,11 @@ class LaplaceSampler(Sampler):
     def _fast(self, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         top, slow = self._top.values(words[-1])
         if self._first is None:
-            return np.where((words[0] & _ONE).astype(bool), -top, top), slow
+            return signed(top, words[0]), slow
         inner = top
         for (level, _), row in zip(reversed(self._digits), words[-2:0:-1], strict=True):
             digit, tie = level.index(row)
-            inner = digit + inner * self._first_length
+            inner = digit + inner * self._length
             slow |= tie
         first, tie = self._first.index(words[0])
         slow |= tie

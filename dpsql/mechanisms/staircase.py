@@ -51,6 +51,7 @@ from dpsql.mechanisms.samplers import (
     cut_table,
     exact_geometric,
     ratio_cuts,
+    signed,
     uniform_below,
 )
 
@@ -58,7 +59,6 @@ GRID_STEPS_BITS = 20  # a block of the grid staircase spans about 2^20 grid step
 _MAX_SENSITIVITY = (1 << 31) - 1  # uniform_below draws offsets below 2^32
 _TABLE_OFFSETS = 4096  # up to here one table holds every offset of a block
 _MISS = Fraction(COVERAGE_MISS).limit_denominator(100)
-_ONE = np.uint64(1)
 
 
 def continuous_gamma(epsilon: float, objective: str) -> float:
@@ -153,34 +153,40 @@ class _Plan(Sampler):
             cuts = [(1 + 2 * min(k, r - 1), -1 + 2 * max(0, k - r + 1)) for k in range(delta)]
             self._table = cut_table(*ratio_cuts(b, cuts, total))
             self._words = 1
+            outcomes = delta  # outcome k >= 1 is the offset j' = k - 1
         else:
             cuts = [(1, -1)] + ([(2 * r - 1, -1)] if r > 1 else [])  # P(0), P(0) + P(high step)
             self._steps = SortedCuts(*ratio_cuts(b, cuts, total))
-            kinds = [(0, 1)] + ([(0, r - 1)] if r > 1 else []) + [(r - 1, delta - r + 1)]
-            self._start = np.array([1 + start for start, _ in kinds], dtype=np.int64)
-            self._count = np.array([count for _, count in kinds], dtype=np.uint64)
+            # (1 + first j', how many j') of the high step (if any) and the low step
+            kinds = ([(1, r - 1)] if r > 1 else []) + [(r, delta - r + 1)]
+            self._start = np.array([0] + [start for start, _ in kinds], dtype=np.int64)
+            self._count = np.array([1] + [count for _, count in kinds], dtype=np.uint64)
             self._words = 2
             self.chunk_size //= 2  # the words of a chunk: one pass's size
-        self._delta = delta
+            outcomes = len(kinds)
+        # by outcome of the first word: what one block adds to |Z| (nothing when Z = 0)
+        self._block_step = np.array([0] + [delta] * outcomes, dtype=np.int64)
         self._blocks = exact_geometric(epsilon)
 
     def chunk(self, size: int, rng: np.random.Generator) -> np.ndarray:
         words = rng.bit_generator.random_raw((self._words, size))
-        steps = self._offsets(words, rng)  # 0 for Z = 0, else 1 + j'
-        blocks = self._blocks.chunk(size, rng)
-        magnitude = np.minimum(steps, 1) * (blocks * self._delta + steps)
-        negative = (words[0] & _ONE).view(np.int64)
-        return (magnitude ^ -negative) + negative  # negates where the low bit is set
+        index, steps = self._offsets(words, rng)  # steps: 0 for Z = 0, else 1 + j'
+        magnitude = steps + self._blocks.chunk(size, rng) * self._block_step.take(index)
+        return signed(magnitude, words[0])
 
-    def _offsets(self, words: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def _offsets(
+        self, words: np.ndarray, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The first word's outcome index, and 1 + j' (0 for Z = 0)."""
         table = self._table if self._words == 1 else self._steps
         index, tie = table.index(words[0])
         for at in tie.nonzero()[0]:
             index[at] = table.exact_index(int(words[0, at]), rng)
         if self._words == 1:
-            return index
+            return index, index
+        # Z = 0 has count 1, so its uniform offset is 0, and start 0
         within = uniform_below(self._count.take(index), words[1], rng)
-        return np.minimum(index, 1) * (self._start.take(index) + within)
+        return index, self._start.take(index) + within
 
 
 @functools.lru_cache(maxsize=64)
