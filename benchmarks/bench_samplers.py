@@ -38,7 +38,7 @@ import numpy as np
 
 from dpsql.mechanisms.gaussian import DiscreteGaussian
 from dpsql.mechanisms.laplace import DiscreteLaplace, GridLaplace
-from dpsql.mechanisms.pool import FULL_FILL
+from dpsql.mechanisms.pool import FILL
 from dpsql.mechanisms.samplers import discrete_laplace, laplace_sampler, secure_generator
 from dpsql.mechanisms.staircase import Staircase
 
@@ -142,7 +142,7 @@ def mechanism_table() -> None:
     rng, plain = secure_generator(), unpooled_generator()
     naive = np.random.default_rng()
     zeros, one = np.zeros(BATCH, dtype=np.int64), np.zeros(1, dtype=np.int64)
-    refill = np.zeros(FULL_FILL, dtype=np.int64)
+    refill = np.zeros(FILL, dtype=np.int64)
     print(
         f"{'sampler':<36} | {'batch of ' + format(BATCH, ','):>16} | {'single call':>11} | "
         f"{'mean call':>9} | {'1st call':>8} | {'2nd call':>8} | {'refill':>8} | "
@@ -193,7 +193,7 @@ def mechanism_table() -> None:
     print(
         "single call: median; mean call: all calls, pool refills included; 1st and 2nd call: on "
         "a new generator (the 1st fills its pool); refill: an unpooled draw of the pool's full "
-        f"refill ({FULL_FILL} values), the slowest single call; unpooled: one value on a "
+        f"refill ({FILL} values), the slowest single call; unpooled: one value on a "
         "generator with no pool; the verdict reads the batch rate and every single-call figure"
     )
 

@@ -22,7 +22,7 @@ import pytest
 from dpsql.mechanisms import samplers
 from dpsql.mechanisms.gaussian import DiscreteGaussian, GridGaussian
 from dpsql.mechanisms.laplace import DiscreteLaplace, GridLaplace
-from dpsql.mechanisms.pool import FIRST_FILL, FULL_FILL, POOL_REQUEST, NoisePool, PoolableGenerator
+from dpsql.mechanisms.pool import FILL, POOL_REQUEST, NoisePool, PoolableGenerator
 from dpsql.mechanisms.samplers import secure_generator
 from dpsql.mechanisms.staircase import Staircase
 
@@ -41,31 +41,23 @@ class Counter:
             return np.array([next(self._next) for _ in range(size)], dtype=np.int64)
 
 
-def _fills(total: int) -> list[int]:
-    """The draws of a pool serving `total` single values: FIRST_FILL, doubling to FULL_FILL."""
-    fills = [FIRST_FILL]
-    while sum(fills) < total:
-        fills.append(min(FULL_FILL, 2 * fills[-1]))
-    return fills
-
-
-def test_refills_double_up_to_the_full_fill() -> None:
+def test_every_fill_draws_the_same_number_of_values() -> None:
     counter = Counter()
     pool, rng = NoisePool(counter), secure_generator(1)
     served = [int(pool(1, rng)[0]) for _ in range(10_000)]
     assert served == list(range(10_000))  # one at a time, in order, none skipped or repeated
-    assert counter.sizes == _fills(10_000)
-    assert counter.sizes[:4] == [64, 128, 256, 256]
+    # the first fill and every refill: the slowest single call is one draw of FILL values
+    assert counter.sizes == [FILL] * -(-10_000 // FILL)
 
 
 def test_a_request_that_does_not_fit_drops_the_rest_and_never_serves_it() -> None:
     counter = Counter()
     pool, rng = NoisePool(counter), secure_generator(1)
-    half = (FIRST_FILL - 4) // 2
+    half = (FILL - 4) // 2
     assert pool(half, rng).tolist() + pool(half, rng).tolist() == list(range(2 * half))
     again = pool(POOL_REQUEST, rng)  # 4 values left: not enough
-    assert again.tolist() == list(range(FIRST_FILL, FIRST_FILL + POOL_REQUEST))
-    assert counter.sizes == [FIRST_FILL, 2 * FIRST_FILL]
+    assert again.tolist() == list(range(FILL, FILL + POOL_REQUEST))
+    assert counter.sizes == [FILL, FILL]
 
 
 def test_large_requests_and_plain_generators_go_straight_to_the_sampler() -> None:
@@ -102,7 +94,7 @@ def test_reserves_are_per_generator_and_go_with_it() -> None:
     counter = Counter()
     pool = NoisePool(counter)
     first, second = secure_generator(3), secure_generator(3)
-    assert pool(1, first)[0] == 0 and pool(1, second)[0] == FIRST_FILL  # not first's reserve
+    assert pool(1, first)[0] == 0 and pool(1, second)[0] == FILL  # not first's reserve
     assert pool(1, first)[0] == 1
     del first, second
     gc.collect()
@@ -129,7 +121,7 @@ def test_secure_generators_are_poolable() -> None:
     ids=lambda mechanism: f"{type(mechanism).__name__}-{mechanism.scale:g}",
 )
 def test_single_calls_are_the_draws_of_the_same_seed(mechanism) -> None:
-    fills = _fills(FIRST_FILL + 1)  # the first fill and the next
+    fills = [FILL, FILL]  # the first fill and the next
     pooled = secure_generator(7)
     singles = [mechanism.sample(np.zeros(1, dtype=np.int64), pooled)[0] for _ in range(sum(fills))]
     # the same stream, read by draws of the same sizes on an unpooled generator
