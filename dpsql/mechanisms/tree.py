@@ -223,9 +223,9 @@ def _weights(shape: TreeShape, a: np.ndarray, e: np.ndarray) -> tuple[np.ndarray
     )
     # summed level by level (cumsum's order, unlike sum's, does not depend on the shape):
     # a range gets the same bits alone as in a batch
-    squares = np.cumsum(np.maximum(np.diff(norm, axis=0, prepend=0), 0) / lam, axis=0)[-1]
+    squares = np.cumsum(np.maximum(_increments(norm), 0) / lam, axis=0)[-1]
     covered = _coverage(paths, size, a, e)
-    g = np.cumsum(np.diff(covered, axis=1, prepend=0) / lam, axis=1)
+    g = np.cumsum(_increments(covered.swapaxes(0, 1)).swapaxes(0, 1) / lam, axis=1)
     largest = np.abs(size * g)[:, shape.top :].max(axis=(0, 1), initial=0.0)
     if shape.height:  # the children of each path node, one level down; ranges last, so
         # the reductions over paths, levels and children are elementwise maxima of rows
@@ -237,9 +237,17 @@ def _weights(shape: TreeShape, a: np.ndarray, e: np.ndarray) -> tuple[np.ndarray
     return squares, largest
 
 
+def _increments(values: np.ndarray) -> np.ndarray:
+    """Each level's value minus the level above's (the top's minus 0), along axis 0:
+    np.diff with prepend, without its wrappers' cost (a tenth of a one-range answer)."""
+    steps = values.copy()
+    steps[1:] -= values[:-1]
+    return steps
+
+
 def _coverage(node: np.ndarray, size: np.ndarray, a: np.ndarray, e: np.ndarray) -> np.ndarray:
     low = node * size
-    return np.clip(np.minimum(e, low + size) - np.maximum(a, low), 0, None) / size
+    return np.maximum(np.minimum(e, low + size) - np.maximum(a, low), 0) / size
 
 
 def chernoff_halfwidths(scale: float, squares: np.ndarray, largest: np.ndarray) -> np.ndarray:
