@@ -288,6 +288,24 @@ def test_timing_relevant_shape_every_sample_reads_the_same_words() -> None:
         assert samplers._plan(Fraction(scale)).words_per_sample == words
 
 
+@pytest.mark.parametrize("mantissa_bits", [1, 4, 8])
+def test_log_buckets_are_the_octave_and_top_bits_on_both_sides_of_2_53(mantissa_bits: int) -> None:
+    """Each u >= 2^(m+1) lands in bucket (octave << m) + its next m bits, exactly, also where
+    float64 cannot hold u (above 2^53) and at the edges; below, u is bucketed as u | 1."""
+    edges = [1 << 53, 1 << 62, (1 << 63) - 1, 1 << mantissa_bits]
+    around = {max(0, e + d) for e in edges for d in range(-2050, 2050)}
+    spread = secure_generator(9).bit_generator.random_raw(20_000) >> np.uint64(1)
+    shifts = secure_generator(10).integers(0, 63, spread.size, dtype=np.uint64)
+    u = np.array(sorted(around | set((spread >> shifts).tolist()) | {0, 1}), dtype=np.uint64)
+    buckets = samplers._LogBuckets(mantissa_bits).of(u)
+    assert np.all(np.diff(buckets) >= 0)  # monotone in u
+    m = mantissa_bits
+    for value, bucket in zip(u.tolist(), buckets.tolist(), strict=True):
+        bits = value if value >> (m + 1) else value | 1
+        octave = bits.bit_length() - 1
+        assert bucket == (octave << m) + (bits << m >> octave) - (1 << m)
+
+
 def test_secure_generator_is_aes_keyed_from_the_os() -> None:
     one, two = secure_generator(), secure_generator()
     assert type(one.bit_generator).__name__ == "AESCounter"
