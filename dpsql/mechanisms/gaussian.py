@@ -229,13 +229,14 @@ class DiscreteGaussian:
         return math.sqrt(self.sigma2)
 
     @functools.cached_property
-    def _draw(self) -> Draw:
-        """The pooled sampler, bound at the first sample: its tables take ms to build."""
+    def noise(self) -> Draw:
+        """noise(size, rng): the pooled sampler, bound at the first sample (its tables take ms to
+        build)."""
         return _plan(self.sigma2).sample
 
     def sample(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         exact = as_integers(values, "the discrete Gaussian")
-        return exact + self._draw(exact.size, rng).reshape(exact.shape)
+        return exact + self.noise(exact.size, rng).reshape(exact.shape)
 
     def interval95(self) -> float:
         return _sums(self.sigma2).interval95()

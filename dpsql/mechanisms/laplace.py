@@ -87,13 +87,14 @@ class DiscreteLaplace:
         return float(self.exact_scale)
 
     @functools.cached_property
-    def _draw(self) -> Draw:
-        """The pooled sampler, bound at the first sample: its tables take ms to build."""
+    def noise(self) -> Draw:
+        """noise(size, rng): the pooled sampler, bound at the first sample (its tables take ms to
+        build)."""
         return laplace_sampler(self.exact_scale)
 
     def sample(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         exact = as_integers(values, "discrete Laplace")
-        return exact + self._draw(exact.size, rng).reshape(exact.shape)
+        return exact + self.noise(exact.size, rng).reshape(exact.shape)
 
     def interval95(self) -> float:
         return interval95_units(self.exact_scale)

@@ -223,15 +223,16 @@ class Staircase:
         return self.sensitivity / float(self.exact_epsilon)
 
     @functools.cached_property
-    def _draw(self) -> Draw:
-        """The pooled sampler, bound at the first sample: its tables take ms to build."""
+    def noise(self) -> Draw:
+        """noise(size, rng): the pooled sampler, bound at the first sample (its tables take ms to
+        build)."""
+        if self._geometric is not None:
+            return self._geometric.noise
         return _plan(self.sensitivity, self.steps, self.exact_epsilon).sample
 
     def sample(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        if self._geometric is not None:
-            return self._geometric.sample(values, rng)
         exact = as_integers(values, "the staircase mechanism")
-        return exact + self._draw(exact.size, rng).reshape(exact.shape)
+        return exact + self.noise(exact.size, rng).reshape(exact.shape)
 
     def weight_exponent(self, i: int) -> int:
         """e with P(Z = i) = P(Z = 0) * e^(-epsilon * e): the exact pmf, up to its constant."""
