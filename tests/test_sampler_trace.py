@@ -23,10 +23,11 @@ import numpy as np
 import pytest
 
 from dpsql.mechanisms import gaussian
-from dpsql.mechanisms.gaussian import DiscreteGaussian
+from dpsql.mechanisms.gaussian import DiscreteGaussian, GridGaussian
+from dpsql.mechanisms.grid import GridMechanism
 from dpsql.mechanisms.laplace import DiscreteLaplace, GridLaplace
 from dpsql.mechanisms.samplers import secure_generator
-from dpsql.mechanisms.staircase import Staircase
+from dpsql.mechanisms.staircase import GridStaircase, Staircase
 
 DRAWS = 3  # of each size of noise
 
@@ -78,7 +79,9 @@ def _work(call: Callable[[], np.ndarray]) -> tuple[float, list[tuple]]:
 
 
 def _generator(seed: int, pooled: bool) -> np.random.Generator:
-    """A generator whose first request the pool fills (pooled) or the sampler draws alone."""
+    """A generator whose first request the pool fills (pooled) or the sampler draws alone.
+    Every later fill draws as many values as the first (pool.FILL), so the first stands for
+    every refill too."""
     return secure_generator(seed) if pooled else np.random.Generator(np.random.PCG64(seed))
 
 
@@ -86,9 +89,10 @@ def _draw(mechanism, values: np.ndarray, rng: np.random.Generator, monkeypatch) 
     """|noise| of one draw, and how many passes of candidates it took (1 but for the Gaussian,
     whose rejection sampler needs another pass when too few candidates were accepted: more
     work, but how many passes is independent of the values accepted)."""
-    if not isinstance(mechanism, DiscreteGaussian):
+    inner = mechanism.steps if isinstance(mechanism, GridGaussian) else mechanism
+    if not isinstance(inner, DiscreteGaussian):
         return abs(float(mechanism.sample(values, rng)[0])), 1
-    plan, passes = gaussian._plan(mechanism.sigma2), []
+    plan, passes = gaussian._plan(inner.sigma2), []
     accept = plan._accept
     with monkeypatch.context() as patch:
         patch.setattr(plan, "_accept", lambda *args: passes.append(1) or accept(*args))
@@ -105,8 +109,11 @@ MECHANISMS = [
     Staircase(100, 1.0),  # one table of offsets, block from a geometric table
     Staircase(5000, 2.0),  # step and offset from two words
     Staircase(100, 0.005),  # the block from a folded discrete Laplace
+    GridStaircase(1000.0, 1.0),  # ~2^20 grid steps a block: step and offset words
     DiscreteGaussian(1, 0.5),
     DiscreteGaussian(100, 0.5),
+    DiscreteGaussian(1000, 0.5),  # candidates of two words
+    GridGaussian(1000.0, 0.5),
 ]
 
 
@@ -116,7 +123,7 @@ MECHANISMS = [
 )
 def test_small_and_large_noise_run_the_same_work(mechanism, pooled: bool, monkeypatch) -> None:
     t = mechanism.expected_abs_error()
-    values = np.zeros(1) if isinstance(mechanism, GridLaplace) else np.zeros(1, dtype=np.int64)
+    values = np.zeros(1) if isinstance(mechanism, GridMechanism) else np.zeros(1, dtype=np.int64)
     mechanism.sample(values, _generator(0, pooled))  # tables built outside the traces
     seeds: dict[str, list[int]] = {"small": [], "large": []}
     seed = 0

@@ -386,7 +386,8 @@ class SortedCuts:
     def index(self, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Outcome indices and the mask of elements tied with a threshold."""
         u = words >> _ONE
-        index = np.searchsorted(self._thr, u, side="right")
+        # the ndarray method: np.searchsorted's Python wrappers cost 0.6 us more
+        index = self._thr.searchsorted(u, side="right")
         return index, self._below.take(index) == u
 
     def exact_index(self, word: int, rng: np.random.Generator) -> int:
