@@ -1,12 +1,16 @@
 """Noise drawn ahead in vectorised batches and handed out a few values at a time: this module's job.
 
 A vectorised draw costs an exact sampler a fixed sequence of numpy operations
-(10-25 us on 2 cores) whatever its size up to a few hundred values. A
+(8-20 us on 2 cores) whatever its size up to a few hundred values. A
 NoisePool wraps one sampler (one mechanism at one parameter) and keeps for
 each generator a reserve of values drawn ahead; a small request is a slice of
 that reserve (under 4 us). Every fill, a generator's first request's and each
 refill, draws FILL values: the request that pays for it is the slowest single
 call, so its size is chosen for that call's time, not for the average (see FILL).
+Filling reserves when a session opens would not spare its first calls: a
+reserve belongs to one sampler, one mechanism at one parameter (sensitivity,
+epsilon or rho), and which ones a session needs is known only when its queries
+are planned.
 
 Why this keeps the samplers' guarantees:
 - every value is an exact sample the wrapped sampler drew from the requesting

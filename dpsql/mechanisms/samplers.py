@@ -23,7 +23,8 @@ through a call's time. Table lookups still touch memory at value-dependent
 addresses, so cache state can shift a single call's time by ~0.2 us (see
 benchmarks/bench_samplers.py); single values are therefore served from a pool
 drawn ahead (pool.py), which also spreads the fixed cost of the numpy
-operations (10-30 us on 2 cores whatever the size).
+operations (8-20 us on 2 cores whatever the size up to a few hundred values:
+20-40 operations at 0.3-0.5 us each, so each one left out counts).
 """
 
 from __future__ import annotations
@@ -333,7 +334,7 @@ def bernoulli(p: ExactReal, size: int, rng: np.random.Generator) -> np.ndarray:
 class Sampler(abc.ABC):
     """An exact sampler of one distribution, drawn with a fixed sequence of numpy operations.
 
-    `chunk` draws up to chunk_size values (its fixed cost, 10-30 us, dominates
+    `chunk` draws up to chunk_size values (its fixed cost, 8-20 us, dominates
     below a few hundred values); `draw(size, rng)` draws any number a chunk at a
     time, and `sample` is `draw` behind a noise pool (pool.py). Every value costs
     the same operations on the same number of words, whatever it turns out to be
