@@ -20,6 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from dpsql.accounting import Cost
+from dpsql.mechanisms.pool import Draw
 from dpsql.mechanisms.samplers import constant
 
 GRID_LIMIT = 1 << 62  # grid indices stay far inside int64 after the noise is added
@@ -98,8 +99,10 @@ class IntegerNoise(Protocol):
 
     def sample(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray: ...
 
-    def noise(self, size: int, rng: np.random.Generator) -> np.ndarray:
-        """`size` values of the noise alone (what sample adds to checked integers)."""
+    @property
+    def noise(self) -> Draw:
+        """noise(size, rng): `size` values of the noise alone, what sample adds to the
+        integers it has checked."""
 
     def interval95(self) -> float: ...
 
