@@ -73,6 +73,7 @@ _LOW32 = constant((1 << 32) - 1, np.uint64)
 _CLEAR11 = constant(_MAX64 ^ 2047, np.uint64)
 _SIGN_SHIFT = constant(63, np.int64)
 _SIGNS = np.array([1, -1], dtype=np.int64)  # indexed by a word's low bit
+_SIGNS.flags.writeable = False
 CHUNK = 1 << 14  # elements per pass: the temporaries of one pass stay in L2 cache
 _TABLE_PRECISION = 128  # first try for table bounds; doubled when a floor is ambiguous
 _MAX_PRECISION = 1 << 16  # bits; only an exactly dyadic value could need more
