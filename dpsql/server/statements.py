@@ -23,7 +23,6 @@ import asyncio
 import json
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -54,6 +53,7 @@ from dpsql.server.values import (
     python_value,
     released_columns,
 )
+from dpsql.server.workers import WorkerPool
 from dpsql.session import Session
 from dpsql.sql.plan import MAX_GROUPS, Release
 
@@ -106,7 +106,7 @@ class Backend:
         self.schema = introspection.catalog_schema(self.policy)
         self.memo = ReleaseMemo()
         self.shapes = WeightedLru(SHAPE_BYTES, largest=SHAPE_BYTES // 16)
-        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="dpsql-wire")
+        self.pool = WorkerPool(workers)
         self._stripes = [threading.Lock() for _ in range(256)]
         self._jobs = threading.Lock()  # guards every Job's thread and ended
         self._stopping: set[asyncio.Task] = set()
@@ -189,9 +189,8 @@ class Backend:
                 return
 
     def run(self, function: Any, *args: Any) -> asyncio.Future:
-        """`function(*args)` in the pool. A future, not a coroutine: `asyncio.wait_for`
-        wraps a coroutine in a task of its own, one more task and loop turn per statement."""
-        return asyncio.get_running_loop().run_in_executor(self.pool, function, *args)
+        """`function(*args)` in a worker thread: a future, awaited in the caller's own task."""
+        return self.pool.run(function, *args)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)  # its threads hold DuckDB cursors
@@ -238,9 +237,10 @@ class WireSession(MimicSession):
     async def _run(self, sql: str, parameters: list[Any]) -> Answer:
         timeout = self.backend.query_timeout or None
         job = Job()
-        running = self.backend.run(self._answer, sql, parameters or None, job)
         try:
-            return await asyncio.wait_for(running, timeout)
+            # not asyncio.wait_for: it waits on a future of its own, one more loop turn
+            async with asyncio.timeout(timeout):
+                return await self.backend.run(self._answer, sql, parameters or None, job)
         except TimeoutError:
             # The charge (made before the database ran) stands; the statement is
             # interrupted, so no release is made or cached.
