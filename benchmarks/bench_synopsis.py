@@ -100,22 +100,33 @@ def _build_time(folder: Path, rows: int, bins: int, repeats: int) -> None:
             f"CREATE TABLE events AS SELECT i AS visitor, (hash(i) % {bins})::INT AS x "
             f"FROM range({rows}) t(i)"
         )
-    policies = {}
-    for label, unit in (("row-level", False), ("user-level (bounded)", True)):
+        # the same rows with the unit declared a key: dpsql reads it from the catalog and,
+        # each unit having one row, bounds nothing (as row-level), at user-level privacy
+        con.execute("CREATE TABLE events_keyed (visitor BIGINT PRIMARY KEY, x INT)")
+        con.execute("INSERT INTO events_keyed SELECT * FROM events")
+    policies, tables = {}, {}
+    for label, unit in (
+        ("row-level", False),
+        ("user-level (bounded)", True),
+        ("user-level (unit a declared key)", True),
+    ):
         table = {"columns": {"x": {"type": "int", "lower": 0, "upper": bins - 1,
                                    "synopsis": {"bin": 1, "epsilon": 1.0}}}}  # fmt: skip
         if unit:
             table["privacy_unit"] = "visitor"
             table["columns"]["visitor"] = {"type": "int", "private": True}
+        tables[label] = "events_keyed" if "key" in label else "events"
         policies[label] = {"version": 1, "analysts": {"default": {"epsilon": 1e6}},
-                           "tables": {"events": table}}  # fmt: skip
+                           "tables": {tables[label]: table}}  # fmt: skip
     raw_sql = "SELECT FLOOR(x / 1) AS b, COUNT(*) FROM events GROUP BY 1"
     actions = {"raw": lambda: _query(database, raw_sql)}
     for label, policy in policies.items():
         with dpsql.connect(str(database), policy=policy, ledger=folder / "l.sqlite") as c:
-            plan = dict(c.execute("EXPLAIN SELECT COUNT(x) FROM events").fetchall())
+            plan = dict(c.execute(f"EXPLAIN SELECT COUNT(x) FROM {tables[label]}").fetchall())
         actions[f"{label} SQL"] = lambda sql=plan["sql"]: _query(database, sql)
-        actions[label] = lambda policy=policy: _build(database, policy, folder / "l.sqlite")
+        actions[label] = lambda policy=policy, table=tables[label]: _build(
+            database, policy, folder / "l.sqlite", table
+        )
     wall, cpu = dict.fromkeys(actions, float("inf")), dict.fromkeys(actions, float("inf"))
     for _ in range(repeats):
         for name, action in actions.items():
@@ -139,10 +150,10 @@ def _query(database: Path, sql: str) -> None:
         con.execute(sql).fetchall()
 
 
-def _build(database: Path, policy: dict, ledger: Path) -> None:
+def _build(database: Path, policy: dict, ledger: Path, table: str) -> None:
     with dpsql.connect(str(database), policy=policy, ledger=ledger) as c:
-        c.session.drop_synopsis("events", "x")
-        c.session.build_synopsis("events", "x")
+        c.session.drop_synopsis(table, "x")
+        c.session.build_synopsis(table, "x")
 
 
 def answer_time(bins: int) -> None:
