@@ -206,11 +206,10 @@ class Store(ABC):
             return self._execute(conn, _RELEASE, (analyst, fingerprint)).fetchone()[0]
 
     def stored_releases(self, analyst: str, prefix: str, after: str) -> dict[str, str]:
-        escaped = prefix.replace("!", "!!").replace("%", "!%").replace("_", "!_")
         rows = self._read(
             "SELECT fingerprint, payload FROM releases WHERE analyst = ? "
             "AND fingerprint LIKE ? ESCAPE '!' AND fingerprint > ? ORDER BY fingerprint",
-            (analyst, escaped + "%", after),
+            (analyst, _starting(prefix), after),
         )
         return dict(rows)
 
@@ -223,9 +222,21 @@ class Store(ABC):
             )
             return bool(cursor.rowcount)
 
-    def clear_cache(self) -> int:
+    def release_counts(
+        self, analyst: str | None, prefix: str, excluding: Sequence[str]
+    ) -> list[tuple[str, int, str]]:
+        """(analyst, count, newest created_at) of the matching stored releases, per analyst."""
+        where, params = _release_filter(analyst, prefix, excluding)
+        return self._read(
+            f"SELECT analyst, COUNT(*), MAX(created_at) FROM releases{where} "
+            "GROUP BY analyst ORDER BY analyst",
+            params,
+        )
+
+    def clear_cache(self, analyst: str | None, prefix: str, excluding: Sequence[str]) -> int:
+        where, params = _release_filter(analyst, prefix, excluding)
         with self._write() as conn:
-            return self._execute(conn, "DELETE FROM releases").rowcount
+            return self._execute(conn, f"DELETE FROM releases{where}", params).rowcount
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -235,6 +246,27 @@ class Store(ABC):
                 self._conn.close()
             self._conn = None
             self._closed = True
+
+
+def _starting(prefix: str) -> str:
+    """A LIKE pattern (ESCAPE '!') for the strings that start with `prefix`."""
+    return prefix.replace("!", "!!").replace("%", "!%").replace("_", "!_") + "%"
+
+
+def _release_filter(
+    analyst: str | None, prefix: str, excluding: Sequence[str]
+) -> tuple[str, tuple[str, ...]]:
+    """WHERE (or nothing) and its parameters for the releases of `analyst` (None: every
+    analyst's) whose fingerprint starts with `prefix` and with none of `excluding`."""
+    conditions = [] if analyst is None else ["analyst = ?"]
+    params = [] if analyst is None else [analyst]
+    if prefix:
+        conditions.append("fingerprint LIKE ? ESCAPE '!'")
+        params.append(_starting(prefix))
+    for other in excluding:
+        conditions.append("fingerprint NOT LIKE ? ESCAPE '!'")
+        params.append(_starting(other))
+    return (" WHERE " + " AND ".join(conditions) if conditions else ""), tuple(params)
 
 
 def check_meta(location: str, found: dict[str, str], expected: dict[str, str]) -> None:

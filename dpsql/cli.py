@@ -12,6 +12,7 @@ import argparse
 import importlib
 import json
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,11 +81,34 @@ def _parser() -> argparse.ArgumentParser:
 # adds its subparsers, so a feature's command line lives beside the feature.
 _COMMAND_MODULES = (
     "dpsql.ldp.commands", "dpsql.shell", "dpsql.server.commands", "dpsql.watch",
-    "dpsql.synopsis_commands",
+    "dpsql.synopsis_commands", "dpsql.cache_commands",
 )  # fmt: skip
 
 
-def _add_connection_options(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+def add_actions(
+    commands: Any,
+    name: str,
+    help: str,
+    description: str,
+    actions: Sequence[tuple[str, Callable[[argparse.Namespace], int], str]],
+    **parser_options: Any,
+) -> dict[str, argparse.ArgumentParser]:
+    """`dpsql <name> <action>`: a command whose actions each run one function. Returns
+    each action's parser by name, for the arguments of its own."""
+    command = commands.add_parser(name, help=help, description=description)
+    choices = command.add_subparsers(title="actions", metavar="ACTION", required=True)
+    parsers = {}
+    for action, run, text in actions:
+        parsers[action] = choices.add_parser(action, help=text, description=text, **parser_options)
+        parsers[action].set_defaults(run=run)
+    return parsers
+
+
+def _add_connection_options(
+    parser: argparse.ArgumentParser,
+    analyst_help: str = "whose budget to charge",
+    analyst_default: str | None = "default",
+) -> argparse._ArgumentGroup:
     """The options naming the database, policy, analyst and ledger; returns their group."""
     source = parser.add_argument_group("what to connect to")
     source.add_argument(
@@ -97,7 +121,7 @@ def _add_connection_options(parser: argparse.ArgumentParser) -> argparse._Argume
         "sc://host:15002",
     )
     source.add_argument("--policy", help="privacy policy YAML file")
-    source.add_argument("--analyst", default="default", help="whose budget to charge")
+    source.add_argument("--analyst", default=analyst_default, help=analyst_help)
     source.add_argument("--ledger", help="budget ledger file (default: from the policy)")
     return source
 

@@ -35,14 +35,14 @@ Guarantees, in every store:
   account in one transaction, under both accounts' locks: it fits both or
   is refused by the one that it does not fit, and writes nothing then.
 * **Append-only.** Triggers refuse UPDATE and DELETE on the charges;
-  ``clear_cache`` drops cached releases only, never charges.
+  ``clear_cache`` drops stored releases only, never charges.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from fractions import Fraction
@@ -188,6 +188,18 @@ def _check_text(value: object, name: str) -> str:
     return value
 
 
+def _release_selection(
+    analyst: str | None, prefix: str, excluding: Sequence[str]
+) -> tuple[str | None, str, tuple[str, ...]]:
+    if analyst is not None:
+        _check_text(analyst, "analyst")
+    return (
+        analyst,
+        _check_text(prefix, "prefix"),
+        tuple(_check_text(e, "excluding") for e in excluding),
+    )
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
 
@@ -318,9 +330,23 @@ class Ledger:
             _check_text(analyst, "analyst"), _check_text(fingerprint, "fingerprint")
         )
 
-    def clear_cache(self) -> int:
-        """Drop every cached release (the data changed); return how many. Charges stay."""
-        return self._store.clear_cache()
+    def release_counts(
+        self, analyst: str | None = None, *, prefix: str = "", excluding: Sequence[str] = ()
+    ) -> list[tuple[str, int, str]]:
+        """Per analyst (only `analyst`, if given), how many stored payloads have a
+        fingerprint that starts with `prefix` and with none of `excluding`, and when the
+        newest was stored: (analyst, count, ISO time), by analyst."""
+        return self._store.release_counts(*_release_selection(analyst, prefix, excluding))
+
+    def clear_cache(
+        self, analyst: str | None = None, *, prefix: str = "", excluding: Sequence[str] = ()
+    ) -> int:
+        """Drop stored releases (the data changed); return how many. Charges stay.
+
+        Without arguments every analyst's cached answers and stored state go; `analyst`,
+        `prefix` and `excluding` narrow that as in `release_counts`.
+        """
+        return self._store.clear_cache(*_release_selection(analyst, prefix, excluding))
 
     # -- lifecycle --------------------------------------------------------------
 

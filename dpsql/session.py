@@ -16,7 +16,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -33,7 +33,9 @@ from dpsql.sql import PlanContext, plan_query
 from dpsql.sql.check import refuse_statement
 from dpsql.sql.parse import Statement, parse_statement, repeat_key, tokenize
 from dpsql.sql.plan import MAX_GROUPS, Accuracy, Options, Plan, Release, release_stream
+from dpsql.sql.running import STATE_PREFIX as STREAM_PREFIX
 from dpsql.sql.running import RunningPlan
+from dpsql.sql.synopsis import PREFIX as SYNOPSIS_PREFIX
 from dpsql.sql.synopsis import BuildSynopsisPlan, StoredSynopsisPlan, SynopsisStatus
 from dpsql.sql.synopsis import count_query as synopsis_count_query
 from dpsql.sql.synopsis import declared as declared_synopses
@@ -42,6 +44,22 @@ MAX_EPSILON = 1e6
 _SETTABLE = (
     "dpsql.epsilon", "dpsql.delta", "dpsql.mechanism", "dpsql.ldp_postprocess", "dpsql.continual",
 )  # fmt: skip
+
+#: What the ledger stores beside the charges, by kind: noisy answers kept for
+#: repeats, range synopses, and the noise already released by running streams.
+#: The last two are found by their fingerprints' prefix; answers are the rest.
+STORED_KINDS = ("answers", "synopses", "streams")
+_KIND_PREFIXES = {"synopses": SYNOPSIS_PREFIX, "streams": STREAM_PREFIX}
+
+
+@dataclass(frozen=True)
+class Stored:
+    """How many releases of one kind the ledger keeps for one analyst, and the newest's time."""
+
+    analyst: str
+    kind: str
+    count: int
+    newest: str
 
 
 @dataclass(frozen=True)
@@ -333,6 +351,36 @@ class Session:
             plan = self._synopsis_plan(table, column)
         return plan.status()
 
+    # -- what the ledger stores beside charges --------------------------------
+
+    def stored(self, *, every_analyst: bool = False) -> list[Stored]:
+        """What the ledger keeps for this analyst (or every analyst), by kind."""
+        analyst = None if every_analyst else self.analyst
+        return [
+            Stored(name, kind, count, newest)
+            for kind in STORED_KINDS
+            for name, count, newest in self.ledger.release_counts(analyst, **_selection(kind))
+        ]
+
+    def clear_stored(
+        self, kinds: Collection[str] = STORED_KINDS, *, every_analyst: bool = False
+    ) -> dict[str, int]:
+        """Drop what the ledger keeps of `kinds` for this analyst (or every analyst), as
+        when the data changed: the next query of each is charged and answered afresh.
+        Charges stay. Returns how many were dropped, by kind."""
+        unknown = sorted(set(kinds) - set(STORED_KINDS))
+        if unknown:
+            raise ProgrammingError(
+                f"unknown kind of stored release: {', '.join(unknown)}; "
+                f"choose from {', '.join(STORED_KINDS)}"
+            )
+        analyst = None if every_analyst else self.analyst
+        return {
+            kind: self.ledger.clear_cache(analyst, **_selection(kind))
+            for kind in STORED_KINDS
+            if kind in kinds
+        }
+
     def drop_synopsis(self, table: str, column: str) -> bool:
         """Forget this analyst's synopsis (its charge stays); True if there was one."""
         key = self._synopsis_plan(table, column).status().key
@@ -363,6 +411,13 @@ class _AnalystState:
     @property
     def owner(self) -> tuple[str, str]:
         return (self.ledger.location, self.analyst)
+
+
+def _selection(kind: str) -> dict[str, Any]:
+    """The ledger's fingerprint selection for one kind of stored release."""
+    if kind in _KIND_PREFIXES:
+        return {"prefix": _KIND_PREFIXES[kind]}
+    return {"excluding": tuple(_KIND_PREFIXES.values())}
 
 
 def _number(value: Any, name: str) -> float:
@@ -438,4 +493,4 @@ def _decode(payload: str) -> CachedRelease:
     )
 
 
-__all__ = ["Budget", "CachedRelease", "Session"]
+__all__ = ["STORED_KINDS", "Budget", "CachedRelease", "Session", "Stored"]

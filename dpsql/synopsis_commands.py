@@ -24,24 +24,22 @@ from dpsql.accounting import Cost
 
 def register(subparsers: Any) -> None:
     """Add `synopsis list | build | drop` to the main parser."""
-    from dpsql.cli import _add_connection_options
+    from dpsql.cli import _add_connection_options, add_actions
 
-    synopsis = subparsers.add_parser(
-        "synopsis", help="list, build or drop range-count synopses",
-        description="Range counts on a column with a synopsis in the policy are answered from "
-        "one noisy hierarchical histogram, charged once per analyst.",
+    actions = add_actions(
+        subparsers, "synopsis", "list, build or drop range-count synopses",
+        "Range counts on a column with a synopsis in the policy are answered from one noisy "
+        "hierarchical histogram, charged once per analyst.",
+        (
+            ("list", _run_list, "show each declared synopsis, its cost and age"),
+            ("build", _run_build, "build a synopsis now (charges its cost once)"),
+            ("drop", _run_drop, "forget a synopsis (its charge stays)"),
+        ),
     )  # fmt: skip
-    actions = synopsis.add_subparsers(title="actions", metavar="ACTION", required=True)
-    for name, run, text in (
-        ("list", _run_list, "show each declared synopsis, its cost and age"),
-        ("build", _run_build, "build a synopsis now (charges its cost once)"),
-        ("drop", _run_drop, "forget a synopsis (its charge stays)"),
-    ):
-        action = actions.add_parser(name, help=text, description=text)
+    for name, action in actions.items():
         _add_connection_options(action)
         if name != "list":
             action.add_argument("name", help="table.column, e.g. visits.day")
-        action.set_defaults(run=run)
 
 
 def _target(name: str) -> tuple[str, str]:

@@ -585,6 +585,27 @@ def test_release_survives_restart_and_clear_cache_keeps_charges(ledger_location:
         assert led.store_release("alice", "q", '{"v": 2}') == '{"v": 2}'
 
 
+def test_clear_cache_by_analyst_and_fingerprint_prefix(ledger: Ledger) -> None:
+    stored = {"alice": ["q1", "q2", "a_b:1", "a_b:2", "axb:1", "a%:1"], "bob": ["q1", "a_b:1"]}
+    for analyst, fingerprints in stored.items():
+        for fingerprint in fingerprints:
+            ledger.store_release(analyst, fingerprint, "{}")
+    counts = {a: n for a, n, _ in ledger.release_counts()}
+    assert counts == {"alice": 6, "bob": 2}
+    # LIKE's wildcards in a prefix are matched as themselves
+    assert [n for _, n, _ in ledger.release_counts("alice", prefix="a_b:")] == [2]
+    assert [n for _, n, _ in ledger.release_counts("alice", prefix="a%")] == [1]
+    answers = {"excluding": ("a_b:", "axb:", "a%:")}
+    assert [(a, n) for a, n, _ in ledger.release_counts(**answers)] == [("alice", 2), ("bob", 1)]
+    assert ledger.clear_cache("alice", prefix="a_b:") == 2
+    assert ledger.cached_release("bob", "a_b:1") == "{}"  # another analyst's stays
+    assert ledger.cached_release("alice", "axb:1") == "{}"
+    assert ledger.clear_cache(**answers) == 3
+    assert {(a, n) for a, n, _ in ledger.release_counts()} == {("alice", 2), ("bob", 1)}
+    assert ledger.clear_cache() == 3
+    assert ledger.release_counts() == []
+
+
 def test_release_first_writer_wins_across_threads(ledger: Ledger, ledger_location: str) -> None:
     others = [Ledger(ledger_location) for _ in range(4)]
     ledgers = [ledger, ledger, ledger, ledger, *others]
