@@ -110,18 +110,24 @@ class DatasetBudgetExhausted(BudgetExhausted):
 class TooManyGroups(OperationalError):
     """A release has more groups than the session's `max_groups` allows.
 
-    Raised after the charge: the count of released groups is known only after
-    partition selection, and refusing on the count before it would let the
-    data decide whether a query is charged.
+    Keys from public domains are counted from the policy, and refused before
+    the charge. Keys from the data are refused after it: their count is known
+    only after partition selection, and refusing on the count before it would
+    let the data decide whether a query is charged.
     """
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, *, charged: bool = True):
         self.limit = limit
+        why = (
+            "the query was charged, because the number of released groups is only known "
+            "after the noisy selection, and nothing was cached, so running it again charges "
+            "again"
+            if charged
+            else "nothing was charged: the policy's public key values fix the groups"
+        )
         super().__init__(
             f"refused a release of more than {limit:,} groups (the max_groups limit, which "
-            "keeps one query from exhausting memory): the query was charged, because the "
-            "number of released groups is only known after the noisy selection, and nothing "
-            "was cached, so running it again charges again. Instead: group by fewer or "
+            f"keeps one query from exhausting memory): {why}. Instead: group by fewer or "
             "coarser columns, add a WHERE, or raise max_groups (connect(max_groups=...), "
             "dpsql serve --max-groups)"
         )

@@ -32,7 +32,15 @@ from dpsql.policy import CONTINUAL_MECHANISMS, MECHANISMS, Policy
 from dpsql.sql import PlanContext, plan_query
 from dpsql.sql.check import refuse_statement
 from dpsql.sql.parse import Statement, parse_statement, repeat_key, tokenize
-from dpsql.sql.plan import MAX_GROUPS, Accuracy, Options, Plan, Release, release_stream
+from dpsql.sql.plan import (
+    MAX_GROUPS,
+    Accuracy,
+    Options,
+    Plan,
+    Release,
+    check_known_groups,
+    release_stream,
+)
 from dpsql.sql.running import STATE_PREFIX as STREAM_PREFIX
 from dpsql.sql.running import RunningPlan
 from dpsql.sql.synopsis import PREFIX as SYNOPSIS_PREFIX
@@ -169,6 +177,7 @@ class Session:
         if not plan.cost.epsilon and not plan.cost.delta and not plan.cost.rho:
             # Free: a statement without a table, or one answered from stored state.
             return self._keep_state(self._release(plan))
+        check_known_groups(plan, self.max_groups)
         # The charge is committed before the database runs: a crash after it
         # loses budget, never privacy.
         self._charge(plan.cost, fingerprint)

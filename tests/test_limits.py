@@ -5,8 +5,10 @@
   Python's memory (tracemalloc) stays at a few batches, on DuckDB and PostgreSQL.
 * Selection batch by batch has the distribution of selection at once (the
   threshold test is per key), and one batch draws exactly what `release` draws.
-* More released groups than `max_groups` is refused after the charge (the count
-  is known only after the noisy selection), with SQLSTATE 54000 over the wire.
+* More released groups than `max_groups` is refused after the charge when the
+  keys come from the data (the count is known only after the noisy selection),
+  before it when they are public (the policy fixes the count), with SQLSTATE
+  54000 over the wire.
 * A statement over `--query-timeout`, or cancelled by its client, is stopped in
   the database: the client gets 57014 within about the timeout and the single
   worker answers the next query at once; the charge stands and nothing is cached.
@@ -151,6 +153,23 @@ def test_more_released_groups_than_the_limit_is_refused_after_the_charge(
             assert connection.budget().epsilon_spent == charged
     with dpsql.connect(grouped, policy=_policy(), ledger=ledger, max_groups=40) as connection:
         assert len(connection.execute(query).fetchall()) == 40
+
+
+def test_more_public_groups_than_the_limit_is_refused_before_the_charge(
+    grouped: Path, tmp_path: Path
+) -> None:
+    """Keys of a public domain are counted from the policy: refused, nothing is charged;
+    a WHERE on the key that leaves few enough of them is answered."""
+    policy = _policy()
+    policy["tables"]["big"]["columns"]["id"] = {"type": "int", "values": list(range(40))}
+    ledger = tmp_path / "l.sqlite"
+    with dpsql.connect(grouped, policy=policy, ledger=ledger, max_groups=39) as connection:
+        with pytest.raises(TooManyGroups, match=r"more than 39 groups.*nothing was charged"):
+            connection.execute("SELECT id, COUNT(*) AS n FROM big GROUP BY id")
+        assert connection.budget().epsilon_spent == 0
+        rows = connection.execute("SELECT id, COUNT(*) FROM big WHERE id < 39 GROUP BY id")
+        assert [row[0] for row in rows.fetchall()] == list(range(39))
+        assert connection.budget().epsilon_spent == 1.0
 
 
 def test_selection_over_an_empty_result_and_over_several_batches(

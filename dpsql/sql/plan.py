@@ -122,8 +122,13 @@ class DirectPlan:
         self.options = options
         self.notes: list[str] = []  # why a special planner left the query to this plan
         table = analysis.table
+        # The released groups when the policy alone fixes them (public keys, or no
+        # GROUP BY); None when they come from the data, through partition selection.
+        self.public_keys: list[tuple] | None = None
         if analysis.grouped and analysis.public_keys:
             _check_domain_size(analysis)
+            domains = [key.domain for key in analysis.keys]
+            self.public_keys = _keys_passing_where(analysis, list(itertools.product(*domains)))
         self.selection = None if analysis.public_keys else self._selection_needed(options)
         parts = len(analysis.measurements) + (self.selection is not None)
         self.share = round_down(Fraction(options.epsilon) / parts)
@@ -171,6 +176,14 @@ class DirectPlan:
         return _Measure(DiscreteLaplace(l1, self.share), step, reason)
 
     @property
+    def known_groups(self) -> int | None:
+        """How many groups the release has when the policy alone fixes it, before any
+        charge (None: the keys come from the data)."""
+        if self.selection is not None:
+            return None
+        return 1 if self.public_keys is None else len(self.public_keys)
+
+    @property
     def _cells(self) -> int:
         """How many values the release has (1 when the keys come from the data)."""
         if not self.analysis.grouped or not self.analysis.public_keys:
@@ -216,8 +229,8 @@ class DirectPlan:
                 f"distinct units reaches {self.selection.tau}; groups below were suppressed"
             )
         else:
-            if analysis.grouped:  # public keys: at most the domain, whatever the data
-                keys, exact = _fill_domain(analysis, batches, width, measured)
+            if self.public_keys is not None:  # at most the domain, whatever the data
+                keys, exact = _fill_domain(self.public_keys, batches, width, measured)
             else:
                 rows = [row for batch in batches for row in batch]
                 keys = [row[:width] for row in rows]
@@ -400,12 +413,10 @@ def _check_domain_size(analysis: Analysis) -> None:
 
 
 def _fill_domain(
-    analysis: Analysis, batches: Iterable[list[tuple]], width: int, measured: int
+    full: list[tuple], batches: Iterable[list[tuple]], width: int, measured: int
 ) -> tuple[list[tuple], np.ndarray]:
-    """Every key of the public domain, with the result's measurements, and zeros for the
-    groups the data lacks; result rows of keys outside the domain are dropped."""
-    domains = [key.domain for key in analysis.keys]
-    full = _keys_passing_where(analysis, list(itertools.product(*domains)))
+    """Every key of the public domain `full`, with the result's measurements, and zeros for
+    the groups the data lacks; result rows of keys outside the domain are dropped."""
     position = {_normal(key): i for i, key in enumerate(full)}
     filled = np.zeros((len(full), measured - width), dtype=np.int64)
     for batch in batches:
@@ -450,14 +461,23 @@ def _keys_passing_where(analysis: Analysis, keys: list[tuple]) -> list[tuple]:
     return [keys[row] for (row,) in sorted(query_released(columns, query))]
 
 
-def check_groups(count: int, max_groups: int | None) -> None:
+def check_groups(count: int, max_groups: int | None, *, charged: bool = True) -> None:
     """Refuse a release of more than `max_groups` groups (None: no limit).
 
     `count` must be known from the release alone (post-processing): never the
     number of groups the database returned before partition selection.
     """
     if max_groups is not None and count > max_groups:
-        raise TooManyGroups(max_groups)
+        raise TooManyGroups(max_groups, charged=charged)
+
+
+def check_known_groups(plan: Plan, max_groups: int | None) -> None:
+    """Refuse, before its charge, a plan whose release has more than `max_groups` groups
+    when the policy alone fixes how many (public keys): refused after the charge, it
+    would cost the analyst budget for nothing. Other plans are checked as they release."""
+    known = getattr(plan, "known_groups", None)
+    if known is not None:
+        check_groups(known, max_groups, charged=False)
 
 
 def release_stream(
