@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import duckdb
+from machine import describe
 
 from dpsql import demo
 from dpsql.adapters.duckdb import LOCKED, DuckDBAdapter
@@ -86,6 +87,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
+    print(describe())
     path = build(args.rows)
     raw = duckdb.connect(str(path), read_only=True, config=LOCKED)
     compare(lambda sql: raw.execute(sql).fetchall(), DuckDBAdapter(str(path)), args, cpu=True)

@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from machine import describe
+
 from dpsql import demo
 from dpsql.accounting import Cost
 from dpsql.adapters.duckdb import DuckDBAdapter
@@ -139,6 +141,7 @@ def main() -> None:
         demo.DEMO_POLICY | {"analysts": {"default": {"epsilon": 1e6, "delta": 0.5}}}
     )
     adapter = TimedAdapter(demo.demo_connection())
+    print(describe())
     with tempfile.TemporaryDirectory() as folder:
         ledger = TimedLedger(Path(folder) / "ledger.sqlite")
         session = Session(adapter, policy, ledger)

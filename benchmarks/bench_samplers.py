@@ -31,7 +31,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import os
 import random
 import statistics
 import sys
@@ -40,6 +39,7 @@ from collections.abc import Callable
 from fractions import Fraction
 
 import numpy as np
+from machine import describe
 
 from dpsql.mechanisms.gaussian import DiscreteGaussian, GridGaussian
 from dpsql.mechanisms.laplace import DiscreteLaplace, GridLaplace
@@ -384,8 +384,7 @@ def timing_table() -> None:
 
 def main() -> None:
     start = time.perf_counter()
-    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
-    print(f"{os.cpu_count()} cores, load average {load} (others' work slows every figure)\n")
+    print(describe() + "\n")
     print(
         "Mechanisms: samples per CPU second (best of", REPEATS, "runs), median single-call CPU time"
     )

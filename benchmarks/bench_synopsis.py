@@ -20,6 +20,7 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
+from machine import describe
 
 import dpsql
 from dpsql.accounting import zcdp_rho
@@ -242,6 +243,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="build rounds (the best is kept)")
     args = parser.parse_args()
     bins, rows = (4096, 200_000) if args.small else (65_536, 10_000_000)
+    print(describe() + "\n")
     accuracy(bins, 1.0, 1e-6, 10_000)
     answer_time(bins)
     sql_answer_time(bins)

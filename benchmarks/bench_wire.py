@@ -59,6 +59,7 @@ from pathlib import Path
 
 import psycopg
 from bench_load import ANALYSTS, _policy, _serve  # the sibling benchmark's server process
+from machine import describe
 
 import dpsql
 
@@ -227,7 +228,7 @@ def main() -> None:
             str(database), policy=str(policy), analyst=ANALYSTS[0], ledger=str(ledger)
         )
         print(f"{args.queries} queries per client, fastest of {args.rounds} rounds; demo census "
-              f"(50,000 rows); load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+              f"(50,000 rows)\n{describe()}")  # fmt: skip
         try:
             for kind in args.kinds:
                 _measure(local, servers, kind, args.queries, args.rounds)
