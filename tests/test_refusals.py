@@ -35,6 +35,12 @@ HOSTILE = [
     "SELECT COUNT(*) FROM pums_pid GROUP BY pid % 2",
     "SELECT AVG(income) FROM pums_pid WHERE pid BETWEEN 1 AND 1",
     "SELECT SUM(CASE WHEN pid = 3 THEN income ELSE 0 END) FROM pums_pid",
+    # select aliases where the database computes: the name would reach the table
+    "SELECT COUNT(*) AS secret FROM pums WHERE secret > 500",
+    "SELECT age + 1 AS a, COUNT(*) FROM pums WHERE a > 30 GROUP BY age",
+    "SELECT sex AS s, COUNT(s) FROM pums GROUP BY sex",
+    "SELECT sex AS s, SUM(s) FROM pums GROUP BY sex",
+    "SELECT COUNT(*) AS n FROM pums_pid WHERE CASE WHEN n > 1 THEN true END",
     # unsupported aggregates
     "SELECT MAX(income) FROM pums",
     "SELECT MIN(age) FROM pums",
@@ -164,6 +170,29 @@ def test_hostile_statement_is_refused_before_the_database(recorded, sql):
         assert "Instead:" in message
     assert adapter.statements == [], f"reached the database: {adapter.statements}"
     assert connection.budget().epsilon_spent == 0
+
+
+def test_an_alias_never_reads_an_undeclared_column(tmp_path):
+    """A select alias named like a column the policy leaves out is not sent to the
+    database, where it would read that column (in WHERE, in an aggregate)."""
+    import duckdb
+
+    database = duckdb.connect()
+    database.execute("CREATE TABLE people AS SELECT i % 2 AS sex, i AS salary FROM range(100) t(i)")
+    columns = {"sex": {"type": "int", "values": [0, 1]}}
+    policy = {"version": 1, "analysts": {"default": {"epsilon": 10.0}},
+              "tables": {"people": {"columns": columns}}}  # fmt: skip
+    connection = dpsql.connect(database, policy=policy, ledger=tmp_path / "l.sqlite")
+    for sql in (
+        "SELECT COUNT(*) AS salary FROM people WHERE salary > 50",
+        "SELECT sex AS salary, COUNT(salary) FROM people GROUP BY sex",
+    ):
+        with pytest.raises(dpsql.QueryRefused, match=r"the alias salary in .* an undeclared col"):
+            connection.execute(sql)
+    assert connection.budget().epsilon_spent == 0
+    # an alias in GROUP BY names its expression, which is what the database groups by
+    rows = connection.execute("SELECT sex AS salary, COUNT(*) FROM people GROUP BY salary")
+    assert [row[0] for row in rows.fetchall()] == [0, 1]
 
 
 def test_refusal_names_construct_and_alternative(recorded):

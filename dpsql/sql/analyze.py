@@ -196,6 +196,9 @@ class _Resolver:
 
     def __init__(self, select: exp.Select, table: Table):
         self.table = table
+        self.aliases = {
+            item.alias.lower() for item in select.expressions if isinstance(item, exp.Alias)
+        }
         source = select.args["from_"].this
         alias = source.alias_or_name
         self.qualifiers = {alias.lower(), source.name.lower()}
@@ -225,7 +228,7 @@ class _Resolver:
         Names that are not columns are left alone: they may be select aliases
         used in GROUP BY, HAVING or ORDER BY, resolved later.
         """
-        aliases = {item.alias.lower() for item in select.expressions if isinstance(item, exp.Alias)}
+        aliases = self.aliases
 
         def fix(node: exp.Expression) -> exp.Expression:
             if not isinstance(node, exp.Column) or isinstance(node.this, exp.Star):
@@ -240,9 +243,26 @@ class _Resolver:
         return select.transform(fix, copy=True)
 
     def require_public(self, node: exp.Expression, where: str) -> None:
+        """Every name in `node`, an expression the database computes (WHERE, a GROUP BY
+        key, an aggregate's argument), is a declared, non-private column of the table.
+
+        A select alias is not one: the rewritten SQL would send its name to the
+        database, where it reads a column of that name that the policy does not
+        declare (or fails to bind)."""
         for column in node.find_all(exp.Column):
+            if isinstance(column.this, exp.Star):
+                continue
             spec = self.table.column(column.name)
-            if spec is not None and spec.private:
+            if spec is None and column.name.lower() in self.aliases:
+                raise QueryRefused(
+                    f"the alias {column.name} in {where}",
+                    "a select alias names a released value, not a column: sent to the "
+                    "database, the name would read an undeclared column of that name",
+                    "write the aliased expression itself",
+                )
+            if spec is None:
+                self.column(column)  # raises: not declared in the policy
+            if spec.private:
                 raise QueryRefused(
                     f"{where} on the private column {spec.name}",
                     "private columns identify people and are never released or used to select rows",

@@ -98,7 +98,8 @@ def _assert_outputs_protected(plan: DirectPlan, cursor: Any, sql: str) -> None:
 
 
 def assert_rewritten_is_bounded(text: str, plan: DirectPlan, dialect: str) -> None:
-    """The SQL sent reads only the policy's table, through the clamped source (or as stored,
+    """The SQL sent reads only the policy's table and its declared columns, through the
+    clamped source (or as stored,
     when no column needs clamping or widening), with the
     unit NULL filter and rank windows over the unit, and every SUM clamped to its bounds."""
     tree = sqlglot.parse_one(text, read=dialect)
@@ -109,6 +110,10 @@ def assert_rewritten_is_bounded(text: str, plan: DirectPlan, dialect: str) -> No
     # the clamped source, or the table itself when every column it reads is read as stored
     sources = [s for s in tree.find_all(exp.Subquery, exp.Table) if s.alias == "__dpsql_source"]
     assert len(sources) == 1, text
+    declared = {column.name.lower() for column in table.columns.values()}
+    for column in tree.find_all(exp.Column):
+        name = column.name.lower()
+        assert name in declared or name.startswith("__dpsql_"), f"reads {name}: {text}"
     _assert_items_aggregated(tree, len(plan.analysis.keys), text)
     _assert_sums_clamped(tree, plan, text)
     unit = table.privacy_unit
