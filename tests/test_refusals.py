@@ -172,9 +172,9 @@ def test_hostile_statement_is_refused_before_the_database(recorded, sql):
     assert connection.budget().epsilon_spent == 0
 
 
-def test_an_alias_never_reads_an_undeclared_column(tmp_path):
-    """A select alias named like a column the policy leaves out is not sent to the
-    database, where it would read that column (in WHERE, in an aggregate)."""
+@pytest.fixture
+def people(tmp_path):
+    """A connection to a table with a column, salary, that the policy leaves out."""
     import duckdb
 
     database = duckdb.connect()
@@ -182,7 +182,13 @@ def test_an_alias_never_reads_an_undeclared_column(tmp_path):
     columns = {"sex": {"type": "int", "values": [0, 1]}}
     policy = {"version": 1, "analysts": {"default": {"epsilon": 10.0}},
               "tables": {"people": {"columns": columns}}}  # fmt: skip
-    connection = dpsql.connect(database, policy=policy, ledger=tmp_path / "l.sqlite")
+    return dpsql.connect(database, policy=policy, ledger=tmp_path / "l.sqlite")
+
+
+def test_an_alias_never_reads_an_undeclared_column(people):
+    """A select alias named like a column the policy leaves out is not sent to the
+    database, where it would read that column (in WHERE, in an aggregate)."""
+    connection = people
     for sql in (
         "SELECT COUNT(*) AS salary FROM people WHERE salary > 50",
         "SELECT sex AS salary, COUNT(salary) FROM people GROUP BY sex",
@@ -193,6 +199,19 @@ def test_an_alias_never_reads_an_undeclared_column(tmp_path):
     # an alias in GROUP BY names its expression, which is what the database groups by
     rows = connection.execute("SELECT sex AS salary, COUNT(*) FROM people GROUP BY salary")
     assert [row[0] for row in rows.fetchall()] == [0, 1]
+
+
+def test_the_rewrite_refuses_an_undeclared_name_the_analysis_let_through(people, monkeypatch):
+    """Defense in depth: with the analysis's check switched off, the SQL built is still
+    checked for names the policy does not declare, before any charge."""
+    import importlib
+
+    analyze = importlib.import_module("dpsql.sql.analyze")
+    monkeypatch.setattr(analyze._Resolver, "require_public", lambda self, node, where: None)
+    connection = people
+    with pytest.raises(dpsql.QueryRefused, match=r"salary: it is not declared.*would read it"):
+        connection.execute("SELECT COUNT(*) AS salary FROM people WHERE salary > 50")
+    assert connection.budget().epsilon_spent == 0
 
 
 def test_refusal_names_construct_and_alternative(recorded):
