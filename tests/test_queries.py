@@ -90,6 +90,20 @@ def test_having_order_by_and_limit_act_on_the_noisy_release(connect):
 
 
 @on_every_backend
+def test_having_reads_select_aliases_as_their_expressions(connect):
+    """HAVING n > 50 for COUNT(*) AS n filters the released n, at no extra cost; an alias
+    that is also a column of the table is the column."""
+    connection = connect(epsilon=1.0)
+    by_alias = connection.execute(
+        "SELECT educ AS e, COUNT(*) AS n FROM pums GROUP BY educ HAVING n > 50 AND e > 8"
+    ).fetchall()
+    assert by_alias and all(n > 50 and e > 8 for e, n in by_alias)
+    assert connection.budget().epsilon_spent == pytest.approx(1.0)  # n is measured once
+    with pytest.raises(dpsql.QueryRefused, match="the column age in HAVING"):
+        connection.execute("SELECT sex, COUNT(*) AS age FROM pums GROUP BY sex HAVING age > 3")
+
+
+@on_every_backend
 def test_expressions_over_aggregates_are_post_processing(connect):
     connection = connect(epsilon=3.0)
     rows = connection.execute(

@@ -163,7 +163,8 @@ def analyze(select: exp.Select, table: Table) -> Analysis:
         analysis.outputs.append(Output(name, builder.post_expression(item, "the select list")))
     having = select.args.get("having")
     if having is not None:
-        analysis.having = builder.post_expression(having.this, "HAVING")
+        condition = _expand_aliases(having.this, items, resolver)
+        analysis.having = builder.post_expression(condition, "HAVING")
     analysis.order = _order(select, items, builder)
     analysis.limit = _count_literal(select.args.get("limit"), "LIMIT")
     analysis.offset = _count_literal(select.args.get("offset"), "OFFSET")
@@ -174,6 +175,27 @@ def analyze(select: exp.Select, table: Table) -> Analysis:
             "select an aggregate, e.g. SELECT sex, COUNT(*) FROM t GROUP BY sex",
         )
     return analysis
+
+
+def _expand_aliases(
+    node: exp.Expression, items: list[tuple[str, exp.Expression]], resolver: _Resolver
+) -> exp.Expression:
+    """`node` with each select alias that names no column of the table replaced by the
+    aliased expression, as DuckDB reads HAVING n > 10 for COUNT(*) AS n (PostgreSQL
+    would refuse the name): HAVING filters released values, so this adds nothing new."""
+    expressions = {name.lower(): item for name, item in items if name.lower() in resolver.aliases}
+
+    def expand(sub: exp.Expression) -> exp.Expression:
+        if (
+            isinstance(sub, exp.Column)
+            and not sub.table
+            and sub.name.lower() in expressions
+            and resolver.table.column(sub.name) is None
+        ):
+            return expressions[sub.name.lower()].copy()
+        return sub
+
+    return node.transform(expand, copy=False)
 
 
 def _unalias(node: exp.Expression) -> exp.Expression:
