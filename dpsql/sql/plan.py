@@ -122,8 +122,8 @@ class DirectPlan:
         self.options = options
         self.notes: list[str] = []  # why a special planner left the query to this plan
         table = analysis.table
-        # The released groups when the policy alone fixes them (public keys, or no
-        # GROUP BY); None when they come from the data, through partition selection.
+        # The released keys of a GROUP BY over public domains, fixed by the policy
+        # and the query alone; None without GROUP BY or with keys from the data.
         self.public_keys: list[tuple] | None = None
         if analysis.grouped and analysis.public_keys:
             _check_domain_size(analysis)
