@@ -104,6 +104,21 @@ def test_having_reads_select_aliases_as_their_expressions(connect):
 
 
 @on_every_backend
+def test_group_by_all_groups_by_the_select_items_without_aggregates(connect):
+    """DuckDB's GROUP BY ALL: the keys are the items that read a column outside an
+    aggregate; the SQL sent names them, so every backend runs it."""
+    connection = connect(epsilon=2.0)
+    rows = connection.execute(
+        "SELECT sex, married AS m, COUNT(*) AS n, 'x' AS tag FROM pums GROUP BY ALL"
+    ).fetchall()
+    assert sorted((sex, m) for sex, m, _, _ in rows) == [(s, m) for s in (0, 1) for m in (0, 1)]
+    assert all(tag == "x" for *_, tag in rows)
+    assert connection.budget().epsilon_spent == pytest.approx(2.0)
+    ungrouped = connection.execute("SELECT COUNT(*) FROM pums GROUP BY ALL").fetchall()
+    assert len(ungrouped) == 1
+
+
+@on_every_backend
 def test_expressions_over_aggregates_are_post_processing(connect):
     connection = connect(epsilon=3.0)
     rows = connection.execute(

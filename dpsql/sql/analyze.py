@@ -312,8 +312,17 @@ def _group_keys(
             "run one GROUP BY query per grouping",
         )
     aliases = {name.lower(): item for name, item in items}
+    nodes = group.expressions
+    if group.args.get("all") and not nodes:
+        # DuckDB's GROUP BY ALL: every select item that reads a column and holds no
+        # aggregate, by position (constants would add nothing to the grouping)
+        nodes = [
+            exp.Literal.number(position)
+            for position, (_, item) in enumerate(items, start=1)
+            if item.find(exp.Column) is not None and item.find(*AGGREGATES) is None
+        ]
     keys = []
-    for node in group.expressions:
+    for node in nodes:
         expression = _resolve_reference(node, items, aliases, resolver, "GROUP BY")
         resolver.refuse_aggregates(
             expression, "GROUP BY", "group by columns or expressions of them"
