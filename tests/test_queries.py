@@ -31,6 +31,9 @@ ACCEPTED = [
     "SELECT p.sex, COUNT(*) FROM pums AS p GROUP BY p.sex",
     "SELECT pums.married, AVG(pums.age) FROM pums GROUP BY pums.married",
     "SELECT COUNT(DISTINCT pid) FROM pums_pid",
+    "SELECT COUNT(*) FILTER (WHERE age > 30) AS n, COUNT(income) FILTER (WHERE sex = 1) AS m "
+    "FROM pums",
+    "SELECT sex, SUM(income) FILTER (WHERE age > 30) AS s FROM pums GROUP BY sex",
 ]
 
 

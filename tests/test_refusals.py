@@ -35,6 +35,8 @@ HOSTILE = [
     "SELECT COUNT(*) FROM pums_pid GROUP BY pid % 2",
     "SELECT AVG(income) FROM pums_pid WHERE pid BETWEEN 1 AND 1",
     "SELECT SUM(CASE WHEN pid = 3 THEN income ELSE 0 END) FROM pums_pid",
+    "SELECT COUNT(*) FILTER (WHERE pid = 3) FROM pums_pid",
+    "SELECT COUNT(DISTINCT pid) FILTER (WHERE age > 30) FROM pums_pid",
     # select aliases where the database computes: the name would reach the table
     "SELECT COUNT(*) AS secret FROM pums WHERE secret > 500",
     "SELECT age + 1 AS a, COUNT(*) FROM pums WHERE a > 30 GROUP BY age",

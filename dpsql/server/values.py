@@ -184,8 +184,9 @@ def _policy_column_oid(name: str, policy: Policy) -> int | None:
 
 
 def announced_columns(tree: exp.Expression, policy: Policy) -> list[ResultColumn] | None:
-    """The columns a SELECT will release, inferred before it runs: COUNT is int8, every
-    other aggregate or expression over one is float8, a plain column has its policy type."""
+    """The columns a SELECT will release, inferred before it runs: COUNT (also with a
+    FILTER) is int8, every other aggregate or expression over one is float8, a plain
+    column has its policy type."""
     if not isinstance(tree, exp.Select):
         return None
     columns = []
@@ -195,7 +196,8 @@ def announced_columns(tree: exp.Expression, policy: Policy) -> list[ResultColumn
             name = selected.alias_or_name
         else:
             name = inner.key if isinstance(inner, exp.Func) else "?column?"
-        if isinstance(inner, exp.Count):
+        counted = inner.this if isinstance(inner, exp.Filter) else inner  # COUNT(*) FILTER (...)
+        if isinstance(counted, exp.Count):
             oid = INT8
         elif isinstance(inner, exp.Column):
             oid = _policy_column_oid(inner.name, policy) or TEXT

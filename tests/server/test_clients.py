@@ -283,13 +283,16 @@ def test_asyncpg(served) -> None:
             count = await conn.fetchval("SELECT COUNT(*) FROM pums WHERE age > $1", 40)
             statement = await conn.prepare("SELECT AVG(income) AS m FROM pums WHERE sex = $1")
             mean = await statement.fetchval(1)
-            return rows, count, mean, [p.name for p in statement.get_parameters()]
+            # prepared, so its columns are announced before it runs: a filtered COUNT is int8
+            filtered = await conn.prepare("SELECT COUNT(*) FILTER (WHERE age > $1) FROM pums")
+            older = await filtered.fetchval(40)
+            return rows, count, mean, [p.name for p in statement.get_parameters()], older
         finally:
             await conn.close()
 
-    rows, count, mean, parameters = asyncio.run(run())
+    rows, count, mean, parameters, older = asyncio.run(run())
     assert [r["sex"] for r in rows] == [0, 1] and isinstance(rows[0]["n"], int)
-    assert isinstance(count, int) and isinstance(mean, float)
+    assert isinstance(count, int) and isinstance(mean, float) and isinstance(older, int)
     assert parameters == ["int8"]
 
 
