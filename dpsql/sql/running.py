@@ -185,6 +185,14 @@ def _shape(select: exp.Select, windows: list[exp.Window]) -> _Shape:
     _check_frame(window)
     order = window.args.get("order")
     keys = order.expressions if order is not None else []
+    if not keys:  # SUM(COUNT(*)) OVER (): a grand total, e.g. for shares of it
+        raise _refuse(
+            "a window without ORDER BY",
+            "dpsql answers window functions only as running totals",
+            "release the per-group values (SELECT sex, COUNT(*) FROM t GROUP BY sex) and add "
+            "them up afterwards, which is free post-processing; or write OVER (ORDER BY day) "
+            "for a running total",
+        )
     if len(keys) != 1 or not isinstance(keys[0].this, exp.Column) or keys[0].args.get("desc"):
         raise _refuse(
             "this window's ORDER BY",
