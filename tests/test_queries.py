@@ -122,6 +122,20 @@ def test_group_by_all_groups_by_the_select_items_without_aggregates(connect):
 
 
 @on_every_backend
+def test_windows_over_the_release_are_post_processing(connect):
+    """SUM(COUNT(*)) OVER () adds up the released counts: shares of the total, free."""
+    connection = connect(epsilon=1.0)
+    rows = connection.execute(
+        "SELECT educ, COUNT(*) AS n, COUNT(*) * 1.0 / SUM(COUNT(*)) OVER () AS share, "
+        "SUM(COUNT(*)) OVER () AS total FROM pums GROUP BY educ HAVING COUNT(*) > 20"
+    ).fetchall()
+    assert rows and all(n > 20 for _, n, _, _ in rows)
+    assert {total for *_, total in rows} == {sum(n for _, n, _, _ in rows)}  # after HAVING
+    assert sum(share for _, _, share, _ in rows) == pytest.approx(1.0)
+    assert connection.budget().epsilon_spent == pytest.approx(1.0)  # COUNT(*) measured once
+
+
+@on_every_backend
 def test_expressions_over_aggregates_are_post_processing(connect):
     connection = connect(epsilon=3.0)
     rows = connection.execute(

@@ -37,6 +37,12 @@ HOSTILE = [
     "SELECT SUM(CASE WHEN pid = 3 THEN income ELSE 0 END) FROM pums_pid",
     "SELECT COUNT(*) FILTER (WHERE pid = 3) FROM pums_pid",
     "SELECT COUNT(DISTINCT pid) FILTER (WHERE age > 30) FROM pums_pid",
+    # windows other than over released aggregates
+    "SELECT COUNT(*) OVER () FROM pums",
+    "SELECT sex, SUM(age) OVER () FROM pums GROUP BY sex",
+    "SELECT sex, SUM(COUNT(pid)) OVER () FROM pums_pid GROUP BY sex",
+    "SELECT sex, COUNT(*) FROM pums GROUP BY sex HAVING SUM(COUNT(*)) OVER () > 5",
+    "SELECT sex, SUM(COUNT(*)) OVER (PARTITION BY sex) FROM pums GROUP BY sex",
     # select aliases where the database computes: the name would reach the table
     "SELECT COUNT(*) AS secret FROM pums WHERE secret > 500",
     "SELECT age + 1 AS a, COUNT(*) FROM pums WHERE a > 30 GROUP BY age",

@@ -383,12 +383,19 @@ class _Builder:
         self.aggregate_index: dict[exp.Expression, int] = {}
 
     def post_expression(self, node: exp.Expression, clause: str) -> exp.Expression:
+        if clause != "the select list" and node.find(exp.Window) is not None:
+            raise QueryRefused(
+                f"a window function in {clause}",
+                "windows over the release are computed in the select list only",
+                "compute it in the select list under an alias and refer to that",
+            )
+
         def replace(sub: exp.Expression) -> exp.Expression:
             if sub in self.key_index:
                 return exp.column(f"{KEY_PREFIX}{self.key_index[sub]}")
-            if isinstance(sub, AGGREGATES):
+            if isinstance(sub, AGGREGATES) and not isinstance(sub.parent, exp.Window):
                 return exp.column(f"{VALUE_PREFIX}{self.aggregate(sub)}")
-            return sub
+            return sub  # a window's own function (check.over_the_release) runs on released values
 
         # In place: `node` belongs to analyze's own copy of the query and is read no
         # more (a group key that is this node is replaced whole, so it stays intact).

@@ -62,6 +62,22 @@ _OTHER_STATEMENTS: list[tuple[tuple[type[exp.Expression], ...], str, str]] = [
 ]  # fmt: skip
 
 
+def over_the_release(window: exp.Window) -> bool:
+    """A window over the whole release: COUNT/SUM/AVG of released aggregates with no
+    PARTITION BY, ORDER BY or frame, e.g. SUM(COUNT(*)) OVER () for shares of a total.
+
+    It reads released values only, so it is post-processing; any other window is
+    either a running total (sql/running.py) or refused.
+    """
+    function = window.this
+    argument = function.this if isinstance(function, AGGREGATES) else None
+    return (
+        isinstance(argument, exp.Expression)
+        and argument.find(*AGGREGATES) is not None
+        and not any(window.args.get(key) for key in ("partition_by", "order", "spec", "alias"))
+    )
+
+
 def refuse_statement(tree: exp.Expression | None) -> QueryRefused:
     """The refusal for a statement that is not a SELECT (DDL, DML, COPY, PRAGMA, ...)."""
     for classes, construct, hint in _OTHER_STATEMENTS:
@@ -128,6 +144,8 @@ def _check_nodes(select: exp.Select, extra: tuple[type[exp.Expression], ...]) ->
                 "dpsql cannot bound the sensitivity of nested queries yet",
                 "write one aggregate query over one table",
             )
+        if isinstance(node, exp.Window) and over_the_release(node):
+            continue  # its function and argument are checked as the walk goes on
         if isinstance(node, exp.Window):
             raise QueryRefused(
                 "a window function",

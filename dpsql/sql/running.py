@@ -49,7 +49,7 @@ from dpsql.mechanisms.continual import (
 from dpsql.mechanisms.gaussian import discrete_gaussian
 from dpsql.policy import Column, ContinualSpec, Table
 from dpsql.sql.analyze import Analysis, Interval, _conjuncts, analyze
-from dpsql.sql.check import AGGREGATES, check_clauses, check_query
+from dpsql.sql.check import AGGREGATES, check_clauses, check_query, over_the_release
 from dpsql.sql.plan import GRID_BITS, Accuracy, Release
 from dpsql.sql.rewrite import SumGrid, rewrite
 
@@ -97,8 +97,9 @@ class _Shape:
 
 
 def plan_running(select: exp.Select, context: Any) -> RunningPlan | None:
-    """The plan for a running-total query, or None when `select` has no window function."""
-    windows = list(select.find_all(exp.Window))
+    """The plan for a running-total query, or None when `select` has no window function
+    but windows over the whole release (post-processing, left to the direct plan)."""
+    windows = [window for window in select.find_all(exp.Window) if not over_the_release(window)]
     if not windows:
         return None
     planned = (
@@ -185,13 +186,13 @@ def _shape(select: exp.Select, windows: list[exp.Window]) -> _Shape:
     _check_frame(window)
     order = window.args.get("order")
     keys = order.expressions if order is not None else []
-    if not keys:  # SUM(COUNT(*)) OVER (): a grand total, e.g. for shares of it
+    if not keys:  # COUNT(*) OVER () over rows, SUM(COUNT(*)) OVER (PARTITION BY ...)
         raise _refuse(
             "a window without ORDER BY",
-            "dpsql answers window functions only as running totals",
-            "release the per-group values (SELECT sex, COUNT(*) FROM t GROUP BY sex) and add "
-            "them up afterwards, which is free post-processing; or write OVER (ORDER BY day) "
-            "for a running total",
+            "dpsql answers a window as a running total, OVER (ORDER BY day), or over the "
+            "whole release, as SUM(COUNT(*)) OVER () with a GROUP BY",
+            "write SUM(COUNT(*)) OVER () for a grand total of the released counts, or add "
+            "up the released per-group values afterwards, which is free post-processing",
         )
     if len(keys) != 1 or not isinstance(keys[0].this, exp.Column) or keys[0].args.get("desc"):
         raise _refuse(
