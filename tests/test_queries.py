@@ -92,6 +92,15 @@ def test_having_order_by_and_limit_act_on_the_noisy_release(connect):
     assert counts == sorted(counts, reverse=True) and min(counts) > 50
 
 
+def _rows_charged_once(connect, sql: str, epsilon: float) -> list[tuple]:
+    """The rows of `sql` on a new connection, which must have cost exactly `epsilon`."""
+    connection = connect(epsilon=epsilon)
+    before = connection.budget().epsilon_spent  # the test's connections share one ledger
+    rows = connection.execute(sql).fetchall()
+    assert connection.budget().epsilon_spent - before == pytest.approx(epsilon)
+    return rows
+
+
 @on_every_backend
 def test_having_reads_select_aliases_as_their_expressions(connect):
     """HAVING n > 50 for COUNT(*) AS n filters the released n, at no extra cost; an alias
@@ -110,41 +119,38 @@ def test_having_reads_select_aliases_as_their_expressions(connect):
 def test_group_by_all_groups_by_the_select_items_without_aggregates(connect):
     """DuckDB's GROUP BY ALL: the keys are the items that read a column outside an
     aggregate; the SQL sent names them, so every backend runs it."""
-    connection = connect(epsilon=2.0)
-    rows = connection.execute(
-        "SELECT sex, married AS m, COUNT(*) AS n, 'x' AS tag FROM pums GROUP BY ALL"
-    ).fetchall()
+    rows = _rows_charged_once(
+        connect, "SELECT sex, married AS m, COUNT(*) AS n, 'x' AS tag FROM pums GROUP BY ALL", 2.0
+    )
     assert sorted((sex, m) for sex, m, _, _ in rows) == [(s, m) for s in (0, 1) for m in (0, 1)]
     assert all(tag == "x" for *_, tag in rows)
-    assert connection.budget().epsilon_spent == pytest.approx(2.0)
-    ungrouped = connection.execute("SELECT COUNT(*) FROM pums GROUP BY ALL").fetchall()
-    assert len(ungrouped) == 1
+    assert len(_rows_charged_once(connect, "SELECT COUNT(*) FROM pums GROUP BY ALL", 1.0)) == 1
 
 
 @on_every_backend
 def test_windows_over_the_release_are_post_processing(connect):
     """SUM(COUNT(*)) OVER () adds up the released counts: shares of the total, free."""
-    connection = connect(epsilon=1.0)
-    rows = connection.execute(
+    rows = _rows_charged_once(  # COUNT(*) is measured once
+        connect,
         "SELECT educ, COUNT(*) AS n, COUNT(*) * 1.0 / SUM(COUNT(*)) OVER () AS share, "
-        "SUM(COUNT(*)) OVER () AS total FROM pums GROUP BY educ HAVING COUNT(*) > 20"
-    ).fetchall()
+        "SUM(COUNT(*)) OVER () AS total FROM pums GROUP BY educ HAVING COUNT(*) > 20",
+        1.0,
+    )
     assert rows and all(n > 20 for _, n, _, _ in rows)
     assert {total for *_, total in rows} == {sum(n for _, n, _, _ in rows)}  # after HAVING
     assert sum(share for _, _, share, _ in rows) == pytest.approx(1.0)
-    assert connection.budget().epsilon_spent == pytest.approx(1.0)  # COUNT(*) measured once
 
 
 @on_every_backend
 def test_expressions_over_aggregates_are_post_processing(connect):
-    connection = connect(epsilon=3.0)
-    rows = connection.execute(
+    rows = _rows_charged_once(
+        connect,
         "SELECT sex, SUM(income) / COUNT(*) AS mean, COUNT(*) * 2 AS twice, 'x' AS tag "
-        "FROM pums GROUP BY sex ORDER BY sex"
-    ).fetchall()
+        "FROM pums GROUP BY sex ORDER BY sex",
+        3.0,
+    )
     assert [r[0] for r in rows] == [0, 1] and all(r[3] == "x" for r in rows)
     assert all(r[2] % 2 == 0 for r in rows)
-    assert connection.budget().epsilon_spent == pytest.approx(3.0)
 
 
 @on_every_backend
