@@ -139,6 +139,16 @@ def test_windows_over_the_release_are_post_processing(connect):
     assert rows and all(n > 20 for _, n, _, _ in rows)
     assert {total for *_, total in rows} == {sum(n for _, n, _, _ in rows)}  # after HAVING
     assert sum(share for _, _, share, _ in rows) == pytest.approx(1.0)
+    within = _rows_charged_once(  # PARTITION BY a group key: shares within each sex
+        connect,
+        "SELECT sex, married, COUNT(*) * 1.0 / SUM(COUNT(*)) OVER (PARTITION BY sex) AS share "
+        "FROM pums GROUP BY sex, married",
+        1.0,
+    )
+    for sex in (0, 1):
+        assert sum(share for s, _, share in within if s == sex) == pytest.approx(1.0)
+    keys = [(s, m) for s, m, _ in within]
+    assert keys == sorted(keys)  # in key order, as a release without a window
 
 
 @on_every_backend

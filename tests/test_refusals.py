@@ -42,7 +42,7 @@ HOSTILE = [
     "SELECT sex, SUM(age) OVER () FROM pums GROUP BY sex",
     "SELECT sex, SUM(COUNT(pid)) OVER () FROM pums_pid GROUP BY sex",
     "SELECT sex, COUNT(*) FROM pums GROUP BY sex HAVING SUM(COUNT(*)) OVER () > 5",
-    "SELECT sex, SUM(COUNT(*)) OVER (PARTITION BY sex) FROM pums GROUP BY sex",
+    "SELECT sex, SUM(COUNT(*)) OVER (PARTITION BY age) FROM pums GROUP BY sex",
     # select aliases where the database computes: the name would reach the table
     "SELECT COUNT(*) AS secret FROM pums WHERE secret > 500",
     "SELECT age + 1 AS a, COUNT(*) FROM pums WHERE a > 30 GROUP BY age",

@@ -171,11 +171,7 @@ def test_watch_releases_new_steps_each_tick(events, tmp_path, monkeypatch):
         ),
         ("SELECT day, AVG(amount) OVER (ORDER BY day) FROM running_events", "COUNTs and SUMs"),
         ("SELECT day, uid, COUNT(*) OVER (ORDER BY day) FROM running_events", "select item"),
-        (
-            "SELECT shop, SUM(COUNT(*)) OVER (PARTITION BY shop) FROM running_events GROUP BY shop",
-            "without ORDER BY.*SUM.COUNT.... OVER ()",
-        ),
-        ("SELECT COUNT(*) OVER () FROM running_events", "without ORDER BY"),
+        ("SELECT COUNT(*) OVER () FROM running_events", "without ORDER BY.*SUM.COUNT.... OVER"),
     ],
 )
 def test_refusals_say_what_to_write(events, tmp_path, sql, match):

@@ -63,18 +63,20 @@ _OTHER_STATEMENTS: list[tuple[tuple[type[exp.Expression], ...], str, str]] = [
 
 
 def over_the_release(window: exp.Window) -> bool:
-    """A window over the whole release: COUNT/SUM/AVG of released aggregates with no
-    PARTITION BY, ORDER BY or frame, e.g. SUM(COUNT(*)) OVER () for shares of a total.
+    """A window over the release: COUNT/SUM/AVG of released aggregates with no ORDER BY
+    or frame, e.g. SUM(COUNT(*)) OVER () for shares of a total, or OVER (PARTITION BY
+    sex) for shares within each sex.
 
-    It reads released values only, so it is post-processing; any other window is
-    either a running total (sql/running.py) or refused.
+    It reads released values only, so it is post-processing (the analysis refuses a
+    PARTITION BY on anything but the group keys); any other window is either a
+    running total (sql/running.py) or refused.
     """
     function = window.this
     argument = function.this if isinstance(function, AGGREGATES) else None
     return (
         isinstance(argument, exp.Expression)
         and argument.find(*AGGREGATES) is not None
-        and not any(window.args.get(key) for key in ("partition_by", "order", "spec", "alias"))
+        and not any(window.args.get(key) for key in ("order", "spec", "alias"))
     )
 
 

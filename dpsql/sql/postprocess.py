@@ -22,6 +22,7 @@ from dpsql.sql.analyze import KEY_PREFIX, VALUE_PREFIX, Analysis
 
 RELEASED = "__dpsql_released"
 _OUTPUT_PREFIX = "__dpsql_o"  # the select list's outputs, in order
+_POSITION = "__dpsql_position"  # a released row's place in key order
 _local = threading.local()
 
 
@@ -107,6 +108,10 @@ def _evaluate(analysis: Analysis, columns: dict[str, list | np.ndarray]) -> list
         query = query.where(analysis.having.copy())
     if analysis.order:
         query = query.order_by(*[_order_item(o, analysis) for o in analysis.order])
+    elif query.find(exp.Window) is not None:
+        # a window reorders rows: keep the release's key order, as without one
+        columns[_POSITION] = np.arange(len(next(iter(columns.values()), [])))
+        query = query.order_by(exp.column(_POSITION))
     if analysis.limit is not None:
         query = query.limit(analysis.limit)
     if analysis.offset is not None:

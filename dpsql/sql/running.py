@@ -186,13 +186,12 @@ def _shape(select: exp.Select, windows: list[exp.Window]) -> _Shape:
     _check_frame(window)
     order = window.args.get("order")
     keys = order.expressions if order is not None else []
-    if not keys:  # COUNT(*) OVER () over rows, SUM(COUNT(*)) OVER (PARTITION BY ...)
+    if not keys:  # COUNT(*) OVER () straight over the rows
         raise _refuse(
-            "a window without ORDER BY",
+            "a window without ORDER BY over the rows",
             "dpsql answers a window as a running total, OVER (ORDER BY day), or over the "
-            "whole release, as SUM(COUNT(*)) OVER () with a GROUP BY",
-            "write SUM(COUNT(*)) OVER () for a grand total of the released counts, or add "
-            "up the released per-group values afterwards, which is free post-processing",
+            "released aggregates of a GROUP BY, as SUM(COUNT(*)) OVER ()",
+            "write SUM(COUNT(*)) OVER () with a GROUP BY for a total of the released counts",
         )
     if len(keys) != 1 or not isinstance(keys[0].this, exp.Column) or keys[0].args.get("desc"):
         raise _refuse(
