@@ -65,14 +65,14 @@ def _connect(args: argparse.Namespace) -> Any:
     """A connection for the analyst named, or, for every analyst's, for any one of the
     policy's analysts: showing and clearing charge nothing."""
     from dpsql.cli import _connect as connect
+    from dpsql.cli import _require_source
 
     every = args.analyst is None
     if every:
         from dpsql import demo
         from dpsql.policy import load_policy
 
-        if not args.demo and not args.policy:
-            raise SystemExit("dpsql: give --database and --policy, or --demo for the built-in data")
+        _require_source(args)
         policy = load_policy(demo.DEMO_POLICY if args.demo else args.policy)
         args = argparse.Namespace(**vars(args) | {"analyst": min(policy.analysts)})
     return connect(args), every

@@ -126,9 +126,16 @@ def _add_connection_options(
     return source
 
 
+def _require_source(args: argparse.Namespace) -> None:
+    """Refuse a command line that names neither the demo nor a database and policy."""
+    if not args.demo and (not args.database or not args.policy):
+        raise SystemExit("dpsql: give --database and --policy, or --demo for the built-in data")
+
+
 def _connect(args: argparse.Namespace, **options: Any) -> Any:
     import dpsql
 
+    _require_source(args)
     if args.demo:
         from dpsql import demo
 
@@ -136,8 +143,6 @@ def _connect(args: argparse.Namespace, **options: Any) -> Any:
             demo.demo_connection(), policy=demo.DEMO_POLICY, analyst=args.analyst,
             ledger=args.ledger or demo.demo_ledger_path(), **options,
         )  # fmt: skip
-    if not args.database or not args.policy:
-        raise SystemExit("dpsql: give --database and --policy, or --demo for the built-in data")
     return dpsql.connect(
         args.database, policy=args.policy, analyst=args.analyst, ledger=args.ledger, **options
     )

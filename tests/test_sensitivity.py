@@ -36,6 +36,8 @@ SHAPES = [
     "SELECT CASE WHEN age < 30 THEN 'young' ELSE 'old' END AS band, SUM(income) "
     "FROM {t} GROUP BY band",
     "SELECT age, COUNT(DISTINCT pid) FROM {t} GROUP BY age",
+    "SELECT COUNT(*) FILTER (WHERE age > 30), SUM(income) FILTER (WHERE sex = 1) FROM {t}",
+    "SELECT sex, married, AVG(income) FILTER (WHERE educ > 12) FROM {t} GROUP BY ALL",
 ]
 
 

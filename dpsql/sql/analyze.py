@@ -160,7 +160,9 @@ def analyze(select: exp.Select, table: Table) -> Analysis:
                 f"names starting with {RESERVED_PREFIX} are reserved",
                 "choose another alias",
             )
-        analysis.outputs.append(Output(name, builder.post_expression(item, "the select list")))
+        analysis.outputs.append(
+            Output(name, builder.post_expression(item, "the select list", windows=True))
+        )
     having = select.args.get("having")
     if having is not None:
         condition = _expand_aliases(having.this, items, resolver)
@@ -196,6 +198,16 @@ def _expand_aliases(
         return sub
 
     return node.transform(expand, copy=False)
+
+
+def undeclared(name: str, table: Table) -> QueryRefused:
+    """The refusal of a name that is not a column the policy declares for `table`."""
+    public = ", ".join(c.name for c in table.columns.values() if not c.private)
+    return QueryRefused(
+        f"the column {name}",
+        f"it is not declared in the policy for table {table.name}",
+        f"use one of: {public}",
+    )
 
 
 def _unalias(node: exp.Expression) -> exp.Expression:
@@ -234,15 +246,8 @@ class _Resolver:
             )
         column = self.table.column(node.name)
         if column is None:
-            raise QueryRefused(
-                f"the column {node.name}",
-                f"it is not declared in the policy for table {self.table.name}",
-                f"use one of: {', '.join(self.public_names())}",
-            )
+            raise undeclared(node.name, self.table)
         return column
-
-    def public_names(self) -> list[str]:
-        return [c.name for c in self.table.columns.values() if not c.private]
 
     def canonical(self, select: exp.Select) -> exp.Select:
         """The query with every known column unqualified and spelled as in the policy.
@@ -283,7 +288,7 @@ class _Resolver:
                     "write the aliased expression itself",
                 )
             if spec is None:
-                self.column(column)  # raises: not declared in the policy
+                raise undeclared(column.name, self.table)
             if spec.private:
                 raise QueryRefused(
                     f"{where} on the private column {spec.name}",
@@ -382,12 +387,19 @@ class _Builder:
         self.key_index = {key.expression: i for i, key in enumerate(analysis.keys)}
         self.aggregate_index: dict[exp.Expression, int] = {}
 
-    def post_expression(self, node: exp.Expression, clause: str) -> exp.Expression:
-        if clause != "the select list" and node.find(exp.Window) is not None:
+    def post_expression(
+        self, node: exp.Expression, clause: str, *, windows: bool = False
+    ) -> exp.Expression:
+        """`node` over released values: keys and aggregates replaced by their columns.
+
+        `windows` allows windows over the release (the select list only: SQL computes
+        them after HAVING and before ORDER BY)."""
+        if not windows and node.find(exp.Window) is not None:
             raise QueryRefused(
                 f"a window function in {clause}",
                 "windows over the release are computed in the select list only",
-                "compute it in the select list under an alias and refer to that",
+                "compute it in the select list under an alias: ORDER BY the alias sorts by "
+                "it, and filtering on it is yours to do on the released rows",
             )
 
         def replace(sub: exp.Expression) -> exp.Expression:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from sqlglot import Dialect, exp
 
-from dpsql.errors import QueryRefused
 from dpsql.policy import Column, Table
 from dpsql.sql.analyze import (
     KEY_PREFIX,
@@ -24,6 +23,7 @@ from dpsql.sql.analyze import (
     Measurement,
     clamp,
     column_interval,
+    undeclared,
     where_range,
 )
 
@@ -125,18 +125,13 @@ def rewrite(
 def _require_declared(query: exp.Select, table: Table) -> None:
     """Refuse SQL that names a column the policy does not declare.
 
-    The analysis already refuses such names; this checks the SQL actually built,
-    because when every column is read as stored the query reads the table itself,
-    with no subquery of declared columns in between to make the name fail."""
+    Defense in depth: the analysis already refuses such names; this checks the SQL
+    actually built, because when every column is read as stored the query reads the
+    table itself, with no subquery of declared columns in between to make the name fail."""
     for column in query.find_all(exp.Column):
         name = column.name
         if table.column(name) is None and not name.lower().startswith(RESERVED_PREFIX):
-            raise QueryRefused(
-                f"the column {name}",
-                f"it is not declared in the policy for table {table.name}, and the query "
-                "would read it (dpsql's analysis missed this: please report the query)",
-                "use only the columns the policy declares",
-            )
+            raise undeclared(name, table)
 
 
 # Reading a column only to compare it cannot fail, whatever its value.
