@@ -41,7 +41,7 @@ ANSWERED = [
     "SELECT SUM(income) / COUNT(*) FROM {t} WHERE income >= {income}",  # division by a noisy count
     "SELECT AVG(income) FROM {t} WHERE income >= {income}",
     "SELECT SUM(COALESCE(income, 1e15)) FROM {t}",  # NULL replaced by a huge value
-    "SELECT SUM(income) FROM {t} WHERE income = 'NaN'",
+    "SELECT SUM(income) FROM {t} WHERE income = CAST('NaN' AS DOUBLE)",
     "SELECT COUNT(*) FROM {t} WHERE income > 1e300 OR age = 99999999999999999999",
     "SELECT SUM(age) FROM {t} WHERE age > 1e308",
     "SELECT SUM(age) FROM {t} WHERE age < -1e308 OR income < 1e-320",
@@ -67,6 +67,16 @@ REFUSED = [
     "SELECT SUM(CAST('NaN' AS DOUBLE) * income) FROM {t}",
     "SELECT SUM(CAST('Infinity' AS DOUBLE)) FROM {t}",
     "SELECT COUNT(*) FROM {t} WHERE income > 1e400",  # PostgreSQL fails on the literal
+    # DuckDB converts a quoted constant to the column's type once a row reaches it
+    "SELECT SUM(income) FROM {t} WHERE income = 'NaN'",
+    "SELECT COUNT(*) FROM {t} WHERE age > 95 AND age = 'x'",
+    "SELECT COUNT(*) FROM {t} WHERE COALESCE(income, 'x') = 1",
+    # ... and so values of another type, or constants that fail to compute
+    "SELECT COUNT(*) FROM {t} WHERE " + NARROW + " AND income = DATE '2020-01-01'",
+    "SELECT COUNT(*) FROM {t} WHERE " + NARROW + " AND age = INTERVAL '1' DAY",
+    "SELECT COUNT(*) FROM {t} WHERE " + NARROW + " AND age = CAST('x' AS INT)",
+    "SELECT COUNT(*) FROM {t} WHERE " + NARROW + " AND income = CAST('1e999' AS DOUBLE)",
+    "SELECT COUNT(*) FROM {t} WHERE " + NARROW + " AND income = LN(-1)",
     # a database error for one row would answer without noise (the error channel)
     "SELECT COUNT(*) FROM {t} WHERE " + NARROW + " AND 1 / (income - {income}) > 0",
     "SELECT COUNT(*) FROM {t} WHERE " + NARROW + " AND LN(income - {income}) > 0",

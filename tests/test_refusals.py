@@ -43,6 +43,11 @@ HOSTILE = [
     "SELECT sex, SUM(COUNT(pid)) OVER () FROM pums_pid GROUP BY sex",
     "SELECT sex, COUNT(*) FROM pums GROUP BY sex HAVING SUM(COUNT(*)) OVER () > 5",
     "SELECT sex, SUM(COUNT(*)) OVER (PARTITION BY age) FROM pums GROUP BY sex",
+    # quoted constants converted to a column's type row by row (the error channel)
+    "SELECT COUNT(*) FROM pums WHERE age > 95 AND age = 'x'",
+    "SELECT COUNT(*) FROM pums WHERE NOT age IN ('NaN')",
+    "SELECT COUNT(*) FROM pums WHERE COALESCE(income, 'x') = 1",
+    "SELECT SUM(CASE WHEN age > 90 THEN 'x' ELSE income END) FROM pums",
     # select aliases where the database computes: the name would reach the table
     "SELECT COUNT(*) AS secret FROM pums WHERE secret > 500",
     "SELECT age + 1 AS a, COUNT(*) FROM pums WHERE a > 30 GROUP BY age",
@@ -222,6 +227,43 @@ def test_the_rewrite_refuses_an_undeclared_name_the_analysis_let_through(people,
     ):
         connection.execute("SELECT COUNT(*) AS salary FROM people WHERE salary > 50")
     assert connection.budget().epsilon_spent == 0
+
+
+def test_values_compared_must_be_of_one_type(tmp_path):
+    """DuckDB converts a value to the type of the values beside it only once a row
+    reaches it, so `age > 95 AND age = 'x'` (or `age = day`, or `age = CAST('x' AS INT)`)
+    failed exactly when someone was over 95. Such comparisons are refused; ISO dates and
+    text compared with text are answered."""
+    import duckdb
+
+    database = duckdb.connect()
+    database.execute(
+        "CREATE TABLE visits AS SELECT (i % 90)::SMALLINT AS age, "
+        "DATE '2020-01-01' + i::INT AS day, 'CA' AS state FROM range(100) t(i)"
+    )
+    columns = {"age": {"type": "int", "lower": 0, "upper": 100}, "state": {"type": "string"},
+               "day": {"type": "date", "lower": "2020-01-01", "upper": "2020-12-31"}}  # fmt: skip
+    policy = {"version": 1, "analysts": {"default": {"epsilon": 10.0}},
+              "tables": {"visits": {"columns": columns}}}  # fmt: skip
+    connection = dpsql.connect(database, policy=policy, ledger=tmp_path / "l.sqlite")
+    for condition in (
+        "age = '99999'", "age > 95 AND age = 'x'", "day = 'x'", "day = '2020-02-30'",
+        "day = '20200101'", "state = 1", "COALESCE(day, 'x') = DATE '2020-01-01'",
+        "age = day", "day = 5", "age = DATE '2020-01-01'", "age = INTERVAL '1 day'",
+        "age = CAST('x' AS INT)", "age = CAST('5' AS INT)", "day = CAST('2020-13-01' AS DATE)",
+        "CASE WHEN age > 80 THEN 1 ELSE 2 END = DATE '2020-01-01'", "age IN (NULL, 'x')",
+        "(age = 1) = 'yes'", "LOWER('X') = age",
+    ):  # fmt: skip
+        with pytest.raises(dpsql.QueryRefused, match=r"write numbers without quotes|"
+                           r"converts text from the data"):  # fmt: skip
+            connection.execute(f"SELECT COUNT(*) FROM visits WHERE {condition}")
+    assert connection.budget().epsilon_spent == 0
+    for condition in (
+        "day BETWEEN '2020-01-01' AND '2020-02-29'", "state IN ('CA', 'NY')",
+        "day < TIMESTAMP '2020-03-01 12:00:00'", "day - day = 0", "(age = 1) = 'true'",
+        "age = CAST(NULL AS INT)", "LOWER('CA') = state", "age < -1e308",
+    ):  # fmt: skip
+        assert connection.execute(f"SELECT COUNT(*) FROM visits WHERE {condition}").fetchone()
 
 
 def test_refusal_names_construct_and_alternative(recorded):

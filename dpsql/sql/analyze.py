@@ -10,7 +10,9 @@ over the released values. It knows nothing of databases or noise.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -865,9 +867,11 @@ def require_total(
     """
     if condition and _is_text(node, table):
         raise _partial(node, clause, "it reads text from the data as a truth value")
+    # Constants are checked as rows are: the database may compute `CAST('x' AS INT)` or
+    # `LN(-1)` only once a row reaches it, so it fails just when some row does.
     for sub in node.walk():
-        if isinstance(sub, exp.Column) or not any(True for _ in sub.find_all(exp.Column)):
-            continue  # constants cannot fail per row
+        if _number(sub) is not None:
+            continue  # a number written down, such as -1e308, is not computed
         if isinstance(sub, exp.Cast | exp.TryCast):
             _require_safe_cast(sub, table, clause)
         elif isinstance(sub, _COMPUTATIONS):
@@ -878,6 +882,12 @@ def require_total(
             operands = [v for k, v in sub.args.items() if k != "this" and v is not None]
             if any(True for operand in operands for _ in operand.find_all(exp.Column)):
                 raise _partial(sub, clause, "its pattern or positions come from the data")
+        elif isinstance(sub, _COMPARISONS):
+            _require_comparable(sub, _operands(sub), table, clause)
+        elif isinstance(sub, _CHOICES) and not isinstance(sub, exp.Paren):
+            _require_comparable(sub, _values_of(sub), table, clause)
+        elif isinstance(sub, exp.Interval) and not _is_length(sub):
+            raise _incomparable(sub, clause, "its length may not read as a number")
         if sub is not node and _is_text(sub, table) and not _text_allowed_in(sub, table):
             raise _partial(
                 sub.parent,
@@ -941,11 +951,156 @@ def _text_allowed_in(node: exp.Expression, table: Table) -> bool:
     if isinstance(parent, _COMPARISONS) or (
         isinstance(parent, exp.Is) and isinstance(parent.expression, exp.Null)
     ):
-        operands = [v for k, v in parent.args.items() if k in ("this", "expression", "expressions",
-                    "low", "high") and v is not None]  # fmt: skip
-        flat = [o for v in operands for o in (v if isinstance(v, list) else [v])]
-        return all(_text_like(o, table) for o in flat)
+        return all(_text_like(o, table) for o in _operands(parent))
     return False
+
+
+def _operands(comparison: exp.Expression) -> list[exp.Expression]:
+    """The values a comparison (=, IN, BETWEEN, IS, ...) compares, as one flat list."""
+    operands = [v for k, v in comparison.args.items() if k in ("this", "expression",
+                "expressions", "low", "high") and v is not None]  # fmt: skip
+    return [o for v in operands for o in (v if isinstance(v, list) else [v])]
+
+
+# String literals the database reads as a value of each type without failing, whatever
+# the column's storage type: DuckDB converts the literal to the column's type only when
+# a row reaches the comparison, so `WHERE age > 95 AND age = 'x'` failed exactly when
+# someone is over 95. Numbers are never accepted quoted where they meet the data:
+# '99999' does not fit a SMALLINT column. Patterns are anchored; a date must also exist.
+_DATE = r"\d{4}-\d{2}-\d{2}"
+_READABLE = {
+    "date": re.compile(_DATE),
+    "timestamp": re.compile(_DATE + r"([ T]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?)?"),
+    "bool": re.compile(r"(?i)true|false"),
+    # only in CAST('NaN' AS DOUBLE), whose type is the literal's own
+    "float": re.compile(r"(?i)[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?|nan|[+-]?infinity"),
+}
+# Kinds of value the database compares without converting one to the other row by row
+# (a DATE beside a TIMESTAMP widens to TIMESTAMP, which cannot fail).
+_COMPARABLE = {"number": "number", "bool": "bool", "interval": "interval",
+               "date": "time", "timestamp": "time"}  # fmt: skip
+_PREDICATES = (exp.Predicate, exp.Connector, exp.Not)
+
+
+def _require_comparable(
+    node: exp.Expression, operands: list[exp.Expression], table: Table, clause: str
+) -> None:
+    """Refuse a comparison, or a choice (CASE, COALESCE, GREATEST, ...), whose operands
+    are of kinds the database converts into each other value by value: `age = day` or
+    `age = 'x'` fails only once a row reaches it, so the error would reveal without
+    noise that some row did. A quoted constant must read as every other kind present
+    (see _READABLE); text from the data is checked by require_total."""
+    quoted = [o for o in operands if _is_string_literal(o)]
+    kinds = {_value_kind(o, table) for o in operands if o not in quoted} - {None, "string"}
+    if len({_COMPARABLE[kind] for kind in kinds}) > 1:
+        raise _incomparable(node, clause, f"it compares {' with '.join(sorted(kinds))} values")
+    unreadable = [o for o in quoted for kind in kinds if not _readable(o.this, kind)]
+    constant_text = [
+        o
+        for o in operands
+        if kinds and _is_text(o, table) and not any(True for _ in o.find_all(exp.Column))
+    ]
+    for text in unreadable + constant_text:
+        beside = f"it puts {'/'.join(sorted(kinds))} values beside the text {text.sql()[:40]}"
+        raise _incomparable(node, clause, beside)
+
+
+def _incomparable(node: exp.Expression, clause: str, what: str) -> QueryRefused:
+    return QueryRefused(
+        f"{node.sql()[:60]} in {clause}",
+        f"{what}, which the database converts only once a row reaches them; a conversion "
+        "error would reveal without noise that some row did",
+        "compare values of one type: write numbers without quotes (age = 30), dates as "
+        "'YYYY-MM-DD', timestamps as 'YYYY-MM-DD HH:MM:SS' and truth values as true or false",
+    )
+
+
+def _is_string_literal(node: exp.Expression) -> bool:
+    return isinstance(node, exp.Literal) and node.is_string
+
+
+def _value_kind(node: exp.Expression, table: Table) -> str | None:
+    """The kind of value an expression has (number, string, date, timestamp, bool,
+    interval), as far as comparing it goes; None for NULL, which compares with any."""
+    if isinstance(node, exp.Null):
+        return None
+    if isinstance(node, exp.Literal):
+        return "string" if node.is_string else "number"
+    if isinstance(node, (exp.Boolean, *_PREDICATES)):
+        return "bool"
+    if isinstance(node, exp.Interval):
+        return "interval"
+    if _is_text(node, table):
+        return "string"
+    if isinstance(node, exp.Paren):
+        return _value_kind(node.this, table)
+    if isinstance(node, _CHOICES):  # the kind of its values: _require_comparable checks them
+        kinds = [_value_kind(v, table) for v in _values_of(node)]
+        typed = [k for k in kinds if k not in (None, "string")]
+        return typed[0] if typed else ("string" if "string" in kinds else None)
+    if isinstance(node, exp.Column):
+        column = table.column(node.name)
+        if column is not None and column.type in (*_TEMPORAL_TYPES, "bool"):
+            return column.type
+    if isinstance(node, exp.Cast | exp.TryCast):
+        return _cast_kind(node.to)
+    if isinstance(node, exp.DateTrunc | exp.TimestampTrunc | exp.CurrentDate):
+        return "date"  # DATE or TIMESTAMP, by backend: only a plain date reads as both
+    if isinstance(node, exp.CurrentTimestamp):
+        return "timestamp"
+    if isinstance(node, exp.Add | exp.Sub):
+        return _arithmetic_kind(node, table)
+    return "number"
+
+
+def _cast_kind(target: exp.DataType) -> str:
+    if target.is_type("date"):
+        return "date"
+    if target.is_type(*exp.DataType.TEMPORAL_TYPES):
+        return "timestamp"
+    if target.is_type("boolean"):
+        return "bool"
+    if target.is_type("interval"):
+        return "interval"
+    return "number"
+
+
+def _arithmetic_kind(node: exp.Add | exp.Sub, table: Table) -> str:
+    """date + 1 is a date, date - date a number of days, timestamp - timestamp an interval."""
+    kinds = [_value_kind(node.this, table), _value_kind(node.expression, table)]
+    temporal = [k for k in kinds if k in _TEMPORAL_TYPES]
+    if len(temporal) == 2:
+        return "number" if temporal == ["date", "date"] else "interval"
+    if temporal:
+        return temporal[0]
+    return "interval" if "interval" in kinds else "number"
+
+
+def _is_length(interval: exp.Interval) -> bool:
+    """INTERVAL '3' DAY or INTERVAL 3 DAY: a plain number and a unit."""
+    length = interval.this
+    return (
+        isinstance(length, exp.Literal)
+        and interval.args.get("unit") is not None
+        and re.fullmatch(r"\d{1,6}", length.this) is not None
+    )
+
+
+def _readable(text: str, kind: str) -> bool:
+    pattern = _READABLE.get(kind)
+    if pattern is None or not pattern.fullmatch(text):
+        return False
+    if kind == "float" and text.lower().lstrip("+-") not in ("nan", "infinity"):
+        # PostgreSQL refuses '1e999' and '1e-400' as DOUBLE: out of range either way
+        mantissa = text.lower().partition("e")[0]
+        zero = not any(digit in mantissa for digit in "123456789")
+        return zero or 1e-300 <= abs(float(text)) <= 1e300
+    if kind in _TEMPORAL_TYPES:
+        try:
+            dt.datetime.fromisoformat(text)
+        except ValueError:
+            return False
+    return True
 
 
 def _text_like(node: exp.Expression, table: Table) -> bool:
@@ -983,8 +1138,15 @@ def _partial(node: exp.Expression, clause: str, why: str) -> QueryRefused:
 
 def _require_safe_cast(node: exp.Cast | exp.TryCast, table: Table, clause: str) -> None:
     target = node.to
-    if target.is_type(*exp.DataType.TEXT_TYPES):
+    if target.is_type(*exp.DataType.TEXT_TYPES) or isinstance(node.this, exp.Null):
         return
+    if _is_string_literal(node.this):  # DATE '2020-01-01', CAST('NaN' AS DOUBLE)
+        kind = "float" if target.is_type("double", "float") else _cast_kind(target)
+        if _readable(node.this.this, kind):
+            return
+        raise _incomparable(
+            node, clause, f"it reads the text {node.this.sql()[:40]} as {target.sql()}"
+        )
     if target.is_type(*_SAFE_NUMERIC_CASTS):
         interval = _interval(node.this, table, {})
         if interval is not None and interval.magnitude <= MAX_ROW_MAGNITUDE:
