@@ -97,7 +97,8 @@ def connect(
     path = None if isinstance(ledger, Ledger) else _ledger_path(ledger, loaded, database)
     adapter = open_adapter(database, loaded.sources)
     try:
-        loaded.check_schema({key: adapter.table_columns(key) for key in loaded.tables})
+        columns = {key: adapter.table_columns(key) for key in loaded.tables}
+        loaded.check_schema(columns, adapter.dialect)
         book = ledger if isinstance(ledger, Ledger) else open_ledger(path)
         session = Session(
             adapter, loaded, book, analyst, epsilon=epsilon, mechanism=mechanism, seed=seed,

@@ -3,8 +3,8 @@
 Every mistake in a policy is reported as a PolicyError naming the file, the key
 and what to write instead; a policy that loads is internally consistent (bounds
 ordered, epsilons positive, the privacy unit a declared column). Whether its
-tables exist in a database is checked by `Policy.check_schema`, given that
-database's column names.
+tables and columns exist in a database, with the types it declares, is checked
+by `Policy.check_schema`, given that database's columns.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import sqlglot
 import yaml
+from sqlglot import exp
 
 from dpsql.accounting import Cost
 from dpsql.errors import PolicyError
@@ -189,11 +191,14 @@ class Policy:
                 key=f"analysts.{analyst}",
             ) from None
 
-    def check_schema(self, table_columns: Mapping[str, set[str] | None]) -> None:
-        """Refuse a policy whose tables or columns the database does not have.
+    def check_schema(
+        self, table_columns: Mapping[str, Mapping[str, str] | None], dialect: str
+    ) -> None:
+        """Refuse a policy whose tables, columns or column types the database does not have.
 
-        `table_columns` maps each policy table key to the database's lower-case
-        column names for it, or None when the database has no such table.
+        `table_columns` maps each policy table key to the database's columns for it
+        (lower-case name to type, spelled in sqlglot's `dialect`), or None when the
+        database has no such table.
         """
         for key, table in self.tables.items():
             actual = table_columns.get(key)
@@ -212,13 +217,62 @@ class Policy:
                     key=f"tables.{table.name}.local.report",
                 )
             for column in table.columns.values():
-                if column.name.lower() not in actual:
+                where = f"tables.{table.name}.columns.{column.name}"
+                stored = actual.get(column.name.lower())
+                if stored is None:
                     raise PolicyError(
                         f"column '{column.name}' is not in table '{table.name}' (it has: "
                         f"{', '.join(sorted(actual))})",
                         source=self.source,
-                        key=f"tables.{table.name}.columns.{column.name}",
+                        key=where,
                     )
+                fits = stored_types(stored, dialect)
+                if column.type not in fits:
+                    raise PolicyError(
+                        f"column '{column.name}' is declared {column.type} but the database "
+                        f"stores it as {stored}; a database that converts its values row by "
+                        "row could fail on some rows, revealing them. "
+                        + _declare_instead(fits, table.name),
+                        source=self.source,
+                        key=f"{where}.type",
+                    )
+
+
+# The database types each policy type may declare. An int column is widened to
+# BIGINT, which these reach without overflow (a DOUBLE could hold NaN, a HUGEINT
+# more than BIGINT); a float one to DOUBLE, which any number reaches.
+_BIGINT_FITS = ("tinyint", "utinyint", "smallint", "usmallint", "mediumint", "umediumint",
+                "int", "uint", "bigint")  # fmt: skip
+
+
+def stored_types(stored: str, dialect: str) -> tuple[str, ...]:
+    """The policy types a column stored as `stored` (a type as `dialect` writes it) may
+    be declared as; every type for SQLite, whose columns hold values of any type."""
+    if not stored.strip() or dialect == "sqlite":
+        return COLUMN_TYPES  # SQLite's values carry their own types; it fails no conversion
+    try:
+        data_type = exp.DataType.build(stored, dialect=dialect)
+    except (sqlglot.errors.SqlglotError, ValueError):
+        return ()
+    kinds = {
+        "int": data_type.is_type(*_BIGINT_FITS),
+        "float": data_type.is_type(*exp.DataType.NUMERIC_TYPES),
+        "string": data_type.is_type(*exp.DataType.TEXT_TYPES),
+        "bool": data_type.is_type("boolean"),
+        "date": data_type.is_type("date"),
+        "timestamp": data_type.is_type(*exp.DataType.TEMPORAL_TYPES)
+        and not data_type.is_type("date", "time", "timetz"),
+    }
+    return tuple(kind for kind, fits in kinds.items() if fits)
+
+
+def _declare_instead(fits: tuple[str, ...], table: str) -> str:
+    if fits:
+        return f"Declare it as {' or '.join(fits)}."
+    return (
+        f"dpsql reads no policy type from that; expose the column through a view over "
+        f"{table} that casts it to a plain number, text, date or timestamp."
+    )
 
 
 def load_policy(source: str | os.PathLike | Mapping[str, Any]) -> Policy:

@@ -120,3 +120,71 @@ def test_digest_ignores_passwords_but_not_privacy_settings(tmp_path):
     assert load_policy(write(tmp_path, with_password)).digest == plain
     wider = GOOD.replace("upper: 500000", "upper: 600000")
     assert load_policy(write(tmp_path, wider)).digest != plain
+
+
+def _typed_table_policy(declared: str) -> dict:
+    column = {"type": declared}
+    if declared in ("int", "float"):
+        column |= {"lower": 0, "upper": 10}
+    return {"version": 1, "analysts": {"default": {"epsilon": 1.0}},
+            "tables": {"t": {"columns": {"x": column}}}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("stored", "declared", "fits"),
+    [
+        ("INTEGER", "int", True),
+        ("SMALLINT", "float", True),  # widened to DOUBLE: no value fails
+        ("DOUBLE", "float", True),
+        ("DECIMAL(10, 2)", "float", True),
+        ("VARCHAR", "string", True),
+        ("DATE", "date", True),
+        ("TIMESTAMPTZ", "timestamp", True),
+        ("BOOLEAN", "bool", True),
+        ("DOUBLE", "int", False),  # CAST(NaN AS BIGINT) fails for that row only
+        ("HUGEINT", "int", False),  # beyond BIGINT
+        ("INTEGER", "string", False),  # x = 'CA' would convert 'CA' once a row reaches it
+        ("VARCHAR", "int", False),
+        ("TIMESTAMP", "date", False),
+        ("ENUM('a', 'b')", "string", False),  # x = 'c' fails once a row reaches it
+    ],
+)
+def test_declared_types_must_fit_the_stored_ones(tmp_path, stored, declared, fits):
+    """A policy type the database does not store would make it convert values row by
+    row, and a conversion failing on one row would reveal that row without noise."""
+    import duckdb
+
+    database = duckdb.connect()
+    database.execute(f"CREATE TABLE t (x {stored})")
+    policy = _typed_table_policy(declared)
+    if fits:
+        dpsql.connect(database, policy=policy, ledger=tmp_path / "l.sqlite").close()
+        return
+    with pytest.raises(dpsql.PolicyError) as raised:
+        dpsql.connect(database, policy=policy, ledger=tmp_path / "l.sqlite")
+    message = str(raised.value)
+    assert f"column 'x' is declared {declared} but the database stores it as" in message
+    assert "tables.t.columns.x.type" in message
+    assert "Declare it as" in message or "view" in message
+
+
+def test_declared_types_are_checked_on_postgresql(postgres_url, tmp_path):
+    import uuid
+
+    import psycopg
+
+    schema = f"types_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+        admin.execute(f"CREATE TABLE {schema}.t (x double precision, y character varying(4))")
+        try:
+            policy = _typed_table_policy("float")
+            policy["tables"] = {f"{schema}.t": policy["tables"]["t"]}
+            policy["tables"][f"{schema}.t"]["columns"]["y"] = {"type": "string"}
+            dpsql.connect(postgres_url, policy=policy, ledger=tmp_path / "a.sqlite").close()
+            policy["tables"][f"{schema}.t"]["columns"]["x"]["type"] = "int"
+            with pytest.raises(dpsql.PolicyError, match=r"stores it as double precision.*"
+                               "Declare it as float"):  # fmt: skip
+                dpsql.connect(postgres_url, policy=policy, ledger=tmp_path / "b.sqlite")
+        finally:
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")

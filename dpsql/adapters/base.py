@@ -4,8 +4,8 @@ An adapter runs one rewritten, bounded SQL statement and returns its column
 names and rows, all at once (`execute`) or in batches (`stream`, so a GROUP BY
 with millions of groups never sits in Python's memory whole); it can interrupt
 the statement another thread is running (the server's query timeout and a
-client's cancel request); it also tells which columns a table has, so a
-policy can be checked against the database. It knows nothing of privacy.
+client's cancel request); it also tells which columns a table has, and their
+types, so a policy can be checked against the database. It knows nothing of privacy.
 """
 
 from __future__ import annotations
@@ -42,8 +42,12 @@ class Adapter(Protocol):
         """Stop the statement that thread `thread` (a `threading.get_ident()`) is running,
         if any; its `stream`/`execute` then raises BackendError. Safe from any thread."""
 
-    def table_columns(self, name: str) -> set[str] | None:
-        """Lower-case column names of table `name` (possibly schema-qualified), or None."""
+    def table_columns(self, name: str) -> dict[str, str] | None:
+        """The columns of table `name` (possibly schema-qualified), lower-case name to
+        type as the database spells it (in `dialect`), or None when there is no such
+        table. The policy is checked against both: a type the policy misstates would
+        make the database convert values row by row, and a failed conversion would
+        reveal a row without noise."""
 
     def unique_columns(self, name: str) -> set[str]:
         """Lower-case columns of table `name` that the database itself keeps unique

@@ -97,13 +97,13 @@ class DuckDBAdapter:
         conditions = [f"lower({level}) = lower(?)" for level in levels[: len(parts)]]
         return self._cursor().execute(f"{select} AND {' AND '.join(conditions)}", parts).fetchall()
 
-    def table_columns(self, name: str) -> set[str] | None:
+    def table_columns(self, name: str) -> dict[str, str] | None:
         rows = self._catalog(
-            "SELECT lower(column_name) FROM information_schema.columns WHERE true",
+            "SELECT lower(column_name), data_type FROM information_schema.columns WHERE true",
             name,
             ("table_name", "table_schema", "table_catalog"),
         )
-        return {row[0] for row in rows} or None
+        return dict(rows) or None
 
     def unique_columns(self, name: str) -> set[str]:
         rows = self._catalog(

@@ -42,7 +42,8 @@ _CONNECTION_LOST = ("08", "57P01", "57P02", "57P03")
 # Columns of a table, view or materialised view; `to_regclass` resolves the name
 # by PostgreSQL's rules: search_path, schema qualification, unquoted names folded.
 _COLUMNS = """
-SELECT lower(a.attname) FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+SELECT lower(a.attname), format_type(a.atttypid, a.atttypmod)
+FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
 WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
   AND c.relkind IN ('r', 'v', 'm', 'p', 'f')
 """
@@ -160,12 +161,12 @@ class PostgresAdapter:
     def interrupt(self, thread: int) -> None:
         self._running.interrupt(thread, lambda connection: connection.cancel_safe(timeout=5))
 
-    def table_columns(self, name: str) -> set[str] | None:
+    def table_columns(self, name: str) -> dict[str, str] | None:
         try:
             _, rows = self._run(_COLUMNS, [name])
         except BackendError:
             return None  # not a name PostgreSQL can parse, e.g. too many dots
-        return {row[0] for row in rows} or None
+        return dict(rows) or None
 
     def unique_columns(self, name: str) -> set[str]:
         try:

@@ -225,11 +225,12 @@ class SparkAdapter:
         cancel = self._session.interruptTag if context is None else context.cancelJobsWithTag
         self._running.interrupt(thread, cancel)
 
-    def table_columns(self, name: str) -> set[str] | None:
+    def table_columns(self, name: str) -> dict[str, str] | None:
         try:
-            return {field.lower() for field in self._session.table(name).columns}
+            fields = self._session.table(name).schema.fields
         except self._errors:
             return None
+        return {field.name.lower(): field.dataType.simpleString() for field in fields}
 
     def unique_columns(self, name: str) -> set[str]:
         return set()  # Spark declares no enforced keys: every unit is bounded

@@ -144,9 +144,11 @@ class SQLAlchemyAdapter:
                     return None
         return None
 
-    def table_columns(self, name: str) -> set[str] | None:
+    def table_columns(self, name: str) -> dict[str, str] | None:
         columns = self._inspect(name, "get_columns")
-        return {c["name"].lower() for c in columns} if columns else None
+        if not columns:
+            return None
+        return {c["name"].lower(): _spelled(c["type"], self._engine.dialect) for c in columns}
 
     def unique_columns(self, name: str) -> set[str]:
         primary = self._inspect(name, "get_pk_constraint") or {}
@@ -170,6 +172,15 @@ def _interrupt_driver(connection: Any) -> None:
         if callable(stop):
             stop()
             return
+
+
+def _spelled(column_type: Any, dialect: Any) -> str:
+    """A column's type as the database writes it, or '' for one it leaves untyped
+    (SQLite's columns without a declared type)."""
+    try:
+        return column_type.compile(dialect=dialect)
+    except sqlalchemy.exc.CompileError:
+        return ""
 
 
 def _partial(index: dict) -> bool:
