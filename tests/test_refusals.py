@@ -266,6 +266,72 @@ def test_values_compared_must_be_of_one_type(tmp_path):
         assert connection.execute(f"SELECT COUNT(*) FROM visits WHERE {condition}").fetchone()
 
 
+@pytest.fixture(params=["duckdb", "postgres"])
+def visits(request, tmp_path):
+    """A connection to a table with text, date and timestamp columns, on each backend."""
+    create = (
+        "CREATE TABLE {t} AS SELECT (i % 100)::SMALLINT AS age, CASE WHEN i % 2 = 0 "
+        "THEN 'CA' ELSE 'NY' END AS state, DATE '2020-01-01' + i::INT AS day, "
+        "TIMESTAMP '2020-01-01' + i * INTERVAL '1 hour' AS ts FROM {rows}"
+    )
+    span = {"lower": "2020-01-01", "upper": "2021-12-31"}
+    columns = {"age": {"type": "int", "lower": 0, "upper": 100}, "state": {"type": "string"},
+               "day": {"type": "date", **span}, "ts": {"type": "timestamp", **span}}  # fmt: skip
+    if request.param == "duckdb":
+        import duckdb
+
+        database, table = duckdb.connect(), "visits"
+        database.execute(create.format(t=table, rows="range(200) r(i)"))
+        cleanup = database.close
+    else:
+        import uuid
+
+        import psycopg
+
+        database = request.getfixturevalue("postgres_url")
+        schema = f"visits_{uuid.uuid4().hex[:8]}"
+        table = f"{schema}.visits"
+        admin = psycopg.connect(database, autocommit=True)
+        admin.execute(f"CREATE SCHEMA {schema}")
+        admin.execute(create.format(t=table, rows="generate_series(0, 199) r(i)"))
+
+        def cleanup():
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+            admin.close()
+
+    policy = {"version": 1, "analysts": {"default": {"epsilon": 1000.0}},
+              "tables": {table: {"columns": columns}}}  # fmt: skip
+    connection = dpsql.connect(database, policy=policy, ledger=tmp_path / "l.sqlite")
+    yield connection, table
+    connection.close()
+    cleanup()
+
+
+def test_units_patterns_and_positions_every_backend_accepts_for_every_row(visits):
+    """PostgreSQL checks a DATE_TRUNC or EXTRACT unit and a SUBSTRING length, and DuckDB
+    an ESCAPE, only once a row reaches them: `age > 95 AND DATE_TRUNC('foo', day) = day`
+    failed exactly when someone was over 95. Such operands are refused, and every unit
+    dpsql accepts is answered on each backend."""
+    from dpsql.sql.analyze import _PART_UNITS, _TIME_UNITS, _TRUNC_UNITS
+
+    connection, table = visits
+    for condition in (
+        "DATE_TRUNC('foo', ts) = ts", "EXTRACT(foo FROM day) = 1", "SUBSTRING(state, 1, -1) = 'C'",
+        "state LIKE 'C' ESCAPE 'ab'", "state ILIKE 'C' ESCAPE ''", "SUBSTRING(state, 1.5) = 'C'",
+        "EXTRACT(hour FROM day) = 0",
+    ):  # fmt: skip
+        with pytest.raises(dpsql.QueryRefused, match=r"Instead: "):
+            connection.execute(f"SELECT COUNT(*) FROM {table} WHERE age > 95 AND {condition}")
+    assert connection.budget().epsilon_spent == 0
+    conditions = [f"DATE_TRUNC('{unit}', ts) <= ts" for unit in sorted(_TRUNC_UNITS)]
+    conditions += [f"EXTRACT({unit} FROM ts) IS NOT NULL" for unit in sorted(_PART_UNITS)]
+    dated = sorted(_PART_UNITS - _TIME_UNITS)
+    conditions += [f"EXTRACT({unit} FROM day) IS NOT NULL" for unit in dated]
+    conditions += ["state NOT LIKE 'C!%' ESCAPE '!'", "SUBSTRING(state, -3, 0) = ''"]
+    for condition in conditions:  # every row reaches each: none may fail
+        connection.execute(f"SELECT COUNT(*) FROM {table} WHERE {condition}").fetchall()
+
+
 def test_refusal_names_construct_and_alternative(recorded):
     connection, _ = recorded
     with pytest.raises(dpsql.QueryRefused) as raised:

@@ -878,10 +878,10 @@ def require_total(
             interval = _interval(sub, table, {})
             if interval is None or not interval.magnitude <= MAX_ROW_MAGNITUDE:
                 raise _partial(sub, clause, _why_partial(interval))
-        elif isinstance(sub, exp.Like | exp.ILike | exp.Substring):
-            operands = [v for k, v in sub.args.items() if k != "this" and v is not None]
-            if any(True for operand in operands for _ in operand.find_all(exp.Column)):
-                raise _partial(sub, clause, "its pattern or positions come from the data")
+        elif isinstance(sub, exp.Like | exp.ILike | exp.Escape | exp.Substring):
+            _require_fixed_operands(sub, clause)
+        elif isinstance(sub, exp.DateTrunc | exp.TimestampTrunc | exp.Extract):
+            _require_known_unit(sub, table, clause)
         elif isinstance(sub, _COMPARISONS):
             _require_comparable(sub, _operands(sub), table, clause)
         elif isinstance(sub, _CHOICES) and not isinstance(sub, exp.Paren):
@@ -895,6 +895,52 @@ def require_total(
                 "it converts text from the data to a number or a truth value, which fails "
                 "for text that does not read as one",
             )
+
+
+def _require_fixed_operands(node: exp.Expression, clause: str) -> None:
+    """LIKE patterns, ESCAPE characters and SUBSTRING positions are constants every
+    backend accepts: PostgreSQL fails a negative SUBSTRING length, and DuckDB an
+    ESCAPE of two characters, only once a row reaches them."""
+    operands = [node.args.get(k) for k in ("expression", "start", "length")]
+    operands = [o for o in operands if isinstance(o, exp.Expression)]
+    if any(True for operand in operands for _ in operand.find_all(exp.Column)):
+        raise _partial(node, clause, "its pattern or positions come from the data")
+    if isinstance(node, exp.Escape):
+        escape = node.expression
+        if not (_is_string_literal(escape) and len(escape.this) == 1):
+            raise _partial(node, clause, "its ESCAPE is not one character")
+    for position in operands if isinstance(node, exp.Substring) else []:
+        value = _number(position)
+        lowest = 0 if position is node.args.get("length") else -_MAX_POSITION
+        if value is None or not value.is_integer() or not lowest <= value <= _MAX_POSITION:
+            raise _partial(node, clause, f"its positions are not whole numbers from {lowest}")
+
+
+_MAX_POSITION = 2**31 - 1
+# Units DuckDB and PostgreSQL both accept in DATE_TRUNC, and also in EXTRACT/DATE_PART;
+# PostgreSQL checks the unit only once a row reaches it.
+_TRUNC_UNITS = frozenset(("microsecond", "microseconds", "millisecond", "milliseconds",
+    "second", "minute", "hour", "day", "week", "month", "quarter", "year", "decade",
+    "century", "millennium"))  # fmt: skip
+_PART_UNITS = _TRUNC_UNITS | {"dow", "doy", "isodow", "isoyear", "epoch"}
+# PostgreSQL refuses these in EXTRACT from a DATE (FeatureNotSupported), row by row.
+_TIME_UNITS = frozenset(("hour", "minute", "second", "millisecond", "milliseconds",
+                         "microsecond", "microseconds"))  # fmt: skip
+
+
+def _require_known_unit(node: exp.Expression, table: Table, clause: str) -> None:
+    extract = isinstance(node, exp.Extract)
+    unit = node.this if extract else node.args.get("unit")
+    known = _PART_UNITS if extract else _TRUNC_UNITS
+    if extract and _value_kind(node.expression, table) == "date":
+        known -= _TIME_UNITS
+    if not isinstance(unit, exp.Var | exp.Literal) or unit.name.lower() not in known:
+        raise QueryRefused(
+            f"{node.sql()[:60]} in {clause}",
+            "its unit is not one every backend knows, and PostgreSQL checks it only once a "
+            "row reaches it: the error would reveal without noise that some row did",
+            f"use one of: {', '.join(sorted(known))}",
+        )
 
 
 _TEXT_FUNCTIONS = (exp.Lower, exp.Upper, exp.Trim, exp.Concat, exp.DPipe, exp.Substring)
