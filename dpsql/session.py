@@ -439,7 +439,7 @@ def _number(value: Any, name: str) -> float:
     return number
 
 
-# -- release cache encoding: JSON with tagged dates and decimals -------------
+# -- release cache encoding: JSON with tagged dates, times, intervals and decimals -------------
 
 
 def _encode_value(value: Any) -> Any:
@@ -449,6 +449,10 @@ def _encode_value(value: Any) -> Any:
         return {"$datetime": value.isoformat()}
     if isinstance(value, dt.date):
         return {"$date": value.isoformat()}
+    if isinstance(value, dt.time):
+        return {"$time": value.isoformat()}
+    if isinstance(value, dt.timedelta):  # an interval key, e.g. DATE_TRUNC of an INTERVAL
+        return {"$timedelta": [value.days, value.seconds, value.microseconds]}
     if isinstance(value, decimal.Decimal):
         return {"$decimal": str(value)}
     if isinstance(value, float) and not math.isfinite(value):
@@ -462,6 +466,8 @@ def _decode_value(value: Any) -> Any:
         return {
             "$datetime": dt.datetime.fromisoformat,
             "$date": dt.date.fromisoformat,
+            "$time": dt.time.fromisoformat,
+            "$timedelta": lambda parts: dt.timedelta(*parts),
             "$decimal": decimal.Decimal,
             "$float": float,
         }[kind](text)

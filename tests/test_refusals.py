@@ -252,7 +252,8 @@ def test_values_compared_must_be_of_one_type(tmp_path):
         "age = day", "day = 5", "age = DATE '2020-01-01'", "age = INTERVAL '1 day'",
         "age = CAST('x' AS INT)", "age = CAST('5' AS INT)", "day = CAST('2020-13-01' AS DATE)",
         "CASE WHEN age > 80 THEN 1 ELSE 2 END = DATE '2020-01-01'", "age IN (NULL, 'x')",
-        "(age = 1) = 'yes'", "LOWER('X') = age",
+        "(age = 1) = 'yes'", "LOWER('X') = age", "age > 80 AND day", "age > 80 AND 'x'",
+        "CASE WHEN day THEN 1 ELSE 0 END = 1",
     ):  # fmt: skip
         with pytest.raises(dpsql.QueryRefused, match=r"write numbers without quotes|"
                            r"converts text from the data"):  # fmt: skip
@@ -261,7 +262,7 @@ def test_values_compared_must_be_of_one_type(tmp_path):
     for condition in (
         "day BETWEEN '2020-01-01' AND '2020-02-29'", "state IN ('CA', 'NY')",
         "day < TIMESTAMP '2020-03-01 12:00:00'", "day - day = 0", "(age = 1) = 'true'",
-        "age = CAST(NULL AS INT)", "LOWER('CA') = state", "age < -1e308",
+        "age = CAST(NULL AS INT)", "LOWER('CA') = state", "age < -1e308", "age > 80 AND 'true'",
     ):  # fmt: skip
         assert connection.execute(f"SELECT COUNT(*) FROM visits WHERE {condition}").fetchone()
 

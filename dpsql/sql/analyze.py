@@ -867,6 +867,8 @@ def require_total(
     """
     if condition and _is_text(node, table):
         raise _partial(node, clause, "it reads text from the data as a truth value")
+    if condition:
+        _require_truth(node, table, clause)
     # Constants are checked as rows are: the database may compute `CAST('x' AS INT)` or
     # `LN(-1)` only once a row reaches it, so it fails just when some row does.
     for sub in node.walk():
@@ -888,6 +890,9 @@ def require_total(
             _require_comparable(sub, _values_of(sub), table, clause)
         elif isinstance(sub, exp.Interval) and not _is_length(sub):
             raise _incomparable(sub, clause, "its length may not read as a number")
+        if isinstance(sub, exp.Connector | exp.Not | exp.If):
+            for operand in _truth_operands(sub):
+                _require_truth(operand, table, clause)
         if sub is not node and _is_text(sub, table) and not _text_allowed_in(sub, table):
             raise _partial(
                 sub.parent,
@@ -895,6 +900,28 @@ def require_total(
                 "it converts text from the data to a number or a truth value, which fails "
                 "for text that does not read as one",
             )
+
+
+def _truth_operands(node: exp.Connector | exp.Not | exp.If) -> list[exp.Expression]:
+    """The operands read as truth values: of AND/OR/NOT, and a CASE WHEN's or IF's test."""
+    if isinstance(node, exp.Connector):
+        return [node.this, node.expression]
+    return [node.this]
+
+
+def _require_truth(node: exp.Expression, table: Table, clause: str) -> None:
+    """Refuse a date, timestamp or interval read as a truth value: DuckDB converts it row
+    by row and fails (`WHERE age > 95 AND day` failed exactly when someone was over 95).
+    Numbers convert without failing, and so do 'true' and 'false'; text from the data
+    has its own refusal (see _text_allowed_in)."""
+    kind = _value_kind(node, table)
+    if kind == "string":
+        if _is_string_literal(node) and _readable(node.this, "bool"):
+            return
+        if _is_text(node, table):
+            return
+    if kind not in (None, "bool", "number"):
+        raise _incomparable(node, clause, f"it reads {kind} values as truth values")
 
 
 def _require_fixed_operands(node: exp.Expression, clause: str) -> None:
@@ -992,7 +1019,7 @@ def _text_allowed_in(node: exp.Expression, table: Table) -> bool:
         isinstance(parent, exp.Cast | exp.TryCast) and parent.to.is_type(*exp.DataType.TEXT_TYPES)
     ):
         return True
-    if isinstance(parent, _CHOICES) and node in _values_of(parent):
+    if isinstance(parent, _CHOICES) and any(node is v for v in _values_of(parent)):
         return all(_text_like(v, table) for v in _values_of(parent))
     if isinstance(parent, _COMPARISONS) or (
         isinstance(parent, exp.Is) and isinstance(parent.expression, exp.Null)
@@ -1024,7 +1051,7 @@ _READABLE = {
 # Kinds of value the database compares without converting one to the other row by row
 # (a DATE beside a TIMESTAMP widens to TIMESTAMP, which cannot fail).
 _COMPARABLE = {"number": "number", "bool": "bool", "interval": "interval",
-               "date": "time", "timestamp": "time"}  # fmt: skip
+               "date": "day and time", "timestamp": "day and time", "time": "time"}  # fmt: skip
 _PREDICATES = (exp.Predicate, exp.Connector, exp.Not)
 
 
@@ -1090,8 +1117,12 @@ def _value_kind(node: exp.Expression, table: Table) -> str | None:
             return column.type
     if isinstance(node, exp.Cast | exp.TryCast):
         return _cast_kind(node.to)
-    if isinstance(node, exp.DateTrunc | exp.TimestampTrunc | exp.CurrentDate):
+    if isinstance(node, exp.DateTrunc | exp.TimestampTrunc):  # of an INTERVAL: an interval
+        if _value_kind(node.this, table) == "interval":
+            return "interval"
         return "date"  # DATE or TIMESTAMP, by backend: only a plain date reads as both
+    if isinstance(node, exp.CurrentDate):
+        return "date"
     if isinstance(node, exp.CurrentTimestamp):
         return "timestamp"
     if isinstance(node, exp.Add | exp.Sub):
@@ -1102,6 +1133,8 @@ def _value_kind(node: exp.Expression, table: Table) -> str | None:
 def _cast_kind(target: exp.DataType) -> str:
     if target.is_type("date"):
         return "date"
+    if target.is_type("time", "timetz"):
+        return "time"
     if target.is_type(*exp.DataType.TEMPORAL_TYPES):
         return "timestamp"
     if target.is_type("boolean"):

@@ -303,3 +303,71 @@ parameters = st.one_of(
         max_size=3,
     ),
 )
+
+
+# -- a table with text, date, timestamp and truth-value columns ----------------------
+# The PUMS tables hold numbers only; these reach what they cannot: comparisons across
+# types, quoted constants, units, patterns and positions (each a way for the database
+# to fail only once a row reaches it).
+
+TYPED_COLUMNS = ["age", "income", "state", "day", "ts", "flag"]
+typed_literals = st.sampled_from([
+    "0", "5", "95", "1.5", "-1", "1e308", "'x'", "'CA'", "''", "'5'", "'NaN'", "'true'",
+    "'2020-01-01'", "'2020-02-30'", "'2020-01-01 10:00:00'", "'20200101'", "NULL", "TRUE",
+    "DATE '2020-03-01'", "TIMESTAMP '2020-03-01 12:00:00'", "INTERVAL '3' DAY",
+    "INTERVAL '999999' YEAR", "CAST('x' AS INT)", "CAST('NaN' AS DOUBLE)",
+    "CAST('1e999' AS DOUBLE)",
+])  # fmt: skip
+UNITS = ["year", "month", "day", "hour", "second", "week", "quarter", "foo", "dow", "epoch"]
+TYPED_OPERATORS = ["=", "<>", "<", ">=", "+", "-", "*", "/", "||", "LIKE", "ILIKE", "NOT LIKE",
+                   "IS DISTINCT FROM", "AND", "OR"]  # fmt: skip
+
+
+def typed_expressions() -> st.SearchStrategy[str]:
+    """Row expressions mixing the typed table's columns with constants of every kind."""
+    leaves = st.one_of(st.sampled_from(TYPED_COLUMNS), typed_literals)
+    units = st.sampled_from(UNITS)
+    positions = st.sampled_from(["1", "0", "-1", "2", "1.5"])
+
+    def extend(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+        return st.one_of(
+            st.tuples(inner, st.sampled_from(TYPED_OPERATORS), inner).map(_binary),
+            inner.map(lambda e: f"NOT {e}"),
+            st.tuples(units, inner).map(lambda p: f"DATE_TRUNC('{p[0]}', {p[1]})"),
+            st.tuples(units, inner).map(lambda p: f"EXTRACT({p[0]} FROM {p[1]})"),
+            st.tuples(inner, positions, positions).map(
+                lambda p: f"SUBSTRING({p[0]}, {p[1]}, {p[2]})"
+            ),
+            st.tuples(inner, st.sampled_from(["'C%'", "'x!%'"]), st.sampled_from(["'!'", "'ab'"]))
+            .map(lambda p: f"{p[0]} LIKE {p[1]} ESCAPE {p[2]}"),
+            st.tuples(st.sampled_from(["COALESCE", "GREATEST", "NULLIF", "LOWER", "LENGTH"]),
+                      st.lists(inner, min_size=1, max_size=2).map(", ".join))
+            .map(lambda p: f"{p[0]}({p[1]})"),
+            st.tuples(inner, st.sampled_from(["TEXT", "BIGINT", "DOUBLE", "DATE", "TIMESTAMP",
+                                              "BOOLEAN", "INTEGER"]))
+            .map(lambda p: f"CAST({p[0]} AS {p[1]})"),
+            st.tuples(inner, inner, inner).map(
+                lambda p: f"CASE WHEN {p[0]} THEN {p[1]} ELSE {p[2]} END"
+            ),
+            st.tuples(inner, st.lists(typed_literals, min_size=1, max_size=3).map(", ".join))
+            .map(lambda p: f"{p[0]} IN ({p[1]})"),
+            st.tuples(inner, inner, inner).map(lambda p: f"{p[0]} BETWEEN {p[1]} AND {p[2]}"),
+            inner.map(lambda e: f"{e} IS NULL"),
+        )  # fmt: skip
+
+    return st.recursive(leaves, extend, max_leaves=5)
+
+
+@st.composite
+def typed_statements(draw: st.DrawFn) -> str:
+    """A COUNT or SUM over the typed table whose WHERE first narrows it to a few rows, so
+    a condition that fails for some rows fails on the full table and not on an empty one."""
+    condition = draw(typed_expressions())
+    narrow = draw(st.sampled_from(["age > 95", "age = 40", "flag", "state = 'NY'"]))
+    shape = draw(st.sampled_from([
+        "SELECT COUNT(*) FROM typed WHERE {narrow} AND {c}",
+        "SELECT SUM(CASE WHEN {c} THEN 1 ELSE 0 END) FROM typed WHERE {narrow}",
+        "SELECT {c} AS k, COUNT(*) FROM typed WHERE {narrow} GROUP BY 1",
+        "SELECT SUM({c}) FROM typed WHERE {narrow}",
+    ]))  # fmt: skip
+    return shape.format(narrow=narrow, c=condition)
