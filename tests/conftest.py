@@ -402,3 +402,46 @@ def connect(backend: Backend, tmp_path: Path):
     yield _connect
     for connection in opened:
         connection.close()
+
+
+@pytest.fixture(params=["duckdb", "postgres"])
+def visits(request, tmp_path):
+    """A connection to a table with text, date and timestamp columns, on each backend."""
+    create = (
+        "CREATE TABLE {t} AS SELECT (i % 100)::SMALLINT AS age, CASE WHEN i % 2 = 0 "
+        "THEN 'CA' ELSE 'NY' END AS state, DATE '2020-01-01' + i::INT AS day, "
+        "TIMESTAMP '2020-01-01' + i * INTERVAL '1 hour' AS ts FROM {rows}"
+    )
+    span = {"lower": "2020-01-01", "upper": "2021-12-31"}
+    columns = {"age": {"type": "int", "lower": 0, "upper": 100}, "state": {"type": "string"},
+               "day": {"type": "date", **span}, "ts": {"type": "timestamp", **span}}  # fmt: skip
+    if request.param == "duckdb":
+        import duckdb
+
+        database, table = duckdb.connect(), "visits"
+        database.execute(create.format(t=table, rows="range(200) r(i)"))
+        cleanup = database.close
+    else:
+        import uuid
+
+        import psycopg
+
+        database = request.getfixturevalue("postgres_url")
+        schema = f"visits_{uuid.uuid4().hex[:8]}"
+        table = f"{schema}.visits"
+        admin = psycopg.connect(database, autocommit=True)
+        admin.execute(f"CREATE SCHEMA {schema}")
+        admin.execute(create.format(t=table, rows="generate_series(0, 199) r(i)"))
+
+        def cleanup():
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+            admin.close()
+
+    import dpsql
+
+    policy = {"version": 1, "analysts": {"default": {"epsilon": 1000.0, "delta": 1e-3}},
+              "tables": {table: {"columns": columns}}}  # fmt: skip
+    connection = dpsql.connect(database, policy=policy, ledger=tmp_path / "l.sqlite")
+    yield connection, table
+    connection.close()
+    cleanup()

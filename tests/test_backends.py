@@ -235,3 +235,23 @@ def test_sqlalchemy_on_sqlite_bounds_users_and_finds_unique_units(sqlite_url, tm
     assert abs(n - 1000) <= 6 * cursor.accuracy["n"].scale
     assert abs(people - 1000) <= 6 * cursor.accuracy["people"].scale
     assert 30 < age < 60
+
+
+def test_date_parts_and_rounding_run_on_every_backend(visits):
+    """sqlglot writes DAYOFWEEK, DAYOFYEAR and QUARTER for PostgreSQL as functions it
+    lacks, and PostgreSQL rounds to decimals only in NUMERIC: each failed there after
+    its charge. The rewrite spells them as PostgreSQL can run them."""
+    connection, table = visits
+    connection.execute("SET dpsql.epsilon = 50")  # no day of the week below the threshold
+    rows = connection.execute(
+        f"SELECT DAYOFWEEK(day) AS dow, COUNT(*) FROM {table} GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    assert [row[0] for row in rows] == list(range(7))  # Sunday is 0 on both
+    rows = connection.execute(
+        f"SELECT QUARTER(day) AS q, COUNT(*) FROM {table} GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    assert [row[0] for row in rows] == [1, 2, 3]  # 200 days from 1 January
+    (total,) = connection.execute(
+        f"SELECT SUM(ROUND(age / 3, 2)) FROM {table} WHERE DAYOFYEAR(day) < 150"
+    ).fetchone()
+    assert total is not None

@@ -220,6 +220,8 @@ def _in_dialect(query: exp.Select, dialect: str) -> str:
     in Snowflake) and then quoted, so a name that is also a keyword still works.
     """
     backend = Dialect.get_or_raise(dialect)
+    if dialect == "postgres":
+        query = query.transform(_postgres_spelling, copy=False)
     # One walk that unquotes and folds each name (sqlglot's normalize_identifiers
     # would walk the tree a second time, for metadata this query never has).
     for identifier in query.find_all(exp.Identifier):
@@ -227,6 +229,25 @@ def _in_dialect(query: exp.Select, dialect: str) -> str:
         backend.normalize_identifier(identifier)
     # copy=False: the query was built for this call only, so the generator may mutate it
     return query.sql(dialect=backend, identify=True, copy=False)
+
+
+# Parts of a date sqlglot writes for PostgreSQL as functions PostgreSQL lacks
+# (DAY_OF_WEEK, DAY_OF_YEAR, QUARTER), and their EXTRACT fields. DOW counts from
+# Sunday = 0, as DuckDB's DAYOFWEEK does.
+_POSTGRES_PARTS = {exp.DayOfWeek: "DOW", exp.DayOfYear: "DOY", exp.Quarter: "QUARTER"}
+
+
+def _postgres_spelling(node: exp.Expression) -> exp.Expression:
+    """`node` as PostgreSQL can run it: a failure there comes after the charge."""
+    part = _POSTGRES_PARTS.get(type(node))
+    if part is not None:
+        extract = exp.Extract(this=exp.var(part), expression=node.this)
+        return exp.cast(extract, exp.DataType.Type.BIGINT)  # NUMERIC there, BIGINT in DuckDB
+    if isinstance(node, exp.Round) and node.args.get("decimals") is not None:
+        # PostgreSQL rounds to decimals only in NUMERIC; the result goes back to DOUBLE
+        node.set("this", exp.cast(node.this, exp.DataType.Type.DECIMAL))
+        return exp.cast(node, exp.DataType.Type.DOUBLE)
+    return node
 
 
 def _where(analysis: Analysis) -> exp.Expression | None:
