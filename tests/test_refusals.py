@@ -292,6 +292,22 @@ def test_units_patterns_and_positions_every_backend_accepts_for_every_row(visits
         connection.execute(f"SELECT COUNT(*) FROM {table} WHERE {condition}").fetchall()
 
 
+def test_functions_of_the_wrong_kind_are_refused_before_the_charge(visits):
+    """`MONTH(age)` or `UPPER(age)` fail in the database before any row is read: no leak,
+    but the analyst paid for an error. They are refused first, saying what fits."""
+    connection, table = visits
+    for expression in ("MONTH(age) = 1", "UPPER(age) = 'X'", "age LIKE '1%'",
+                       "DATE_TRUNC('month', age) IS NULL", "EXTRACT(year FROM state) = 1",
+                       "ABS(day) IS NULL", "FLOOR(ts) IS NULL"):  # fmt: skip
+        with pytest.raises(dpsql.QueryRefused, match=r"it applies to .* values, and .* has"):
+            connection.execute(f"SELECT COUNT(*) FROM {table} WHERE {expression}")
+    assert connection.budget().epsilon_spent == 0
+    for expression in ("MONTH(day) = 1", "UPPER(state) = 'CA'", "CAST(age AS TEXT) LIKE '1%'",
+                       "DATE_TRUNC('month', ts) IS NULL", "ABS(age - 50) > 1",
+                       "LOWER(NULL) IS NULL"):  # fmt: skip
+        connection.execute(f"SELECT COUNT(*) FROM {table} WHERE {expression}").fetchall()
+
+
 def test_refusal_names_construct_and_alternative(recorded):
     connection, _ = recorded
     with pytest.raises(dpsql.QueryRefused) as raised:

@@ -874,6 +874,7 @@ def require_total(
     for sub in node.walk():
         if _number(sub) is not None:
             continue  # a number written down, such as -1e308, is not computed
+        _require_argument_kind(sub, table, clause)
         if isinstance(sub, exp.Cast | exp.TryCast):
             _require_safe_cast(sub, table, clause)
         elif isinstance(sub, _COMPUTATIONS):
@@ -922,6 +923,39 @@ def _require_truth(node: exp.Expression, table: Table, clause: str) -> None:
             return
     if kind not in (None, "bool", "number"):
         raise _incomparable(node, clause, f"it reads {kind} values as truth values")
+
+
+# Functions and the kinds of value their (first) argument must have. A type error is
+# found by the database before any row is read, so it leaks nothing, but it comes after
+# the charge: refusing it first saves the analyst's budget.
+_TEMPORAL_ARGUMENTS = ("date", "timestamp", "interval")
+_ARGUMENT_KINDS: dict[type[exp.Expression], tuple[str, ...]] = {
+    **dict.fromkeys((exp.Year, exp.Month, exp.Day, exp.Quarter, exp.DayOfWeek,
+                     exp.DayOfYear), ("date", "timestamp")),
+    **dict.fromkeys((exp.DateTrunc, exp.TimestampTrunc), _TEMPORAL_ARGUMENTS),
+    **dict.fromkeys((exp.Lower, exp.Upper, exp.Trim, exp.Length, exp.StartsWith, exp.Like,
+                     exp.ILike, exp.Substring), ("string",)),
+    **dict.fromkeys((exp.Abs, exp.Floor, exp.Ceil, exp.Round, exp.Sign, exp.Sqrt, exp.Ln,
+                     exp.Exp), ("number",)),
+}  # fmt: skip
+
+
+def _require_argument_kind(node: exp.Expression, table: Table, clause: str) -> None:
+    if isinstance(node, exp.Extract):
+        argument, kinds = node.expression, _TEMPORAL_ARGUMENTS
+    else:
+        kinds = _ARGUMENT_KINDS.get(type(node), ())
+        argument = node.this
+    if not kinds or not isinstance(argument, exp.Expression):
+        return
+    kind = _value_kind(argument, table)
+    if kind is not None and kind not in kinds:
+        raise QueryRefused(
+            f"{node.sql()[:60]} in {clause}",
+            f"it applies to {' or '.join(kinds)} values, and {argument.sql()[:40]} has "
+            f"{kind} values (refused before the charge: the database would fail on it)",
+            f"apply it to {' or '.join(kinds)} values, or cast: CAST(... AS TEXT) gives text",
+        )
 
 
 def _require_fixed_operands(node: exp.Expression, clause: str) -> None:
@@ -1295,7 +1329,8 @@ def _clamped(argument: exp.Expression, table: Table, ranges: dict[str, Interval]
         if not _in_condition(node, result):
             column = table.column(node.name)
             interval = ranges.get(column.name.lower()) or column_interval(column)
-            node.replace(clamp(node.copy(), interval))
+            if interval is not None:  # a date has none: the argument's own clamp bounds it
+                node.replace(clamp(node.copy(), interval))
     return result
 
 

@@ -319,6 +319,10 @@ typed_literals = st.sampled_from([
     "CAST('1e999' AS DOUBLE)",
 ])  # fmt: skip
 UNITS = ["year", "month", "day", "hour", "second", "week", "quarter", "foo", "dow", "epoch"]
+TYPED_FUNCTIONS = ["COALESCE", "GREATEST", "LEAST", "NULLIF", "LOWER", "UPPER", "TRIM",
+                   "LENGTH", "CONCAT", "STARTS_WITH", "YEAR", "MONTH", "DAY", "QUARTER",
+                   "DAYOFWEEK", "DAYOFYEAR", "ABS", "FLOOR", "CEIL", "ROUND", "SIGN", "SQRT",
+                   "LN", "EXP"]  # fmt: skip
 TYPED_OPERATORS = ["=", "<>", "<", ">=", "+", "-", "*", "/", "||", "LIKE", "ILIKE", "NOT LIKE",
                    "IS DISTINCT FROM", "AND", "OR"]  # fmt: skip
 
@@ -340,9 +344,12 @@ def typed_expressions() -> st.SearchStrategy[str]:
             ),
             st.tuples(inner, st.sampled_from(["'C%'", "'x!%'"]), st.sampled_from(["'!'", "'ab'"]))
             .map(lambda p: f"{p[0]} LIKE {p[1]} ESCAPE {p[2]}"),
-            st.tuples(st.sampled_from(["COALESCE", "GREATEST", "NULLIF", "LOWER", "LENGTH"]),
+            st.tuples(st.sampled_from(TYPED_FUNCTIONS),
                       st.lists(inner, min_size=1, max_size=2).map(", ".join))
             .map(lambda p: f"{p[0]}({p[1]})"),
+            st.tuples(inner, st.sampled_from(["+", "-"]),
+                      st.sampled_from(["INTERVAL '2' HOUR", "1", "day", "ts"]))
+            .map(_binary),
             st.tuples(inner, st.sampled_from(["TEXT", "BIGINT", "DOUBLE", "DATE", "TIMESTAMP",
                                               "BOOLEAN", "INTEGER"]))
             .map(lambda p: f"CAST({p[0]} AS {p[1]})"),
