@@ -911,18 +911,24 @@ def _truth_operands(node: exp.Connector | exp.Not | exp.If) -> list[exp.Expressi
 
 
 def _require_truth(node: exp.Expression, table: Table, clause: str) -> None:
-    """Refuse a date, timestamp or interval read as a truth value: DuckDB converts it row
-    by row and fails (`WHERE age > 95 AND day` failed exactly when someone was over 95).
-    Numbers convert without failing, and so do 'true' and 'false'; text from the data
-    has its own refusal (see _text_allowed_in)."""
+    """Refuse anything but a truth value where one is read (WHERE, AND/OR/NOT, CASE WHEN).
+
+    DuckDB converts a date or text row by row and fails on some rows (`WHERE age > 95
+    AND day` failed exactly when someone was over 95); a number converts, but
+    PostgreSQL and Spark refuse it, after the charge. 'true' and 'false' read as
+    truth values everywhere; text from the data has its own refusal (_text_allowed_in).
+    """
     kind = _value_kind(node, table)
-    if kind == "string":
-        if _is_string_literal(node) and _readable(node.this, "bool"):
-            return
-        if _is_text(node, table):
-            return
-    if kind not in (None, "bool", "number"):
-        raise _incomparable(node, clause, f"it reads {kind} values as truth values")
+    if kind in (None, "bool") or _is_text(node, table):
+        return
+    if _is_string_literal(node) and _readable(node.this, "bool"):
+        return
+    raise QueryRefused(
+        f"{node.sql()[:60]} in {clause}",
+        f"it reads {kind} values as truth values, which the database converts only once "
+        "a row reaches them (a failure would reveal that some row did) or refuses",
+        "compare them, e.g. age <> 0, day IS NOT NULL, state = 'CA'",
+    )
 
 
 # Functions and the kinds of value their (first) argument must have. A type error is
@@ -941,6 +947,12 @@ _ARGUMENT_KINDS: dict[type[exp.Expression], tuple[str, ...]] = {
 
 
 def _require_argument_kind(node: exp.Expression, table: Table, clause: str) -> None:
+    if isinstance(node, exp.Greatest | exp.Least) and not node.expressions:
+        raise QueryRefused(
+            f"{node.sql()[:60]} in {clause}",
+            "it has one argument, which Spark refuses (after the charge)",
+            "write the value itself, or compare two or more",
+        )
     if isinstance(node, exp.Extract):
         argument, kinds = node.expression, _TEMPORAL_ARGUMENTS
     else:
@@ -1086,7 +1098,7 @@ _READABLE = {
 # (a DATE beside a TIMESTAMP widens to TIMESTAMP, which cannot fail).
 _COMPARABLE = {"number": "number", "bool": "bool", "interval": "interval",
                "date": "day and time", "timestamp": "day and time", "time": "time"}  # fmt: skip
-_PREDICATES = (exp.Predicate, exp.Connector, exp.Not)
+_PREDICATES = (exp.Predicate, exp.Connector, exp.Not, exp.Escape, exp.StartsWith)
 
 
 def _require_comparable(

@@ -222,6 +222,11 @@ def _in_dialect(query: exp.Select, dialect: str) -> str:
     backend = Dialect.get_or_raise(dialect)
     if dialect == "postgres":
         query = query.transform(_postgres_spelling, copy=False)
+    for test in query.find_all(exp.Is):
+        # sqlglot writes (age IN (1)) IS NULL without its parentheses, which Spark's
+        # grammar cannot parse
+        if isinstance(test.this, exp.Predicate | exp.Connector | exp.Not | exp.Escape):
+            test.set("this", exp.paren(test.this, copy=False))
     # One walk that unquotes and folds each name (sqlglot's normalize_identifiers
     # would walk the tree a second time, for metadata this query never has).
     for identifier in query.find_all(exp.Identifier):
