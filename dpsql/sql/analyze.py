@@ -712,12 +712,12 @@ def _interval_of(
     if isinstance(node, exp.Neg):
         inner = _interval(node.this, table, ranges)
         return Interval(-inner.upper, -inner.lower, inner.integer) if inner else None
-    if isinstance(node, exp.TimeToUnix) and _temporal(node.this, table):
+    if isinstance(node, exp.TimeToUnix) and temporal(node.this, table):
         return Interval(-_EPOCH_SECONDS, _EPOCH_SECONDS)
     if (
         isinstance(node, exp.Sub)
-        and _temporal(node.this, table)
-        and _temporal(node.expression, table)
+        and temporal(node.this, table)
+        and temporal(node.expression, table)
     ):
         return Interval(-_EPOCH_DAYS, _EPOCH_DAYS, True)  # date - date: a number of days
     if isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.Div):
@@ -737,7 +737,7 @@ def _interval_of(
     return None
 
 
-def _temporal(node: exp.Expression, table: Table) -> bool:
+def temporal(node: exp.Expression, table: Table) -> bool:
     """A date or timestamp column, or a cast of a constant to one."""
     if isinstance(node, exp.Column):
         column = table.column(node.name)

@@ -10,6 +10,7 @@ number of distinct units (for key selection). Noise is added later, in Python.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlglot import Dialect, exp
@@ -23,6 +24,7 @@ from dpsql.sql.analyze import (
     Measurement,
     clamp,
     column_interval,
+    temporal,
     undeclared,
     where_range,
 )
@@ -119,7 +121,25 @@ def rewrite(
     if keys:
         query = query.group_by(*[key.copy() for key in keys], copy=False)
     _require_declared(query, table)
-    return _in_dialect(query, dialect)
+    return _in_dialect(query.transform(_widen_day_counts(table), copy=False), dialect)
+
+
+def _widen_day_counts(table: Table) -> Callable[[exp.Expression], exp.Expression]:
+    """A date minus a date, widened to BIGINT: PostgreSQL and Spark count the days in a
+    32-bit integer, so `(day - DATE '0001-01-01') * 1000000` overflowed for every row
+    that reached it (an error that told whether one did). The analysis bounds the
+    count, and everything computed from it, within 2^53."""
+
+    def widen(node: exp.Expression) -> exp.Expression:
+        if (
+            isinstance(node, exp.Sub)
+            and temporal(node.this, table)
+            and temporal(node.expression, table)
+        ):
+            return exp.cast(node, exp.DataType.Type.BIGINT)
+        return node
+
+    return widen
 
 
 def _require_declared(query: exp.Select, table: Table) -> None:

@@ -312,7 +312,8 @@ parameters = st.one_of(
 
 TYPED_COLUMNS = ["age", "income", "state", "day", "ts", "flag"]
 typed_literals = st.sampled_from([
-    "0", "5", "95", "1.5", "-1", "1e308", "'x'", "'CA'", "''", "'5'", "'NaN'", "'true'",
+    "0", "5", "95", "1.5", "-1", "1e308", "1000000", "DATE '0001-01-01'",
+    "'x'", "'CA'", "''", "'5'", "'NaN'", "'true'",
     "'2020-01-01'", "'2020-02-30'", "'2020-01-01 10:00:00'", "'20200101'", "NULL", "TRUE",
     "DATE '2020-03-01'", "TIMESTAMP '2020-03-01 12:00:00'", "INTERVAL '3' DAY",
     "INTERVAL '999999' YEAR", "CAST('x' AS INT)", "CAST('NaN' AS DOUBLE)",

@@ -211,6 +211,8 @@ TYPED_REGRESSIONS = [
     "SELECT COALESCE(INTERVAL '3' DAY) AS k, COUNT(*) FROM typed WHERE age > 95 GROUP BY 1",
     "SELECT DATE_TRUNC('year', INTERVAL '3' DAY) AS k, COUNT(*) FROM typed GROUP BY 1",
     "SELECT CAST(ts AS TIME) AS k, COUNT(*) FROM typed GROUP BY 1",
+    # PostgreSQL counts days in int4: this overflowed for every row that reached it
+    "SELECT COUNT(*) FROM typed WHERE age > 95 AND (day - DATE '0001-01-01') * 1000000 > 0",
     # an AttributeError: a date column has no numeric interval to clamp to
     "SELECT SUM(day - day) FROM typed WHERE age > 95",
     # an AttributeError: sqlglot's NOT LIKE flag was read as an operand
