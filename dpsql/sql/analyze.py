@@ -712,14 +712,10 @@ def _interval_of(
     if isinstance(node, exp.Neg):
         inner = _interval(node.this, table, ranges)
         return Interval(-inner.upper, -inner.lower, inner.integer) if inner else None
-    if isinstance(node, exp.TimeToUnix) and temporal(node.this, table):
+    if isinstance(node, exp.TimeToUnix) and _temporal(node.this, table):
         return Interval(-_EPOCH_SECONDS, _EPOCH_SECONDS)
-    if (
-        isinstance(node, exp.Sub)
-        and temporal(node.this, table)
-        and temporal(node.expression, table)
-    ):
-        return Interval(-_EPOCH_DAYS, _EPOCH_DAYS, True)  # date - date: a number of days
+    if is_day_count(node, table):
+        return Interval(-_EPOCH_DAYS, _EPOCH_DAYS, True)
     if isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.Div):
         return _arithmetic(node, table, ranges)
     if isinstance(node, exp.Case | exp.If | exp.Coalesce | exp.Greatest | exp.Least):
@@ -737,15 +733,26 @@ def _interval_of(
     return None
 
 
-def temporal(node: exp.Expression, table: Table) -> bool:
-    """A date or timestamp column, or a cast of a constant to one."""
+def _temporal(node: exp.Expression, table: Table, *, dates_only: bool = False) -> bool:
+    """A date or timestamp column, or a cast of a constant to one (only dates if asked)."""
     if isinstance(node, exp.Column):
         column = table.column(node.name)
-        return column is not None and column.type in _TEMPORAL_TYPES
+        kinds = ("date",) if dates_only else _TEMPORAL_TYPES
+        return column is not None and column.type in kinds
     return (
         isinstance(node, exp.Cast)
-        and node.to.is_type(*exp.DataType.TEMPORAL_TYPES)
+        and node.to.is_type(*(("date",) if dates_only else exp.DataType.TEMPORAL_TYPES))
         and not any(True for _ in node.find_all(exp.Column))
+    )
+
+
+def is_day_count(node: exp.Expression, table: Table) -> bool:
+    """Whether `node` is a date minus a date: a whole number of days. With a timestamp
+    on either side it is an INTERVAL, on which arithmetic can overflow row by row."""
+    return (
+        isinstance(node, exp.Sub)
+        and _temporal(node.this, table, dates_only=True)
+        and _temporal(node.expression, table, dates_only=True)
     )
 
 

@@ -24,7 +24,7 @@ from dpsql.sql.analyze import (
     Measurement,
     clamp,
     column_interval,
-    temporal,
+    is_day_count,
     undeclared,
     where_range,
 )
@@ -131,11 +131,7 @@ def _widen_day_counts(table: Table) -> Callable[[exp.Expression], exp.Expression
     count, and everything computed from it, within 2^53."""
 
     def widen(node: exp.Expression) -> exp.Expression:
-        if (
-            isinstance(node, exp.Sub)
-            and temporal(node.this, table)
-            and temporal(node.expression, table)
-        ):
+        if is_day_count(node, table):
             return exp.cast(node, exp.DataType.Type.BIGINT)
         return node
 
