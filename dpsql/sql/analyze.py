@@ -882,6 +882,7 @@ def require_total(
         if _number(sub) is not None:
             continue  # a number written down, such as -1e308, is not computed
         _require_argument_kind(sub, table, clause)
+        _require_plain_call(sub, clause)
         if isinstance(sub, exp.Cast | exp.TryCast):
             _require_safe_cast(sub, table, clause)
         elif isinstance(sub, _COMPUTATIONS):
@@ -975,6 +976,33 @@ def _require_argument_kind(node: exp.Expression, table: Table, clause: str) -> N
             f"{kind} values (refused before the charge: the database would fail on it)",
             f"apply it to {' or '.join(kinds)} values, or cast: CAST(... AS TEXT) gives text",
         )
+
+
+# Optional arguments sqlglot reads for allowed functions that a backend checks only
+# once a row reaches them (PostgreSQL's LENGTH(text, encoding) and DATE_TRUNC's time
+# zone name) or that not every backend has (FLOOR(x, 2), CAST ... FORMAT).
+_OPTIONS_REFUSED: dict[type[exp.Expression], tuple[str, ...]] = {
+    exp.Length: ("binary", "encoding"),
+    exp.DateTrunc: ("zone",),
+    exp.TimestampTrunc: ("zone",),
+    exp.Cast: ("format", "default", "action"),
+    exp.TryCast: ("format", "default", "action"),
+    exp.Floor: ("decimals", "to"),
+    exp.Ceil: ("decimals", "to"),
+    exp.Round: ("truncate",),
+    exp.Trim: ("collation",),
+}
+
+
+def _require_plain_call(node: exp.Expression, clause: str) -> None:
+    for option in _OPTIONS_REFUSED.get(type(node), ()):
+        if node.args.get(option) not in (None, False):
+            raise QueryRefused(
+                f"{node.sql()[:60]} in {clause}",
+                f"its {option} argument is checked by some databases only once a row "
+                "reaches it, or not understood by every backend",
+                f"call {node.key.upper()} with its plain arguments",
+            )
 
 
 def _require_fixed_operands(node: exp.Expression, clause: str) -> None:

@@ -217,6 +217,10 @@ TYPED_REGRESSIONS = [
     # row by row; a timestamp difference is no number of days, and is refused
     "SELECT COUNT(*) FROM typed WHERE age > 95 AND (day - ts) IS NULL",
     "SELECT COUNT(*) FROM typed WHERE age > 95 AND (ts - ts) * 1000000 > INTERVAL '1' DAY",
+    # PostgreSQL's LENGTH(text, encoding) and DATE_TRUNC's zone are checked row by row
+    "SELECT SUM(CASE WHEN NOT LENGTH('x', 'x') IS NULL THEN 1 ELSE 0 END) FROM typed "
+    "WHERE age > 95",
+    "SELECT COUNT(*) FROM typed WHERE age > 95 AND DATE_TRUNC('day', ts, 'Mars/Base') = ts",
     # an AttributeError: a date column has no numeric interval to clamp to
     "SELECT SUM(day - day) FROM typed WHERE age > 95",
     # an AttributeError: sqlglot's NOT LIKE flag was read as an operand
