@@ -291,8 +291,9 @@ def test_units_patterns_and_positions_every_backend_accepts_for_every_row(visits
     conditions += [
         "state NOT LIKE 'C!%' ESCAPE '!'",
         "SUBSTRING(state, -3, 0) = ''",
-        "(day - DATE '0001-01-01') * 1000000 > 0",
-    ]  # int4 days in PostgreSQL
+        "(day - DATE '0001-01-01') * 1000000 > 0",  # int4 days in PostgreSQL
+        "ROUND((day - DATE '0001-01-01') * 1000000, 2) > 0",  # ... inside a rewritten ROUND
+    ]
     for condition in conditions:  # every row reaches each: none may fail
         connection.execute(f"SELECT COUNT(*) FROM {table} WHERE {condition}").fetchall()
 

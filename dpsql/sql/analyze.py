@@ -735,13 +735,15 @@ def _interval_of(
 
 def _temporal(node: exp.Expression, table: Table, *, dates_only: bool = False) -> bool:
     """A date or timestamp column, or a cast of a constant to one (only dates if asked)."""
+    policy_types, cast_types = (
+        (("date",), ("date",)) if dates_only else (_TEMPORAL_TYPES, exp.DataType.TEMPORAL_TYPES)
+    )
     if isinstance(node, exp.Column):
         column = table.column(node.name)
-        kinds = ("date",) if dates_only else _TEMPORAL_TYPES
-        return column is not None and column.type in kinds
+        return column is not None and column.type in policy_types
     return (
         isinstance(node, exp.Cast)
-        and node.to.is_type(*(("date",) if dates_only else exp.DataType.TEMPORAL_TYPES))
+        and node.to.is_type(*cast_types)
         and not any(True for _ in node.find_all(exp.Column))
     )
 
@@ -872,9 +874,9 @@ def require_total(
     BIGINT/DOUBLE from a bounded number, or between dates and times; LIKE
     patterns and SUBSTRING positions are constants.
     """
-    if condition and _is_text(node, table):
-        raise _partial(node, clause, "it reads text from the data as a truth value")
     if condition:
+        if _is_text(node, table):
+            raise _partial(node, clause, "it reads text from the data as a truth value")
         _require_truth(node, table, clause)
     # Constants are checked as rows are: the database may compute `CAST('x' AS INT)` or
     # `LN(-1)` only once a row reaches it, so it fails just when some row does.
@@ -898,7 +900,12 @@ def require_total(
         elif isinstance(sub, _CHOICES) and not isinstance(sub, exp.Paren):
             _require_comparable(sub, _values_of(sub), table, clause)
         elif isinstance(sub, exp.Interval) and not _is_length(sub):
-            raise _incomparable(sub, clause, "its length may not read as a number")
+            raise QueryRefused(
+                f"{sub.sql()[:60]} in {clause}",
+                "its length may not read as a number, and the database reads it only once "
+                "a row reaches it",
+                "write a whole number and a unit: INTERVAL '3' DAY",
+            )
         if isinstance(sub, exp.Connector | exp.Not | exp.If):
             for operand in _truth_operands(sub):
                 _require_truth(operand, table, clause)
@@ -955,12 +962,6 @@ _ARGUMENT_KINDS: dict[type[exp.Expression], tuple[str, ...]] = {
 
 
 def _require_argument_kind(node: exp.Expression, table: Table, clause: str) -> None:
-    if isinstance(node, exp.Greatest | exp.Least) and not node.expressions:
-        raise QueryRefused(
-            f"{node.sql()[:60]} in {clause}",
-            "it has one argument, which Spark refuses (after the charge)",
-            "write the value itself, or compare two or more",
-        )
     if isinstance(node, exp.Extract):
         argument, kinds = node.expression, _TEMPORAL_ARGUMENTS
     else:
@@ -995,6 +996,12 @@ _OPTIONS_REFUSED: dict[type[exp.Expression], tuple[str, ...]] = {
 
 
 def _require_plain_call(node: exp.Expression, clause: str) -> None:
+    if isinstance(node, exp.Greatest | exp.Least) and not node.expressions:
+        raise QueryRefused(
+            f"{node.sql()[:60]} in {clause}",
+            "it has one argument, which Spark refuses (after the charge)",
+            "write the value itself, or compare two or more",
+        )
     for option in _OPTIONS_REFUSED.get(type(node), ()):
         if node.args.get(option) not in (None, False):
             raise QueryRefused(
@@ -1012,16 +1019,17 @@ def _require_fixed_operands(node: exp.Expression, clause: str) -> None:
     operands = [node.args.get(k) for k in ("expression", "start", "length")]
     operands = [o for o in operands if isinstance(o, exp.Expression)]
     if any(True for operand in operands for _ in operand.find_all(exp.Column)):
-        raise _partial(node, clause, "its pattern or positions come from the data")
+        raise _partial(node, clause, "its pattern or positions come from the data", _FIXED_HINT)
     if isinstance(node, exp.Escape):
         escape = node.expression
         if not (_is_string_literal(escape) and len(escape.this) == 1):
-            raise _partial(node, clause, "its ESCAPE is not one character")
+            raise _partial(node, clause, "its ESCAPE is not one character", _FIXED_HINT)
     for position in operands if isinstance(node, exp.Substring) else []:
         value = _number(position)
         lowest = 0 if position is node.args.get("length") else -_MAX_POSITION
         if value is None or not value.is_integer() or not lowest <= value <= _MAX_POSITION:
-            raise _partial(node, clause, f"its positions are not whole numbers from {lowest}")
+            why = f"its positions are not whole numbers from {lowest}"
+            raise _partial(node, clause, why, _FIXED_HINT)
 
 
 _MAX_POSITION = 2**31 - 1
@@ -1154,8 +1162,9 @@ def _require_comparable(
         for o in operands
         if kinds and _is_text(o, table) and not any(True for _ in o.find_all(exp.Column))
     ]
-    for text in unreadable + constant_text:
-        beside = f"it puts {'/'.join(sorted(kinds))} values beside the text {text.sql()[:40]}"
+    if unreadable or constant_text:
+        text = (unreadable + constant_text)[0].sql()[:40]
+        beside = f"it puts {'/'.join(sorted(kinds))} values beside the text {text}"
         raise _incomparable(node, clause, beside)
 
 
@@ -1227,10 +1236,12 @@ def _cast_kind(target: exp.DataType) -> str:
 
 def _arithmetic_kind(node: exp.Add | exp.Sub, table: Table) -> str:
     """date + 1 is a date, date - date a number of days, timestamp - timestamp an interval."""
+    if is_day_count(node, table):
+        return "number"
     kinds = [_value_kind(node.this, table), _value_kind(node.expression, table)]
     temporal = [k for k in kinds if k in _TEMPORAL_TYPES]
     if len(temporal) == 2:
-        return "number" if temporal == ["date", "date"] else "interval"
+        return "interval"
     if temporal:
         return temporal[0]
     return "interval" if "interval" in kinds else "number"
@@ -1264,11 +1275,7 @@ def _readable(text: str, kind: str) -> bool:
 
 
 def _text_like(node: exp.Expression, table: Table) -> bool:
-    return (
-        isinstance(node, exp.Null)
-        or (isinstance(node, exp.Literal) and node.is_string)
-        or _is_text(node, table)
-    )
+    return isinstance(node, exp.Null) or _is_string_literal(node) or _is_text(node, table)
 
 
 _COMPUTATIONS = (
@@ -1287,12 +1294,23 @@ def _why_partial(interval: Interval | None) -> str:
     return f"its values can reach {interval.magnitude:.3g}, where arithmetic may overflow"
 
 
-def _partial(node: exp.Expression, clause: str, why: str) -> QueryRefused:
+_COMPUTE_HINT = (
+    "compute on bounded columns with moderate constants, keep divisors away from zero "
+    "(e.g. income / (age + 1)), or compare the column itself (age >= 40)"
+)
+_FIXED_HINT = (
+    "write the pattern as a constant with a one-character ESCAPE ('C!%' ESCAPE '!'), "
+    "and SUBSTRING positions as whole numbers, its length 0 or more"
+)
+
+
+def _partial(
+    node: exp.Expression, clause: str, why: str, hint: str = _COMPUTE_HINT
+) -> QueryRefused:
     return QueryRefused(
         f"{node.sql()[:60]} in {clause}",
         f"{why}; a database error for one row would reveal that row without noise",
-        "compute on bounded columns with moderate constants, keep divisors away from zero "
-        "(e.g. income / (age + 1)), or compare the column itself (age >= 40)",
+        hint,
     )
 
 

@@ -10,7 +10,6 @@ number of distinct units (for key selection). Noise is added later, in Python.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlglot import Dialect, exp
@@ -121,21 +120,7 @@ def rewrite(
     if keys:
         query = query.group_by(*[key.copy() for key in keys], copy=False)
     _require_declared(query, table)
-    return _in_dialect(query.transform(_widen_day_counts(table), copy=False), dialect)
-
-
-def _widen_day_counts(table: Table) -> Callable[[exp.Expression], exp.Expression]:
-    """A date minus a date, widened to BIGINT: PostgreSQL and Spark count the days in a
-    32-bit integer, so `(day - DATE '0001-01-01') * 1000000` overflowed for every row
-    that reached it (an error that told whether one did). The analysis bounds the
-    count, and everything computed from it, within 2^53."""
-
-    def widen(node: exp.Expression) -> exp.Expression:
-        if is_day_count(node, table):
-            return exp.cast(node, exp.DataType.Type.BIGINT)
-        return node
-
-    return widen
+    return _in_dialect(query, dialect, table)
 
 
 def _require_declared(query: exp.Select, table: Table) -> None:
@@ -228,7 +213,7 @@ def _clamped_source(
     return exp.select(*items, copy=False).from_(stored, copy=False).subquery(_SOURCE, copy=False)
 
 
-def _in_dialect(query: exp.Select, dialect: str) -> str:
+def _in_dialect(query: exp.Select, dialect: str, table: Table | None = None) -> str:
     """The query's text in `dialect`, with names under the backend's case rules.
 
     Policy names are case-insensitive, like unquoted SQL names: each is folded
@@ -236,13 +221,13 @@ def _in_dialect(query: exp.Select, dialect: str) -> str:
     in Snowflake) and then quoted, so a name that is also a keyword still works.
     """
     backend = Dialect.get_or_raise(dialect)
-    if dialect == "postgres":
-        query = query.transform(_postgres_spelling, copy=False)
-    for test in query.find_all(exp.Is):
-        # sqlglot writes (age IN (1)) IS NULL without its parentheses, which Spark's
-        # grammar cannot parse
-        if isinstance(test.this, exp.Predicate | exp.Connector | exp.Not | exp.Escape):
-            test.set("this", exp.paren(test.this, copy=False))
+    postgres = dialect == "postgres"
+    # Deepest first, so that a replaced node (ROUND cast back to DOUBLE) has its insides
+    # done already; transform() would not look inside a node it has just replaced.
+    for node in reversed(list(query.walk())):
+        portable = _portable(node, postgres=postgres, table=table)
+        if portable is not node:
+            node.replace(portable)
     # One walk that unquotes and folds each name (sqlglot's normalize_identifiers
     # would walk the tree a second time, for metadata this query never has).
     for identifier in query.find_all(exp.Identifier):
@@ -258,8 +243,29 @@ def _in_dialect(query: exp.Select, dialect: str) -> str:
 _POSTGRES_PARTS = {exp.DayOfWeek: "DOW", exp.DayOfYear: "DOY", exp.Quarter: "QUARTER"}
 
 
+def _portable(node: exp.Expression, *, postgres: bool, table: Table | None) -> exp.Expression:
+    """`node` as every backend (or PostgreSQL, where it differs) runs it: a failure there
+    comes after the charge, and one that depends on the rows is a noiseless answer.
+
+    - A date minus a date is widened to BIGINT: PostgreSQL and Spark count the days
+      in a 32-bit integer, so `(day - DATE '0001-01-01') * 1000000` overflowed for
+      every row that reached it. The analysis bounds the count, and everything
+      computed from it, within 2^53.
+    - sqlglot writes `(age IN (1)) IS NULL` without its parentheses, which Spark's
+      grammar cannot parse.
+    """
+    if table is not None and is_day_count(node, table):
+        return exp.cast(node, exp.DataType.Type.BIGINT)
+    if isinstance(node, exp.Is) and isinstance(
+        node.this, exp.Predicate | exp.Connector | exp.Not | exp.Escape
+    ):
+        node.set("this", exp.paren(node.this, copy=False))
+        return node
+    return _postgres_spelling(node) if postgres else node
+
+
 def _postgres_spelling(node: exp.Expression) -> exp.Expression:
-    """`node` as PostgreSQL can run it: a failure there comes after the charge."""
+    """`node` with the spellings sqlglot writes for PostgreSQL that PostgreSQL lacks."""
     part = _POSTGRES_PARTS.get(type(node))
     if part is not None:
         extract = exp.Extract(this=exp.var(part), expression=node.this)
