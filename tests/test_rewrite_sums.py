@@ -14,16 +14,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from decimal import Decimal
 
 import duckdb
+import numpy as np
 import pytest
 from conftest import postgres_tables
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import dpsql
 from dpsql.adapters.duckdb import DuckDBAdapter
 from dpsql.ledger import Ledger
+from dpsql.mechanisms.grid import GRID_LIMIT
 from dpsql.policy import load_policy
 from dpsql.session import Session
+from dpsql.sql.analyze import Interval
 from dpsql.sql.parse import parse_statement
+from dpsql.sql.plan import (
+    ROW_STEP_BITS,
+    SUMMED_ROW_BITS,
+    exact_integers,
+    sum_grid,
+)
 
 X = [-5.3, 0.0, 3.1, 9.9, 10.0, 10.2, 42.7, 49.9, 50.0, 59.6, 60.0, 99.2, 100.0, 170.4,
      math.inf, -math.inf, math.nan, None]  # fmt: skip
@@ -99,3 +112,67 @@ def test_sums_are_exact_with_only_the_clamps_they_need(session, sql, passes, sid
     _, rows = session.adapter.execute(plan.sql)
     assert int(rows[0][0]) == expected, plan.sql
     assert plan.sql.count("WHEN") == sides, plan.sql  # the clamp is the only CASE
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    # 0 or at least 1e-9 in size (2^-1000, the finest grid, binds only far below)
+    lower=st.one_of(st.just(0.0), st.floats(1e-9, 1e15), st.floats(-1e15, -1e-9)),
+    width=st.one_of(st.just(0.0), st.floats(1e-9, 1e15)),
+    integer=st.booleans(),
+    contributions=st.integers(1, 1000),
+    totals=st.integers(1, 1000),
+    epsilon=st.floats(1e-6, 1e6),
+)
+def test_a_row_adds_at_most_two_to_the_twenty_two_grid_steps(
+    lower, width, integer, contributions, totals, epsilon
+) -> None:
+    """So that a SUM over up to 2^40 rows stays below 2^62 in grid steps, at any epsilon."""
+    if integer:
+        lower, width = float(math.floor(lower)), float(math.floor(width))
+    bounds = Interval(lower, lower + width, integer)
+    grid, per_total = sum_grid(bounds, contributions, totals, epsilon)
+    assert grid.step == 2.0 ** round(math.log2(grid.step))
+    per_row = max(
+        abs(math.floor(bounds.lower / grid.step)), abs(math.ceil(bounds.upper / grid.step))
+    )
+    assert per_row <= 2**ROW_STEP_BITS
+    assert per_total == max(1, contributions * per_row)
+    assert 2**SUMMED_ROW_BITS * per_row <= GRID_LIMIT
+    if bounds.magnitude and not integer:
+        # the grid is about the noise scale / 2^20, and coarser only where a row would
+        # otherwise add more than 2^22 steps (then it still adds at least 2^21)
+        scale = bounds.magnitude * contributions * totals / epsilon
+        assert grid.step <= scale / 2**19 or per_row >= 2 ** (ROW_STEP_BITS - 1)
+
+
+def test_totals_beyond_int64_are_saturated_not_an_error() -> None:
+    """An exact total the backend returns as HUGEINT or numeric beyond int64 is clamped
+    to +/-2^62 (a 1-Lipschitz map: the noise still covers it); it used to raise after
+    the charge, an answer without noise."""
+    values = (2**70, -(2**70), Decimal(2**64), None, 5, 2**62 + 1)
+    assert exact_integers(values).tolist() == [GRID_LIMIT, -GRID_LIMIT, GRID_LIMIT, 0, 5,
+                                               GRID_LIMIT]  # fmt: skip
+    assert exact_integers((1, 2, 3)).dtype == np.int64
+
+
+def test_a_large_sum_at_a_large_epsilon_is_answered(tmp_path) -> None:
+    """5.2M rows at the upper bound, epsilon 9e5: the old grid (2^-20, so 2^40.8 steps a
+    row) made the exact totals 2^62.1 and 2^63.1 steps, and the release raised an
+    error after the charge (ValueError from the sampler's limit, OverflowError
+    from int64) when, and only when, enough rows passed the WHERE."""
+    path = tmp_path / "large.duckdb"
+    with duckdb.connect(str(path)) as connection:
+        connection.execute(
+            "CREATE TABLE t AS SELECT 1790000.0::DOUBLE AS x, range % 2 AS g FROM range(?)",
+            [2**22 + 2**20],
+        )
+    policy = {
+        "analysts": {"default": {"epsilon": 1e7}},
+        "tables": {"t": {"columns": {"x": {"type": "float", "lower": 0, "upper": 1790000},
+                                     "g": {"type": "int"}}}},
+    }  # fmt: skip
+    with dpsql.connect(str(path), policy=policy, epsilon=9e5, ledger=tmp_path / "l") as con:
+        for where, rows in (("g = 0", 2**21 + 2**19), ("g >= 0", 2**22 + 2**20)):
+            total = con.execute(f"SELECT SUM(x) FROM t WHERE {where}").fetchone()[0]
+            assert total == pytest.approx(1790000.0 * rows, rel=1e-9)

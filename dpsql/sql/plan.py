@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -25,6 +25,7 @@ from dpsql.errors import QueryRefused, TooManyGroups
 from dpsql.mechanisms.base import NoiseMechanism
 from dpsql.mechanisms.choice import choose
 from dpsql.mechanisms.gaussian import DiscreteGaussian
+from dpsql.mechanisms.grid import GRID_LIMIT
 from dpsql.mechanisms.laplace import DiscreteLaplace
 from dpsql.mechanisms.selection import PartitionSelection
 from dpsql.mechanisms.staircase import Staircase
@@ -35,6 +36,12 @@ from dpsql.sql.rewrite import SumGrid, rewrite
 # Grid resolution: a SUM is released in steps of about (noise scale) / 2^20, so
 # rounding adds a relative error of at most one part in a million to the noise.
 GRID_BITS = 20
+# A row adds at most 2^ROW_STEP_BITS grid steps to a SUM, so a total over up to
+# 2^SUMMED_ROW_BITS rows (1.1 trillion) is within GRID_LIMIT (2^62), where the
+# samplers add noise exactly (sum_grid); a larger total is saturated there
+# (exact_integers).
+ROW_STEP_BITS = 22
+SUMMED_ROW_BITS = 40
 MAX_PUBLIC_KEYS = 1_000_000
 MIN_GRID_EXPONENT = -1000  # 2^-1000 is still a normal float: steps never round to zero
 # Released groups per query unless the session says otherwise: as many as the
@@ -140,7 +147,7 @@ class DirectPlan:
         groups = self._groups_per_unit
         for measurement in analysis.measurements:
             if measurement.kind == "sum":
-                grid, per_group = _sum_grid(measurement.bounds, rows_per_unit, groups, self.share)
+                grid, per_group = sum_grid(measurement.bounds, rows_per_unit, groups, self.share)
                 grids[len(self.measures)] = grid
                 self.measures.append(self._measure(per_group, grid.step))
             else:
@@ -262,10 +269,10 @@ class DirectPlan:
             # columns at C speed: a GROUP BY on a near-unique column has millions of rows
             columns = list(zip(*batch, strict=True))
             noisy = [
-                m.noise.sample(_integers(columns[width + i]), rng)
+                m.noise.sample(exact_integers(columns[width + i]), rng)
                 for i, m in enumerate(self.measures)
             ]
-            keep = self.selection.keep(_integers(columns[measured]), rng)
+            keep = self.selection.keep(exact_integers(columns[measured]), rng)
             keys.extend(itertools.compress(zip(*columns[:width], strict=True), keep))
             for part, values in zip(parts, noisy, strict=True):
                 part.append(values[keep])
@@ -361,44 +368,61 @@ class DirectPlan:
         )
 
 
-def _sum_grid(
-    bounds: Interval, rows_per_unit: int, groups: int, epsilon: float
+def sum_grid(
+    bounds: Interval, contributions: int, totals: int, epsilon: float
 ) -> tuple[SumGrid, int]:
-    """The grid step of a SUM and how far one unit moves one group's sum, in grid steps.
+    """A SUM's power-of-two grid step, and how far one unit moves one total, in grid steps.
 
-    Each clamped value is divided by the power-of-two step and rounded in SQL,
-    so it lies in [floor(lower/step), ceil(upper/step)]: the sum is an exact
-    integer and the released values all lie on one grid, whatever the data.
+    One unit adds at most `contributions` rows to each of at most `totals` totals
+    (groups). Each clamped value is divided by the step and rounded in SQL, so it
+    lies in [floor(lower/step), ceil(upper/step)]: the sum is an exact integer and
+    the released values all lie on one grid, whatever the data. The step is about
+    the noise scale / 2^GRID_BITS, but never so fine that one row adds more than
+    2^ROW_STEP_BITS steps: a total of up to 2^SUMMED_ROW_BITS rows then stays below
+    GRID_LIMIT (2^62), an exact int64 with room for the noise (and within Spark's
+    BIGINT SUM).
     """
-    magnitude = bounds.magnitude * rows_per_unit * groups
+    magnitude = bounds.magnitude * contributions * totals
     if magnitude == 0:
         return SumGrid(1.0, bounds), 1
     # log2 of each, not of the quotient: a tiny bound over a large epsilon underflows to 0
     exponent = math.floor(math.log2(magnitude) - math.log2(epsilon)) - GRID_BITS
-    exponent = max(exponent, MIN_GRID_EXPONENT)  # a coarser grid only lowers the step count
+    # frexp: magnitude < 2^e exactly, so a row's value is below 2^ROW_STEP_BITS steps
+    _, row_exponent = math.frexp(bounds.magnitude)
+    exponent = max(exponent, row_exponent - ROW_STEP_BITS, MIN_GRID_EXPONENT)
     if bounds.integer:
         exponent = max(exponent, 0)
     step = math.ldexp(1.0, exponent)
     low = math.floor(Fraction(bounds.lower) / Fraction(step))
     high = math.ceil(Fraction(bounds.upper) / Fraction(step))
-    return SumGrid(step, bounds), max(1, rows_per_unit * max(abs(low), abs(high)))
+    return SumGrid(step, bounds), max(1, contributions * max(abs(low), abs(high)))
 
 
 def _integer_matrix(rows: list[tuple] | tuple[tuple, ...], width: int) -> np.ndarray:
     """Rows of exact aggregates as an int64 matrix, converted a column at a time."""
     matrix = np.zeros((len(rows), width), dtype=np.int64)
     for i, column in enumerate(zip(*rows, strict=True)):
-        matrix[:, i] = _integers(column)
+        matrix[:, i] = exact_integers(column)
     return matrix
 
 
-def _integers(values: tuple) -> np.ndarray:
+def exact_integers(values: Sequence) -> np.ndarray:
     """One column of exact aggregates as int64: they arrive as int, HUGEINT or Decimal, and
-    NULL (an empty SUM) is 0."""
+    NULL (an empty SUM) is 0.
+
+    A total beyond +/-GRID_LIMIT is taken as GRID_LIMIT: clamping a total moves it
+    no further than the data moved it, so the noise still covers every change,
+    and the noise added next cannot overflow. Without it, a total too large for
+    int64 raised an error after the charge: an answer, depending on the data,
+    without noise.
+    """
     try:
-        return np.array(values, dtype=np.int64)  # plain ints, converted in C
+        column = np.array(values, dtype=np.int64)  # plain ints, converted in C
     except (TypeError, OverflowError):  # NULL, HUGEINT or Decimal: one at a time
-        return np.array([int(v or 0) for v in values], dtype=np.int64)
+        column = np.array(
+            [max(-GRID_LIMIT, min(GRID_LIMIT, int(v or 0))) for v in values], dtype=np.int64
+        )
+    return np.clip(column, -GRID_LIMIT, GRID_LIMIT, out=column)
 
 
 def _check_domain_size(analysis: Analysis) -> None:

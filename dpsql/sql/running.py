@@ -48,9 +48,9 @@ from dpsql.mechanisms.continual import (
 )
 from dpsql.mechanisms.gaussian import discrete_gaussian
 from dpsql.policy import Column, ContinualSpec, Table
-from dpsql.sql.analyze import Analysis, Interval, _conjuncts, analyze
+from dpsql.sql.analyze import Analysis, _conjuncts, analyze
 from dpsql.sql.check import AGGREGATES, check_clauses, check_query, over_the_release
-from dpsql.sql.plan import GRID_BITS, Accuracy, Release
+from dpsql.sql.plan import Accuracy, Release, exact_integers, sum_grid
 from dpsql.sql.rewrite import SumGrid, rewrite
 
 MAX_HORIZON = 1 << 22
@@ -572,8 +572,9 @@ class _Stream:
         base = analyze(_plain_query(shape, table.name, filters), table)
         grid, sensitivity = None, contributions
         if isinstance(shape.aggregate, exp.Sum):
-            grid, sensitivity = _stream_grid(
-                base.measurements[0].bounds, contributions, spec.epsilon
+            # per unit, not per group: a unit's rows all fall on the one stream
+            grid, sensitivity = sum_grid(
+                base.measurements[0].bounds, contributions, 1, spec.epsilon
             )
         choice = _choose(spec, column.name, context)
         counter, cost = _counter(spec, choice, horizon, sensitivity)
@@ -709,23 +710,6 @@ class _Stream:
         return rewrite(analysis, grids, dialect, seed, False, earliest_groups=True)
 
 
-def _stream_grid(bounds: Interval, contributions: int, epsilon: float) -> tuple[SumGrid, int]:
-    """A running SUM's power-of-two grid and what one unit adds to the stream, in grid steps.
-
-    Values are clamped, divided by the step and rounded in SQL, so each lies in
-    [floor(lower/step), ceil(upper/step)] and every total is an exact integer.
-    The direct plan's grid (plan.py) is per group; a stream's is per unit.
-    """
-    magnitude = bounds.magnitude * contributions
-    if magnitude == 0:
-        return SumGrid(1.0, bounds), 1
-    exponent = math.floor(math.log2(magnitude / epsilon)) - GRID_BITS
-    step = math.ldexp(1.0, max(exponent, 0) if bounds.integer else exponent)
-    low = math.floor(Fraction(bounds.lower) / Fraction(step))
-    high = math.ceil(Fraction(bounds.upper) / Fraction(step))
-    return SumGrid(step, bounds), max(1, contributions * max(abs(low), abs(high)))
-
-
 def _counter(
     spec: ContinualSpec, choice: _Choice, horizon: int, sensitivity: int
 ) -> tuple[BinaryTree | Factorization, Cost]:
@@ -804,13 +788,16 @@ class RunningPlan:
     def _extend(self, rows: list[tuple]) -> np.ndarray:
         """Noisy running totals for steps done+1..steps, per partition."""
         width, new = len(self.stream.partition_values), self.steps - self.done
-        exact = np.zeros((width, new), dtype=np.int64)  # the new steps only, not all so far
         where = {_key(v): i for i, v in enumerate(self.stream.partition_values)}
+        totals: dict[tuple[int, int], int] = {}
         for row in rows:
             step = self.stream.domain.index(row[0]) - self.done  # ranked: earlier steps too
             part = where.get(_key(row[1])) if width > 1 else 0
             if part is not None and 0 <= step < new:
-                exact[part, step] += int(row[-1] or 0)
+                totals[part, step] = totals.get((part, step), 0) + int(row[-1] or 0)
+        exact = np.zeros((width, new), dtype=np.int64)  # the new steps only, not all so far
+        if totals:
+            exact[tuple(zip(*totals, strict=True))] = exact_integers(list(totals.values()))
         fresh = np.zeros((width, new))
         for part in range(width):
             stream = ContinualStream(self.stream.counter, self.key, part, noise=self._noise(part))
