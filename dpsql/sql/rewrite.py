@@ -44,6 +44,16 @@ _TEXT = exp.DataType.build("TEXT")
 # out. Spark's cast truncates, so it keeps ROUND; any rounding keeps each value in
 # [floor(lower/step), ceil(upper/step)], so this is about accuracy, not privacy.
 _CASTS_ROUND = frozenset({"duckdb", "postgres"})
+# Dates and timestamps the backends store but cannot compute with, or that Python
+# cannot hold: infinities (PostgreSQL fails a date difference or a cast of EXTRACT's
+# result to BIGINT on them, DuckDB a cast to TIME) and, on PostgreSQL, years before 1
+# or after 9999, which psycopg cannot load as a group key. Each failed only once such
+# a row was read, so where the query computes with such a column or groups by it,
+# those values read as NULL. (DuckDB returns other years as text; Spark stores none.)
+_YEARS_PYTHON_HOLDS = {
+    "date": ("0001-01-01", "9999-12-31"),
+    "timestamp": ("0001-01-01 00:00:00", "9999-12-31 23:59:59.999999"),
+}
 _SEEDED_HASHES = {"duckdb": "hash", "spark": "xxhash64"}  # hash(secret, values...)
 
 
@@ -74,7 +84,7 @@ def rewrite(
     table = analysis.table
     keys = [key.expression for key in analysis.keys]
     where = _where(analysis)
-    source = _clamped_source(table, *_columns_read(analysis))
+    source = _clamped_source(table, *_columns_read(analysis), dialect)
     unit = (
         exp.column(table.column(table.privacy_unit).name, quoted=True)
         if table.privacy_unit
@@ -166,7 +176,7 @@ def _columns_read(analysis: Analysis) -> tuple[set[str], set[str], set[str]]:
 
 
 def _clamped_source(
-    table: Table, read: set[str], computed: set[str], bare: set[str]
+    table: Table, read: set[str], computed: set[str], bare: set[str], dialect: str
 ) -> exp.Expression:
     """The columns the query reads (and the unit), each bounded numeric one widened to
     BIGINT or DOUBLE and clamped to its declared bounds when the query computes with
@@ -182,6 +192,8 @@ def _clamped_source(
     CASE per row for nothing. A column that is only compared is read as stored:
     a comparison cannot fail either, and a cast in the way keeps the database
     from filtering as it scans (a COUNT with a WHERE cost 1.3x the raw query).
+    A date or timestamp computed with or read bare is NULL where the database could
+    not compute with it or Python could not hold it (_YEARS_PYTHON_HOLDS).
     """
     stored = exp.Table(
         this=exp.to_identifier(table.name.split(".")[-1], quoted=True),
@@ -203,6 +215,13 @@ def _clamped_source(
             if name in computed:
                 value = clamp(value, interval)
             value = exp.Cast(this=value, to=widened.copy())
+            identity = False
+        elif (
+            column.type in _YEARS_PYTHON_HOLDS
+            and dialect in ("duckdb", "postgres")
+            and (name in computed or name in bare)
+        ):
+            value = _temporal_or_null(value, column.type, dialect)
             identity = False
         items.append(exp.alias_(value, column.name, quoted=True, copy=False))
     if identity:
@@ -275,6 +294,19 @@ def _postgres_spelling(node: exp.Expression) -> exp.Expression:
         node.set("this", exp.cast(node.this, exp.DataType.Type.DECIMAL))
         return exp.cast(node, exp.DataType.Type.DOUBLE)
     return node
+
+
+def _temporal_or_null(value: exp.Expression, kind: str, dialect: str) -> exp.Expression:
+    """`value` (a date or timestamp), or NULL where it is infinite (or, on PostgreSQL,
+    outside the years 1 to 9999)."""
+    if dialect == "duckdb":
+        # DuckDB has one DATE but several timestamp types (TIMESTAMP_NS holds only the
+        # years 1677-2262): a test of finiteness needs no literal of the column's type
+        keep: exp.Expression = exp.Anonymous(this="ISFINITE", expressions=[value.copy()])
+    else:
+        low, high = (exp.cast(exp.Literal.string(end), kind) for end in _YEARS_PYTHON_HOLDS[kind])
+        keep = exp.Between(this=value.copy(), low=low, high=high)
+    return exp.Case(ifs=[exp.If(this=keep, true=value)])
 
 
 def _where(analysis: Analysis) -> exp.Expression | None:
