@@ -261,3 +261,44 @@ def test_spark_connect_without_its_client_says_what_to_install():
     else:
         with pytest.raises(BackendError, match="Connect server runs there"):
             SparkAdapter("sc://localhost:1")
+
+
+@pytest.mark.spark
+def test_timestamps_come_back_in_utc_whatever_the_process_time_zone(
+    spark_session, tmp_path, monkeypatch
+):
+    """PySpark gives a TIMESTAMP in the Python process's local time: keys moved with the
+    process's zone, and the years 1 and 9999 failed (year 0 or 10000 there) after the
+    charge, exactly when such a row was in the result."""
+    import datetime as dt
+    import time
+
+    spark_session.sql(
+        "CREATE OR REPLACE TEMP VIEW edge_times AS SELECT id % 3 AS age, CASE id % 3 "
+        "WHEN 0 THEN TIMESTAMP '0001-01-01 00:00:00' WHEN 1 THEN TIMESTAMP '9999-12-31 "
+        "23:59:59' ELSE TIMESTAMP '2020-01-01 00:00:00' END AS ts FROM range(300)"
+    )
+    policy = {
+        "analysts": {"default": {"epsilon": 100.0, "delta": 0.5}},
+        "tables": {"edge_times": {"columns": {"age": {"type": "int", "lower": 0, "upper": 2},
+                                              "ts": {"type": "timestamp"}}}},
+    }  # fmt: skip
+    session = Session(
+        open_adapter(spark_session), load_policy(policy), Ledger(tmp_path / "l.sqlite"), seed=5
+    )
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        keys = [
+            row[0]
+            for row in session.execute("SELECT ts, COUNT(*) FROM edge_times GROUP BY ts").rows
+        ]
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+        spark_session.catalog.dropTempView("edge_times")
+    assert sorted(keys) == [
+        dt.datetime(1, 1, 1),
+        dt.datetime(2020, 1, 1),
+        dt.datetime(9999, 12, 31, 23, 59, 59),
+    ]

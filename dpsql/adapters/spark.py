@@ -22,6 +22,12 @@ read), the session's tag (`interruptTag`) over Spark Connect.
 Spark's messages can quote stored values (a failed cast, say), and PySpark
 logs them too: only the error's condition name leaves the adapter, and the
 loggers that would print the message are silenced.
+
+Timestamps come back as TIMESTAMP_NTZ, the UTC wall clock (the session is in
+UTC), naive, as from DuckDB: PySpark turns a TIMESTAMP into the Python
+process's local time, which moved a group key with the process's time zone
+and failed on the years 1 and 9999 (year 0 or 10000 there), after the charge
+and only when such a row was in the result.
 """
 
 from __future__ import annotations
@@ -193,7 +199,7 @@ class SparkAdapter:
         try:
             with self._running.statement(tag):
                 try:
-                    frame = self._session.sql(sql)
+                    frame = _timestamps_in_utc(self._session.sql(sql))
                     rows = frame.toLocalIterator(prefetchPartitions=True)
                 except self._errors as exc:
                     raise self._error(exc) from None
@@ -301,3 +307,20 @@ def _quiet_query_loggers() -> None:
 
     for name in _QUERY_CONTEXT_LOGGERS:
         PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _timestamps_in_utc(frame: Any) -> Any:
+    """`frame` with its TIMESTAMP columns cast to TIMESTAMP_NTZ (see the module's note)."""
+    from pyspark.sql.types import TimestampType
+
+    fields = frame.schema.fields
+    if not any(isinstance(field.dataType, TimestampType) for field in fields):
+        return frame
+    return frame.select(
+        *(
+            frame[field.name].cast("timestamp_ntz").alias(field.name)
+            if isinstance(field.dataType, TimestampType)
+            else frame[field.name]
+            for field in fields
+        )
+    )
