@@ -232,7 +232,7 @@ class Policy:
                         f"column '{column.name}' is declared {column.type} but the database "
                         f"stores it as {stored}; a database that converts its values row by "
                         "row could fail on some rows, revealing them. "
-                        + _declare_instead(fits, table.name),
+                        + _declare_instead(fits, table.name, stored, dialect),
                         source=self.source,
                         key=f"{where}.type",
                     )
@@ -250,13 +250,14 @@ def stored_types(stored: str, dialect: str) -> tuple[str, ...]:
     be declared as; every type for SQLite, whose columns hold values of any type."""
     if not stored.strip() or dialect == "sqlite":
         return COLUMN_TYPES  # SQLite's values carry their own types; it fails no conversion
-    try:
-        data_type = exp.DataType.build(stored, dialect=dialect)
-    except (sqlglot.errors.SqlglotError, ValueError):
+    data_type = _parsed(stored, dialect)
+    if data_type is None:
         return ()
     kinds = {
         "int": data_type.is_type(*_BIGINT_FITS),
-        "float": data_type.is_type(*exp.DataType.NUMERIC_TYPES),
+        "float": data_type.is_type(*exp.DataType.NUMERIC_TYPES)
+        and not data_type.is_type(exp.DataType.Type.MONEY)  # no cast to double precision
+        and not _unconvertible_numeric(data_type, dialect),
         "string": data_type.is_type(*exp.DataType.TEXT_TYPES),
         "bool": data_type.is_type("boolean"),
         "date": data_type.is_type("date"),
@@ -266,7 +267,42 @@ def stored_types(stored: str, dialect: str) -> tuple[str, ...]:
     return tuple(kind for kind, fits in kinds.items() if fits)
 
 
-def _declare_instead(fits: tuple[str, ...], table: str) -> str:
+def _parsed(stored: str, dialect: str) -> exp.DataType | None:
+    try:
+        return exp.DataType.build(stored, dialect=dialect)
+    except (sqlglot.errors.SqlglotError, ValueError):
+        return None
+
+
+def _unconvertible_numeric(data_type: exp.DataType | None, dialect: str) -> bool:
+    """Whether a number type has values whose conversion to DOUBLE fails.
+
+    A PostgreSQL `numeric` without a precision holds values beyond 1e308 and
+    nonzero ones below 1e-307, and PostgreSQL fails the conversion of each (it
+    rounds neither to infinity nor to zero). Other engines' decimals have at most
+    38 digits.
+    """
+    if (
+        dialect != "postgres"
+        or data_type is None
+        or not data_type.is_type(exp.DataType.Type.DECIMAL)
+    ):
+        return False
+    digits = [int(param.name) for param in data_type.expressions]
+    if not digits:
+        return True
+    precision, scale = digits[0], digits[1] if len(digits) > 1 else 0
+    return precision - scale > 307 or scale > 307
+
+
+def _declare_instead(fits: tuple[str, ...], table: str, stored: str, dialect: str) -> str:
+    if _unconvertible_numeric(_parsed(stored, dialect), dialect):
+        return (
+            "PostgreSQL converts a numeric to double precision row by row and fails on "
+            "values beyond 1e308 or below 1e-307: give it a precision of at most 307 digits "
+            "on each side of the point (ALTER TABLE ... ALTER COLUMN ... TYPE numeric(30, 6)) "
+            "or store it as double precision."
+        )
     if fits:
         return f"Declare it as {' or '.join(fits)}."
     return (

@@ -188,3 +188,32 @@ def test_declared_types_are_checked_on_postgresql(postgres_url, tmp_path):
                 dpsql.connect(postgres_url, policy=policy, ledger=tmp_path / "b.sqlite")
         finally:
             admin.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def test_a_postgresql_numeric_declared_float_needs_a_precision(postgres_url, tmp_path):
+    """PostgreSQL fails to convert a numeric beyond 1e308, or a nonzero one below 1e-307,
+    to double precision, which a float column is widened to: with such a row in the
+    table, `SUM(x) ... WHERE` failed exactly when that row passed the WHERE."""
+    import uuid
+
+    import psycopg
+
+    schema = f"numeric_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+        admin.execute(f"CREATE TABLE {schema}.t (x numeric, y numeric(12, 2), z money)")
+        with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+            admin.execute("SELECT CAST(1e-400::numeric AS double precision)")
+        try:
+            policy = _typed_table_policy("float")
+            policy["tables"] = {f"{schema}.t": {"columns": {
+                "y": {"type": "float", "lower": 0, "upper": 10}}}}  # fmt: skip
+            dpsql.connect(postgres_url, policy=policy, ledger=tmp_path / "a.sqlite").close()
+            for name, advice in (("x", "give it a precision"), ("z", "view")):
+                columns = policy["tables"][f"{schema}.t"]["columns"]
+                columns[name] = {"type": "float", "lower": 0, "upper": 10}
+                with pytest.raises(dpsql.PolicyError, match=advice):
+                    dpsql.connect(postgres_url, policy=policy, ledger=tmp_path / f"{name}.sqlite")
+                del columns[name]
+        finally:
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")
