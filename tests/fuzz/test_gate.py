@@ -122,11 +122,15 @@ def test_generated_statements_are_refused_or_protected(gate, backend):
     assert seen.get("refused", 0) >= 5, seen
 
 
-# Among the dates, a few that databases store and Python cannot hold or compute with:
+# Among the incomes, NaN, infinities and 1e300 (rows 97-99 and 199 of each 250);
+# among the dates, a few that databases store and Python cannot hold or compute with:
 # infinity (DuckDB and PostgreSQL), year 10000, and BC. Rows 248 and 249 of each 250
 # have ages 48/49 and 98/99, so `age > 95` reaches some of them.
 TYPED_ROWS = (
-    "SELECT i AS pid, i % 100 AS age, CAST(i * 37 % 1000 AS DOUBLE PRECISION) AS income, "
+    "SELECT i AS pid, i % 100 AS age, CASE i % 250 WHEN 97 THEN CAST('NaN' AS DOUBLE "
+    "PRECISION) WHEN 98 THEN CAST('Infinity' AS DOUBLE PRECISION) WHEN 99 THEN "
+    "CAST('-Infinity' AS DOUBLE PRECISION) WHEN 199 THEN 1e300 "
+    "ELSE CAST(i * 37 % 1000 AS DOUBLE PRECISION) END AS income, "
     "CASE WHEN i % 3 = 0 THEN 'CA' ELSE 'NY' END AS state, day, "
     "CAST(day AS TIMESTAMP) + n * INTERVAL '1 hour' AS ts, i % 2 = 0 AS flag "
     "FROM (SELECT i, n, CASE WHEN i % 500 = 249 THEN CAST('infinity' AS DATE) "
