@@ -262,7 +262,9 @@ def stored_types(stored: str, dialect: str) -> tuple[str, ...]:
         "bool": data_type.is_type("boolean"),
         "date": data_type.is_type("date"),
         "timestamp": data_type.is_type(*exp.DataType.TEMPORAL_TYPES)
-        and not data_type.is_type("date", "time", "timetz"),
+        # DuckDB's TIMESTAMP_NS holds only the years 1677-2262, and DuckDB converts a
+        # date or timestamp compared with it to it row by row, failing outside them
+        and not data_type.is_type("date", "time", "timetz", exp.DataType.Type.TIMESTAMP_NS),
     }
     return tuple(kind for kind, fits in kinds.items() if fits)
 

@@ -300,8 +300,8 @@ def _temporal_or_null(value: exp.Expression, kind: str, dialect: str) -> exp.Exp
     """`value` (a date or timestamp), or NULL where it is infinite (or, on PostgreSQL,
     outside the years 1 to 9999)."""
     if dialect == "duckdb":
-        # DuckDB has one DATE but several timestamp types (TIMESTAMP_NS holds only the
-        # years 1677-2262): a test of finiteness needs no literal of the column's type
+        # DuckDB computes with every finite year; a test of finiteness needs no literal
+        # of the column's type (DuckDB has several timestamp types)
         keep: exp.Expression = exp.Anonymous(this="ISFINITE", expressions=[value.copy()])
     else:
         low, high = (exp.cast(exp.Literal.string(end), kind) for end in _YEARS_PYTHON_HOLDS[kind])
