@@ -251,6 +251,15 @@ def test_date_parts_and_rounding_run_on_every_backend(visits):
         f"SELECT QUARTER(day) AS q, COUNT(*) FROM {table} GROUP BY 1 ORDER BY 1"
     ).fetchall()
     assert [row[0] for row in rows] == [1, 2, 3]  # 200 days from 1 January
+    # DuckDB's DATE_PART is read as EXTRACT (sqlglot left it an unknown function there)
+    rows = connection.execute(
+        f"SELECT DATE_PART('quarter', day) AS q, COUNT(*) FROM {table} GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    assert [row[0] for row in rows] == [1, 2, 3]
+    spent = connection.budget().epsilon_spent
+    with pytest.raises(dpsql.QueryRefused, match="unit is not one every backend knows"):
+        connection.execute(f"SELECT COUNT(*) FROM {table} WHERE DATE_PART('foo', day) = 1")
+    assert connection.budget().epsilon_spent == spent
     (total,) = connection.execute(
         f"SELECT SUM(ROUND(age / 3, 2)) FROM {table} WHERE DAYOFYEAR(day) < 150"
     ).fetchone()

@@ -13,7 +13,7 @@ from dpsql.policy import Policy, Table
 from dpsql.sql.analyze import analyze
 from dpsql.sql.check import check_query
 from dpsql.sql.local import plan_local
-from dpsql.sql.normalize import aggregate_filters
+from dpsql.sql.normalize import normalize
 from dpsql.sql.plan import ConstantPlan, DirectPlan, Options, Plan
 from dpsql.sql.running import plan_running
 from dpsql.sql.synopsis import plan_synopsis
@@ -75,7 +75,7 @@ def plan_query(select: exp.Select, context: PlanContext) -> Plan:
     database keeps unique: there each unit has one row, so the bounds are 1 and
     the rewrite needs no per-unit window.
     """
-    select = aggregate_filters(select)
+    select = normalize(select)
     plan = plan_running(select, context)
     if plan is not None:
         return plan

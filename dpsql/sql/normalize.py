@@ -18,11 +18,8 @@ def aggregate_filters(select: exp.Select) -> exp.Select:
     not true give NULL, which the aggregate skips, as FILTER skips them.
 
     `COUNT(DISTINCT ...) FILTER` is left as it is, for the checker to refuse: the
-    count of distinct units takes the bare unit only. A copy is made only when the
-    query has a FILTER.
+    count of distinct units takes the bare unit only.
     """
-    if select.find(exp.Filter) is None:
-        return select
 
     def rewrite(node: exp.Expression) -> exp.Expression:
         if not isinstance(node, exp.Filter) or not isinstance(node.this, AGGREGATES):
@@ -35,3 +32,51 @@ def aggregate_filters(select: exp.Select) -> exp.Select:
         return aggregate.__class__(this=case)
 
     return select.transform(rewrite)
+
+
+# DuckDB's names for EXTRACT with the unit as a string; sqlglot reads them as
+# unknown functions there (PostgreSQL's DATE_PART it reads as EXTRACT already).
+_DATE_PART_NAMES = frozenset({"DATE_PART", "DATEPART"})
+
+
+def _is_date_part(node: exp.Expression) -> bool:
+    return (
+        isinstance(node, exp.Anonymous)
+        and node.name.upper() in _DATE_PART_NAMES
+        and len(node.expressions) == 2
+        and isinstance(node.expressions[0], exp.Literal)
+        and node.expressions[0].is_string
+    )
+
+
+def date_parts(select: exp.Select) -> exp.Select:
+    """`DATE_PART('year', x)` as `EXTRACT(year FROM x)`, when the unit is a quoted constant.
+
+    The unit then goes through EXTRACT's list of units every backend knows; any
+    other form (a list of units, a unit from a column) stays an unknown function,
+    which the checker refuses.
+    """
+
+    def rewrite(node: exp.Expression) -> exp.Expression:
+        if not _is_date_part(node):
+            return node
+        unit, value = node.expressions
+        return exp.Extract(this=exp.var(unit.name.upper()), expression=value)
+
+    return select.transform(rewrite)
+
+
+def normalize(select: exp.Select) -> exp.Select:
+    """`select` after each pass above that applies to it, found in one walk (most queries
+    need none, and then this is the query itself, not a copy)."""
+    filters = date_part = False
+    for node in select.walk():
+        if isinstance(node, exp.Filter):
+            filters = True
+        elif isinstance(node, exp.Anonymous) and _is_date_part(node):
+            date_part = True
+    if filters:
+        select = aggregate_filters(select)
+    if date_part:
+        select = date_parts(select)
+    return select
