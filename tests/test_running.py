@@ -548,3 +548,38 @@ def test_a_stream_planned_for_a_budget_with_delta_is_refused_to_one_without(even
                           continual="factorization")  # fmt: skip
     with pytest.raises(QueryRefused, match="budget has no delta"):
         other.execute(query)
+
+
+def test_a_running_sum_on_another_grid_is_another_stream(events, tmp_path, monkeypatch):
+    """Released totals are stored in whole grid steps: read under another step (a dpsql
+    whose grid differs, as this session's cap on steps per row made it at large
+    epsilons) they would be misread and continued wrongly, so the step is part of
+    the stream's identity. A running COUNT has no grid and keeps its identity."""
+    from dpsql.sql import running
+    from dpsql.sql.parse import parse_statement
+
+    session = _connect(events, tmp_path).session
+    queries = {
+        "sum": "SELECT day, SUM(SUM(amount)) OVER (ORDER BY day) FROM running_events "
+        "WHERE day < '2024-01-05' GROUP BY day",
+        "count": f"{RUNNING} WHERE day < '2024-01-05' GROUP BY day",
+    }
+
+    def identities() -> dict[str, str]:
+        return {
+            kind: session.plan(parse_statement(sql, "duckdb").tree).stream.identity
+            for kind, sql in queries.items()
+        }
+
+    before = identities()
+    original = running.sum_grid
+
+    def coarser(*args):
+        grid, steps = original(*args)
+        return running.SumGrid(grid.step * 2, grid.bounds), max(1, steps // 2)
+
+    monkeypatch.setattr(running, "sum_grid", coarser)
+    # planned afresh, not from the process's cache of planned streams
+    monkeypatch.setattr(running, "_planned", running.WeightedLru(running._PLANNED_STREAMS))
+    after = identities()
+    assert after["sum"] != before["sum"] and after["count"] == before["count"]

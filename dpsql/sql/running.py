@@ -579,7 +579,10 @@ class _Stream:
         choice = _choose(spec, column.name, context)
         counter, cost = _counter(spec, choice, horizon, sensitivity)
         # the mechanism and its price are part of the identity: switching mechanism
-        # is another stream, with its own charge, noise key and released steps
+        # is another stream, with its own charge, noise key and released steps. So is a
+        # SUM's grid step: its released totals are stored in whole steps, which under
+        # another step (another dpsql's grid) would be misread and continued wrongly.
+        grid_step = [grid.step] if grid is not None else []
         identity = hashlib.sha256(
             json.dumps(
                 [
@@ -591,6 +594,7 @@ class _Stream:
                     context.policy.digest,
                     context.policy.data_version,
                     [choice.mechanism, spec.epsilon, choice.delta],
+                    *grid_step,
                 ]
             ).encode()
         ).hexdigest()[:32]
