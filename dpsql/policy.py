@@ -298,7 +298,14 @@ def _unconvertible_numeric(data_type: exp.DataType | None, dialect: str) -> bool
 
 
 def _declare_instead(fits: tuple[str, ...], table: str, stored: str, dialect: str) -> str:
-    if _unconvertible_numeric(_parsed(stored, dialect), dialect):
+    data_type = _parsed(stored, dialect)
+    if data_type is not None and data_type.is_type(exp.DataType.Type.TIMESTAMP_NS):
+        return (
+            "DuckDB converts a date or timestamp compared with a TIMESTAMP_NS to it row by "
+            "row, which fails outside the years 1677-2262: declare a view over "
+            f"{table} with CAST(column AS TIMESTAMP), which never fails, and name the view."
+        )
+    if _unconvertible_numeric(data_type, dialect):
         return (
             "PostgreSQL converts a numeric to double precision row by row and fails on "
             "values beyond 1e308 or below 1e-307: give it a precision of at most 307 digits "

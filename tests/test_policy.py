@@ -169,6 +169,8 @@ def test_declared_types_must_fit_the_stored_ones(tmp_path, stored, declared, fit
     assert f"column 'x' is declared {declared} but the database stores it as" in message
     assert "tables.t.columns.x.type" in message
     assert "Declare it as" in message or "view" in message
+    if stored == "TIMESTAMP_NS":
+        assert "CAST(column AS TIMESTAMP)" in message
 
 
 def test_declared_types_are_checked_on_postgresql(postgres_url, tmp_path):

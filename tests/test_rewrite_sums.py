@@ -27,6 +27,7 @@ import dpsql
 from dpsql.adapters.duckdb import DuckDBAdapter
 from dpsql.ledger import Ledger
 from dpsql.mechanisms.grid import GRID_LIMIT
+from dpsql.mechanisms.laplace import DiscreteLaplace
 from dpsql.policy import load_policy
 from dpsql.session import Session
 from dpsql.sql.analyze import Interval
@@ -154,6 +155,10 @@ def test_totals_beyond_int64_are_saturated_not_an_error() -> None:
     assert exact_integers(values).tolist() == [GRID_LIMIT, -GRID_LIMIT, GRID_LIMIT, 0, 5,
                                                GRID_LIMIT]  # fmt: skip
     assert exact_integers((1, 2, 3)).dtype == np.int64
+    # the samplers take a saturated total as it is, and add their noise exactly
+    noise = DiscreteLaplace(1, 1.0)
+    noisy = noise.sample(exact_integers((2**70, -(2**70))), np.random.default_rng(1))
+    assert abs(noisy[0] - GRID_LIMIT) < 100 and abs(noisy[1] + GRID_LIMIT) < 100
 
 
 def test_a_large_sum_at_a_large_epsilon_is_answered(tmp_path) -> None:

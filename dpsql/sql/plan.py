@@ -419,7 +419,7 @@ def exact_integers(values: Sequence) -> np.ndarray:
     try:
         column = np.array(values, dtype=np.int64)  # plain ints, converted in C
     except (TypeError, OverflowError):  # NULL, HUGEINT or Decimal: one at a time
-        column = np.array(
+        return np.array(
             [max(-GRID_LIMIT, min(GRID_LIMIT, int(v or 0))) for v in values], dtype=np.int64
         )
     return np.clip(column, -GRID_LIMIT, GRID_LIMIT, out=column)
