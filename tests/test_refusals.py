@@ -6,6 +6,8 @@ test asserts that no statement reached the database and no budget was spent.
 
 from __future__ import annotations
 
+import datetime as dt
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -339,3 +341,40 @@ def test_parameters_cannot_inject_sql(recorded):
     assert len(adapter.statements) == 1
     # bound as one string literal, quoted as the backend's dialect quotes it
     assert exp.Literal.string("0' OR 1=1 --").sql(adapter.dialect) in adapter.statements[0]
+
+
+@on_every_backend
+@pytest.mark.parametrize(
+    ("sql", "parameters", "refused"),
+    [
+        # sqlglot bound NaN as NULL: a silently different query, answered and charged
+        ("SELECT COUNT(*) FROM pums WHERE income < ?", [float("nan")], "no spelling"),
+        ("SELECT COUNT(*) FROM pums WHERE income < ?", [float("-inf")], "no spelling"),
+        ("SELECT COUNT(*) FROM pums WHERE income < ?", [Decimal("NaN")], "no spelling"),
+        ("SELECT COUNT(*) FROM pums WHERE income < 1e400", None, "beyond double precision"),
+        # PostgreSQL refuses NUL in text, and psycopg raised a raw UnicodeEncodeError on a
+        # lone surrogate: both after the charge
+        ("SELECT COUNT(*) FROM pums WHERE CAST(sex AS VARCHAR) = ?", ["0\x00"], "NUL"),
+        ("SELECT COUNT(*) FROM pums WHERE CAST(sex AS VARCHAR) = '0\x00'", None, "NUL"),
+        ("SELECT COUNT(*) FROM pums WHERE CAST(sex AS VARCHAR) = ?", ["\ud800"], "surrogate"),
+        ("SELECT COUNT(*) FROM pums WHERE CAST(sex AS VARCHAR) = '\udfff'", None, "surrogate"),
+    ],
+)
+def test_values_no_database_can_take_are_refused_before_the_charge(
+    recorded, sql, parameters, refused
+):
+    connection, adapter = recorded
+    with pytest.raises(dpsql.QueryRefused, match=refused):
+        connection.cursor().execute(sql, parameters)
+    assert adapter.statements == []
+    assert connection.budget().epsilon_spent == 0
+
+
+def test_an_aware_datetime_parameter_is_read_as_utc_wall_clock(visits):
+    connection, table = visits
+    sql = f"SELECT COUNT(*) FROM {table} WHERE ts < ?"
+    east = dt.timezone(dt.timedelta(hours=5))
+    aware = connection.execute(sql, [dt.datetime(2020, 1, 5, 5, tzinfo=east)]).fetchall()
+    naive = connection.execute(sql, [dt.datetime(2020, 1, 5)]).fetchall()
+    assert aware == naive  # one query: the same release, charged once
+    assert connection.budget().epsilon_spent == pytest.approx(1.0)

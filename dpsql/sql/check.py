@@ -161,12 +161,7 @@ def _check_nodes(select: exp.Select, extra: tuple[type[exp.Expression], ...]) ->
                 "select aggregates, e.g. SELECT COUNT(*) FROM t, or GROUP BY a column",
             )
         if isinstance(node, exp.Literal) and node.is_number and not _finite(node.this):
-            raise QueryRefused(
-                f"the number {node.this[:40]}",
-                "it is beyond double precision, so the database would fail on it "
-                "(PostgreSQL does) or read it as infinity",
-                "write a number below 1.7e308 in magnitude",
-            )
+            raise _refuse_number(node.this)
         if not extra and isinstance(node, AGGREGATES):
             continue
         if isinstance(node, SCALAR_FUNCTIONS + STRUCTURE + extra):
@@ -179,6 +174,22 @@ def _finite(text: str) -> bool:
         return math.isfinite(float(text))
     except ValueError:  # e.g. hexadecimal; the database reads it, it is not huge
         return True
+
+
+def _refuse_number(text: str) -> QueryRefused:
+    if text.lower().lstrip("+-") in ("nan", "inf", "infinity"):  # a bound float or Decimal
+        return QueryRefused(
+            f"the number {text}",
+            "NaN and infinity have no spelling as an SQL number (the database would read "
+            "the word as a column name)",
+            "pass a finite number; for a missing value write IS NULL",
+        )
+    return QueryRefused(
+        f"the number {text[:40]}",
+        "it is beyond double precision, so the database would fail on it "
+        "(PostgreSQL does) or read it as infinity",
+        "write a number below 1.7e308 in magnitude",
+    )
 
 
 def _refuse_node(node: exp.Expression) -> QueryRefused:

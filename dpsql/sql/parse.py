@@ -12,6 +12,7 @@ import datetime as dt
 import decimal
 import json
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,12 +55,34 @@ def tokenize(sql: str, dialect: str) -> list:
             f"it is {len(sql):,} characters long, over the limit of {MAX_SQL_LENGTH:,}",
             "send a shorter query; pass long value lists as parameters",
         )
+    _require_storable(sql, "the statement")
     try:
         return sqlglot.Dialect.get_or_raise(dialect).tokenize(sql)
     except TokenError as exc:
         raise QueryRefused(
             "malformed SQL", f"it could not be read: {exc}", "check the quoting"
         ) from None
+
+
+def _require_storable(text: str, what: str) -> None:
+    """Refuse text that a database cannot hold: PostgreSQL refuses a NUL character in any
+    text, and a lone surrogate has no UTF-8 encoding. Either would fail only once sent,
+    after the charge (as a raw UnicodeEncodeError from psycopg)."""
+    if "\x00" in text:
+        raise QueryRefused(
+            f"{what} with a NUL character",
+            "databases cannot hold NUL (0x00) in text, so it would fail after the charge",
+            "remove the NUL characters",
+        )
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise QueryRefused(
+                f"{what} with the lone surrogate {text[exc.start]!r}",
+                "it is not a character: the text has no UTF-8 encoding to send",
+                "decode the text correctly (a surrogate pair belongs together)",
+            ) from None
 
 
 def repeat_key(tokens: list) -> str:
@@ -184,6 +207,15 @@ def _set_statement(tree: exp.Set) -> Statement:
 
 def literal(value: Any) -> exp.Expression:
     """A sqlglot literal for a Python value (the only way parameters enter a query)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        # sqlglot converts NaN to NULL; as a number the gate refuses it, saying why
+        return exp.Literal.number(repr(value))
+    if isinstance(value, str):
+        _require_storable(value, "a text parameter")
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        # dpsql's time zone is UTC (the wire server reports TimeZone UTC, and Spark's
+        # results are read as UTC wall clock): an aware time becomes that wall clock
+        value = value.astimezone(dt.UTC).replace(tzinfo=None)
     if value is None or isinstance(value, bool | int | float | str):
         return exp.convert(value)
     if isinstance(value, decimal.Decimal):
