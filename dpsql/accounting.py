@@ -93,6 +93,9 @@ class Cost:
         return text + (f", rho={float(self.rho):.6g}" if self.rho else "")
 
 
+_SMALLEST_RHO = Fraction(1, 2**1000)
+
+
 def zcdp_epsilon(rho: Fraction | float, delta: Fraction | float) -> Fraction:
     """An epsilon such that rho-zCDP implies (epsilon, delta)-DP; never an underestimate.
 
@@ -111,6 +114,10 @@ def zcdp_epsilon(rho: Fraction | float, delta: Fraction | float) -> Fraction:
         return Fraction(0)
     if not 0 < delta < 1:
         raise ValueError(f"converting zCDP needs 0 < delta < 1, got {float(delta)}")
+    # The search below runs on float(rho), which is 0 below 2^-1074 (and then NaN).
+    # rho-zCDP implies rho'-zCDP for every rho' >= rho, so the bound for the larger
+    # _SMALLEST_RHO holds for a smaller rho too: conservative, never an underestimate.
+    rho = max(rho, _SMALLEST_RHO)
     r, log_inv_delta = float(rho), -math.log(float(delta))
 
     def approximate(alpha: float) -> float:
@@ -147,10 +154,13 @@ def zcdp_epsilon(rho: Fraction | float, delta: Fraction | float) -> Fraction:
 def zcdp_rho(epsilon: float, delta: float) -> float:
     """The largest rho (to a relative 1e-9) whose zcdp_epsilon is within (epsilon, delta).
 
-    Safe for calibrating noise: the rho returned converts to at most epsilon.
+    Safe for calibrating noise: the rho returned converts to at most epsilon. 0.0 when
+    none does (epsilon below about 1e-150 at delta 1e-6): no noise can be calibrated.
     """
     exact_epsilon, exact_delta = Fraction(repr(epsilon)), Fraction(repr(delta))
-    low, high = 0.0, epsilon
+    if zcdp_epsilon(_SMALLEST_RHO, exact_delta) > exact_epsilon:
+        return 0.0  # not even the smallest rho the conversion handles fits
+    low, high = float(_SMALLEST_RHO), epsilon
     while zcdp_epsilon(Fraction(high), exact_delta) <= exact_epsilon:  # only for delta near 1
         low, high = high, high * 2
     while high - low > 1e-9 * high:

@@ -8,14 +8,34 @@ search every mechanism's exact 95% interval uses.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from dpsql.accounting import Cost
+from dpsql.errors import InternalError
 
 COVERAGE_MISS = 0.05  # interval95 leaves at most this probability outside
+
+
+class OutOfRange(ValueError):
+    """A mechanism's parameters lie beyond what its exact sampler can draw: a noise scale
+    too large for its integer arithmetic, or probabilities too close together for its
+    tables. Raised when the mechanism is built or prepared, before any draw."""
+
+
+@contextmanager
+def drawable(what: str) -> Iterator[None]:
+    """Turn the refusal of a sampler (or of its closed forms) to take these parameters
+    into OutOfRange, naming `what` could not be drawn."""
+    try:
+        yield
+    except OutOfRange:
+        raise
+    except (ValueError, ArithmeticError, InternalError) as exc:
+        raise OutOfRange(f"{what} cannot be drawn exactly ({exc})") from exc
 
 
 @runtime_checkable
@@ -34,6 +54,11 @@ class NoiseMechanism(Protocol):
     @property
     def scale(self) -> float:
         """The noise scale: Delta/epsilon for Laplace and staircase, sigma for Gaussian."""
+
+    def prepare(self) -> None:
+        """Build the sampler and the exact 95% interval now (both are cached); raise
+        OutOfRange if these parameters are beyond them. Callers that charge for a draw
+        prepare first, so that no draw fails after the charge."""
 
     def sample(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Noisy copies of `values`, one independent draw per element."""

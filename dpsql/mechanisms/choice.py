@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 
 from dpsql.accounting import zcdp_rho
+from dpsql.mechanisms.base import OutOfRange
 from dpsql.mechanisms.laplace import DiscreteLaplace
 from dpsql.mechanisms.staircase import Staircase
 
@@ -36,14 +37,27 @@ def _laplace_error(l1: float, epsilon: float) -> float:
 
 
 def _staircase_error(l1: float, epsilon: float) -> float:
+    """E|noise| of the staircase; infinity where its sampler cannot draw it (from an
+    epsilon of about 100 up, by sensitivity), which makes it no candidate."""
     if float(l1).is_integer() and l1 <= _STAIRCASE_INTEGER_LIMIT:
-        return Staircase(int(l1), epsilon).expected_abs_error()
-    return l1 * math.exp(epsilon / 2) / math.expm1(epsilon)
+        try:
+            staircase = Staircase(int(l1), epsilon)
+            staircase.prepare()
+        except OutOfRange:
+            return math.inf
+        return staircase.expected_abs_error()
+    # e^(eps/2) / (e^eps - 1), written so that no term overflows at large epsilon
+    return l1 * math.exp(-epsilon / 2) / -math.expm1(-epsilon)
 
 
 def _gaussian_error(l2: float, epsilon: float, delta: float) -> float:
     sigma = l2 / math.sqrt(2 * zcdp_rho(epsilon, delta))
     return sigma * math.sqrt(2 / math.pi)
+
+
+def _times(error: float, laplace: float) -> str:
+    """`error` as a multiple of Laplace's, which underflows to 0 at a large epsilon."""
+    return f"{error / laplace:.3g}" if laplace else "-"
 
 
 def choose(
@@ -74,7 +88,7 @@ def choose(
     laplace = errors["laplace"]
     if best == "laplace":
         others = ", ".join(
-            f"{name} {errors[name] / laplace:.3g}x" for name in errors if name != best
+            f"{name} {_times(errors[name], laplace)}x" for name in errors if name != best
         )
         return best, (
             f"laplace: least expected error (E|noise| {laplace:.4g}; {others}) "
@@ -82,11 +96,11 @@ def choose(
         )
     if best == "staircase":
         return best, (
-            f"staircase: E|noise| {errors[best]:.4g}, {errors[best] / laplace:.3g}x Laplace's, "
+            f"staircase: E|noise| {errors[best]:.4g}, {_times(errors[best], laplace)}x Laplace's, "
             f"at epsilon {epsilon:g} with sensitivity {sensitivity_l1:g} > 1"
         )
     return best, (
-        f"gaussian: E|noise| {errors[best]:.4g}, {errors[best] / laplace:.3g}x Laplace's: "
+        f"gaussian: E|noise| {errors[best]:.4g}, {_times(errors[best], laplace)}x Laplace's: "
         f"{cells} cells, L2 sensitivity {sensitivity_l2:g} against L1 {sensitivity_l1:g}, "
         f"delta {delta:g}"
     )

@@ -210,6 +210,7 @@ def laplace_tree(
     """The pure-epsilon tree: exact discrete Laplace of scale levels * sensitivity / epsilon."""
     levels = max(0, math.ceil(math.log2(horizon))) + 1
     node = DiscreteLaplace(levels * sensitivity, epsilon)
+    node.prepare()  # OutOfRange now, not at the first draw
     scale = node.exact_scale
     return BinaryTree(
         horizon,

@@ -35,7 +35,7 @@ from fractions import Fraction
 import numpy as np
 
 from dpsql.accounting import Cost
-from dpsql.mechanisms.base import COVERAGE_MISS, smallest_covering
+from dpsql.mechanisms.base import COVERAGE_MISS, OutOfRange, drawable, smallest_covering
 from dpsql.mechanisms.grid import (
     GridMechanism,
     as_integers,
@@ -220,7 +220,7 @@ class DiscreteGaussian:
         self.cost = Cost.of(rho=rho)
         self.sigma2 = delta**2 / (2 * privacy_parameter(rho, "rho"))
         if self.sigma2 > _MAX_SIGMA2:
-            raise ValueError(
+            raise OutOfRange(
                 "discrete Gaussian sigma is above 2^40; use GridGaussian for large sensitivities"
             )
 
@@ -233,6 +233,11 @@ class DiscreteGaussian:
         """noise(size, rng): the pooled sampler, bound at the first sample (its tables take ms to
         build)."""
         return _plan(self.sigma2).sample
+
+    def prepare(self) -> None:
+        with drawable(f"discrete Gaussian noise of sigma {self.scale:.4g}"):
+            self.noise  # noqa: B018 -- builds (and caches) the sampler
+            self.interval95()
 
     def sample(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         exact = as_integers(values, "the discrete Gaussian")
@@ -271,6 +276,7 @@ class GridGaussian(GridMechanism):
         self.cost = Cost.of(rho=rho)
         # sigma/2^19 <= target: sigma^2 = Delta^2/(2 rho), and a rational bound is enough
         sigma_bound = Fraction(_floor_sqrt(delta**2 / (2 * exact_rho)) + 1)
-        exponent = power_of_two_exponent(sigma_bound / (1 << GRANULARITY_BITS))
+        with drawable(f"Gaussian noise of sigma {float(sigma_bound):.4g}"):
+            exponent = power_of_two_exponent(sigma_bound / (1 << GRANULARITY_BITS))
         steps = delta / Fraction(2) ** exponent + (math.isqrt(coordinates - 1) + 1)
         self._set_grid(exponent, DiscreteGaussian(steps, rho))

@@ -110,6 +110,8 @@ class IntegerNoise(Protocol):
 
     def variance(self) -> float: ...
 
+    def prepare(self) -> None: ...
+
 
 class GridMechanism:
     """An integer mechanism run on the grid g*Z = 2^exponent * Z for real-valued queries.
@@ -135,6 +137,9 @@ class GridMechanism:
     @property
     def scale(self) -> float:
         return self.granularity * float(self.steps.scale)
+
+    def prepare(self) -> None:
+        self.steps.prepare()
 
     def round_to_grid(self, values: np.ndarray) -> np.ndarray:
         """The nearest grid index of each value (ties to even), exactly."""

@@ -22,7 +22,7 @@ from fractions import Fraction
 import numpy as np
 
 from dpsql.accounting import Cost
-from dpsql.mechanisms.base import COVERAGE_MISS, NoiseMechanism, smallest_covering
+from dpsql.mechanisms.base import COVERAGE_MISS, NoiseMechanism, drawable, smallest_covering
 from dpsql.mechanisms.grid import (
     GridMechanism,
     as_integers,
@@ -52,15 +52,32 @@ def interval95_units(scale: Fraction) -> int:
     return smallest_covering(functools.partial(_tail_exceeds, scale), guess)
 
 
+# Below this rate 1/scale, 2a/(1 - a^2) is 1/rate and 2a/(1 - a)^2 is 2/rate^2 to far
+# below a double's precision, and the expm1 forms would underflow (division by zero).
+_TINY_RATE = 1e-100
+
+
+def _float(value: Fraction) -> float:
+    """`value` as a float; infinity beyond the largest (float() raises there)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
 def _abs_error_units(scale: Fraction) -> float:
     """E|Z| = 2a / (1 - a^2), written with expm1 so large scales keep their digits."""
     rate = float(1 / scale)
+    if rate < _TINY_RATE:
+        return _float(scale)
     return 2 * math.exp(-rate) / -math.expm1(-2 * rate)
 
 
 def _variance_units(scale: Fraction) -> float:
     """Var Z = 2a / (1 - a)^2."""
     rate = float(1 / scale)
+    if rate < _TINY_RATE:
+        return 2.0 * _float(scale) * _float(scale)  # inf beyond double range, not an error
     return 2 * math.exp(-rate) / math.expm1(-rate) ** 2
 
 
@@ -84,13 +101,18 @@ class DiscreteLaplace:
 
     @property
     def scale(self) -> float:
-        return float(self.exact_scale)
+        return _float(self.exact_scale)
 
     @functools.cached_property
     def noise(self) -> Draw:
         """noise(size, rng): the pooled sampler, bound at the first sample (its tables take ms to
         build)."""
         return laplace_sampler(self.exact_scale)
+
+    def prepare(self) -> None:
+        with drawable(f"discrete Laplace noise of scale {self.scale:.4g}"):
+            self.noise  # noqa: B018 -- builds (and caches) the sampler
+            self.interval95()
 
     def sample(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         exact = as_integers(values, "discrete Laplace")
@@ -122,7 +144,8 @@ class GridLaplace(GridMechanism):
         self.sensitivity = float(sensitivity)
         self.epsilon = epsilon
         self.cost = Cost.of(epsilon, 0)
-        exponent = power_of_two_exponent(delta / eps / (1 << GRANULARITY_BITS))
+        with drawable(f"Laplace noise of scale {float(delta / eps):.4g}"):
+            exponent = power_of_two_exponent(delta / eps / (1 << GRANULARITY_BITS))
         grid = Fraction(2) ** exponent
         self.grid_scale = (delta + grid) / (eps * grid)
         self._set_grid(exponent, DiscreteLaplace.with_scale(self.grid_scale, epsilon))

@@ -18,6 +18,7 @@ from fractions import Fraction
 import numpy as np
 
 from dpsql.accounting import Cost
+from dpsql.mechanisms.base import drawable
 from dpsql.mechanisms.laplace import DiscreteLaplace
 
 
@@ -56,6 +57,14 @@ class PartitionSelection:
     @property
     def tau(self) -> int:
         return threshold(self.epsilon, self.delta, self.max_partitions)
+
+    def prepare(self) -> None:
+        """Compute tau and build the noise's sampler now; OutOfRange if either cannot be."""
+        # the noise first: within its scales, tau's search takes a few steps (far beyond
+        # them, its guard loops would step one by one through some 1e300 values)
+        DiscreteLaplace(self.max_partitions, Fraction(self.epsilon)).prepare()
+        with drawable(f"partition selection at epsilon {self.epsilon:g}"):
+            self.tau  # noqa: B018 -- the threshold's own arithmetic can overflow
 
     def keep(self, unit_counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """A boolean mask of the groups whose noisy unit count reaches tau."""

@@ -32,7 +32,7 @@ from fractions import Fraction
 import numpy as np
 
 from dpsql.accounting import Cost
-from dpsql.mechanisms.base import COVERAGE_MISS, smallest_covering
+from dpsql.mechanisms.base import COVERAGE_MISS, drawable, smallest_covering
 from dpsql.mechanisms.grid import (
     GridMechanism,
     as_integers,
@@ -213,8 +213,10 @@ class Staircase:
         self.epsilon = epsilon
         self.cost = Cost.of(epsilon, 0)
         self.gamma = gamma
-        self.steps = _best_steps(self.sensitivity, float(epsilon), gamma)
-        self._shape = _Shape(self.sensitivity, self.steps, float(epsilon))
+        # the closed forms overflow float64 once e^epsilon does (epsilon above about 709)
+        with drawable(f"staircase noise for sensitivity {self.sensitivity} at epsilon {epsilon}"):
+            self.steps = _best_steps(self.sensitivity, float(epsilon), gamma)
+            self._shape = _Shape(self.sensitivity, self.steps, float(epsilon))
         # Delta = 1: the staircase is the geometric mechanism, whose sampler is cheaper
         self._geometric = DiscreteLaplace(1, epsilon) if self.sensitivity == 1 else None
 
@@ -229,6 +231,12 @@ class Staircase:
         if self._geometric is not None:
             return self._geometric.noise
         return _plan(self.sensitivity, self.steps, self.exact_epsilon).sample
+
+    def prepare(self) -> None:
+        with drawable(f"staircase noise for sensitivity {self.sensitivity} at epsilon "
+                      f"{self.epsilon}"):  # fmt: skip
+            self.noise  # noqa: B018 -- builds (and caches) the sampler
+            self.interval95()
 
     def sample(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         exact = as_integers(values, "the staircase mechanism")
@@ -297,6 +305,7 @@ class GridStaircase(GridMechanism):
         self.sensitivity = float(sensitivity)
         self.epsilon = epsilon
         self.cost = Cost.of(epsilon, 0)
-        exponent = power_of_two_exponent(delta / (1 << GRID_STEPS_BITS))
+        with drawable(f"staircase noise for sensitivity {self.sensitivity}"):
+            exponent = power_of_two_exponent(delta / (1 << GRID_STEPS_BITS))
         steps = Staircase(steps_apart(delta, Fraction(2) ** exponent), epsilon, gamma)
         self._set_grid(exponent, steps)

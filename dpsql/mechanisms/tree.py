@@ -302,6 +302,21 @@ def l2_sensitivity(levels: int, contributions: int) -> Fraction:
     return contributions * Fraction(root, 1 << _SQRT_BITS)
 
 
+def laplace_node_noise(
+    shape: TreeShape, epsilon: float | Fraction, contributions: int = 1
+) -> DiscreteLaplace:
+    """The noise on each node of a tree that is epsilon-DP when each unit adds at most
+    `contributions` to the counts in total (it reaches one node per level)."""
+    return DiscreteLaplace(contributions * shape.levels, epsilon)
+
+
+def gaussian_node_noise(
+    shape: TreeShape, rho: float | Fraction, contributions: int = 1
+) -> DiscreteGaussian:
+    """The noise on each node of a rho-zCDP tree (L2 sensitivity contributions * sqrt(levels))."""
+    return DiscreteGaussian(l2_sensitivity(shape.levels, contributions), rho)
+
+
 @dataclass(frozen=True)
 class Estimate:
     """A noisy range count with its exact variance and a guaranteed 95% half-width."""
@@ -336,9 +351,7 @@ class HierarchicalHistogram:
         """Noisy tree of the exact per-bin `counts`, epsilon-DP when each unit adds at most
         `contributions` to the counts in total."""
         shape = TreeShape(len(counts), branching)
-        return cls.measure(
-            counts, shape, DiscreteLaplace(contributions * shape.levels, epsilon), rng
-        )
+        return cls.measure(counts, shape, laplace_node_noise(shape, epsilon, contributions), rng)
 
     @classmethod
     def build_gaussian(
@@ -352,8 +365,7 @@ class HierarchicalHistogram:
         """Noisy tree of the exact per-bin `counts`, rho-zCDP when each unit adds at most
         `contributions` to the counts in total (L2 sensitivity contributions * sqrt(levels))."""
         shape = TreeShape(len(counts), branching)
-        noise = DiscreteGaussian(l2_sensitivity(shape.levels, contributions), rho)
-        return cls.measure(counts, shape, noise, rng)
+        return cls.measure(counts, shape, gaussian_node_noise(shape, rho, contributions), rng)
 
     @classmethod
     def measure(

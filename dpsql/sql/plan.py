@@ -22,7 +22,7 @@ from sqlglot import exp
 
 from dpsql.accounting import Cost, round_down, round_up, zcdp_rho
 from dpsql.errors import QueryRefused, TooManyGroups
-from dpsql.mechanisms.base import NoiseMechanism
+from dpsql.mechanisms.base import NoiseMechanism, OutOfRange
 from dpsql.mechanisms.choice import choose
 from dpsql.mechanisms.gaussian import DiscreteGaussian
 from dpsql.mechanisms.grid import GRID_LIMIT
@@ -48,6 +48,16 @@ MIN_GRID_EXPONENT = -1000  # 2^-1000 is still a normal float: steps never round 
 # largest public domain, so a query the planner accepts before the charge is
 # not refused after it by default.
 MAX_GROUPS = MAX_PUBLIC_KEYS
+
+
+def beyond_the_sampler(mechanism: str, epsilon: float, error: OutOfRange) -> QueryRefused:
+    """The refusal, before the charge, of options that put a measurement's noise beyond
+    what its sampler draws exactly."""
+    if mechanism == "staircase" and epsilon > 1:
+        hint = "SET dpsql.mechanism = 'laplace', which draws at any epsilon dpsql accepts"
+    else:
+        hint = "SET dpsql.epsilon to a larger value: at this one the noise would swamp any answer"
+    return QueryRefused(f"{mechanism} noise at epsilon {epsilon:g}", str(error), hint)
 
 
 @dataclass(frozen=True)
@@ -141,6 +151,10 @@ class DirectPlan:
         self.share = round_down(Fraction(options.epsilon) / parts)
         if self.selection is not None:
             self.selection = PartitionSelection(self.share, options.delta, self._groups_per_unit)
+            try:
+                self.selection.prepare()
+            except OutOfRange as exc:
+                raise beyond_the_sampler("laplace", self.share, exc) from None
         grids: dict[int, SumGrid] = {}
         self.measures: list[_Measure] = []
         rows_per_unit = table.max_rows_per_unit if table.privacy_unit else 1
@@ -168,8 +182,16 @@ class DirectPlan:
         name, reason = self.options.mechanism, ""
         if name == "auto":  # compared in the column's units, so the reason reads naturally
             name, reason = choose(l1 * step, l2 * step, self.share, self.options.delta, self._cells)
+        try:
+            noise = self._noise(name, l1, l2)
+            noise.prepare()  # a draw that cannot be made fails here, before the charge
+        except OutOfRange as exc:
+            raise beyond_the_sampler(name, self.share, exc) from None
+        return _Measure(noise, step, reason)
+
+    def _noise(self, name: str, l1: int, l2: float) -> NoiseMechanism:
         if name == "staircase":
-            return _Measure(Staircase(l1, self.share), step, reason)
+            return Staircase(l1, self.share)
         if name == "gaussian":
             if self.options.delta <= 0:
                 raise QueryRefused(
@@ -179,8 +201,10 @@ class DirectPlan:
                     "dpsql.mechanism = 'laplace'",
                 )
             rho = zcdp_rho(self.share, self.options.delta)
-            return _Measure(DiscreteGaussian(l2, rho), step, reason)
-        return _Measure(DiscreteLaplace(l1, self.share), step, reason)
+            if not rho:
+                raise OutOfRange(f"no zCDP rho converts to within delta {self.options.delta:g}")
+            return DiscreteGaussian(l2, rho)
+        return DiscreteLaplace(l1, self.share)
 
     @property
     def known_groups(self) -> int | None:

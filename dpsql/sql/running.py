@@ -39,6 +39,7 @@ from sqlglot import exp
 from dpsql.accounting import Cost, zcdp_rho
 from dpsql.errors import IntegrityError, QueryRefused
 from dpsql.lru import WeightedLru
+from dpsql.mechanisms.base import OutOfRange
 from dpsql.mechanisms.continual import (
     BinaryTree,
     ContinualStream,
@@ -50,7 +51,7 @@ from dpsql.mechanisms.gaussian import discrete_gaussian
 from dpsql.policy import Column, ContinualSpec, Table
 from dpsql.sql.analyze import Analysis, _conjuncts, analyze
 from dpsql.sql.check import AGGREGATES, check_clauses, check_query, over_the_release
-from dpsql.sql.plan import Accuracy, Release, exact_integers, sum_grid
+from dpsql.sql.plan import Accuracy, Release, beyond_the_sampler, exact_integers, sum_grid
 from dpsql.sql.rewrite import SumGrid, rewrite
 
 MAX_HORIZON = 1 << 22
@@ -577,7 +578,10 @@ class _Stream:
                 base.measurements[0].bounds, contributions, 1, spec.epsilon
             )
         choice = _choose(spec, column.name, context)
-        counter, cost = _counter(spec, choice, horizon, sensitivity)
+        try:
+            counter, cost = _counter(spec, choice, horizon, sensitivity)
+        except OutOfRange as exc:
+            raise beyond_the_sampler("laplace", spec.epsilon, exc) from None
         # the mechanism and its price are part of the identity: switching mechanism
         # is another stream, with its own charge, noise key and released steps. So is a
         # SUM's grid step: its released totals are stored in whole steps, which under

@@ -36,10 +36,17 @@ from sqlglot import exp
 from dpsql.accounting import Cost, zcdp_rho
 from dpsql.errors import ProgrammingError, QueryRefused
 from dpsql.lru import WeightedLru
-from dpsql.mechanisms.tree import HierarchicalHistogram, TreeShape, l2_sensitivity
+from dpsql.mechanisms.base import NoiseMechanism, OutOfRange
+from dpsql.mechanisms.tree import (
+    HierarchicalHistogram,
+    TreeShape,
+    gaussian_node_noise,
+    l2_sensitivity,
+    laplace_node_noise,
+)
 from dpsql.policy import Column, Policy, Table
 from dpsql.sql.analyze import VALUE_PREFIX, Analysis, Interval, _conjuncts, analyze, clamp
-from dpsql.sql.plan import Accuracy, DirectPlan, Release
+from dpsql.sql.plan import Accuracy, DirectPlan, Release, beyond_the_sampler
 from dpsql.sql.postprocess import project
 from dpsql.sql.rewrite import _in_dialect, _keyed_hash
 
@@ -125,16 +132,25 @@ class Domain:
             return Cost.of(rho=self.rho)
         return Cost.of(self.column.synopsis.epsilon)
 
+    def noise(self) -> NoiseMechanism:
+        """The declared mechanism's noise on each node, its sampler built: refused (before
+        the charge) where the declared epsilon puts it beyond what the sampler draws."""
+        spec = self.column.synopsis
+        try:
+            if self.gaussian:
+                if not self.rho:
+                    raise OutOfRange(f"no zCDP rho converts to within delta {spec.delta:g}")
+                noise = gaussian_node_noise(self.shape, self.rho, self.contributions)
+            else:
+                noise = laplace_node_noise(self.shape, spec.epsilon, self.contributions)
+            noise.prepare()
+        except OutOfRange as exc:
+            raise beyond_the_sampler(spec.mechanism, spec.epsilon, exc) from None
+        return noise
+
     def build(self, counts: np.ndarray, rng: np.random.Generator) -> HierarchicalHistogram:
         """The noisy tree of exact per-bin `counts`, with the declared mechanism."""
-        spec = self.column.synopsis
-        if self.gaussian:
-            return HierarchicalHistogram.build_gaussian(
-                counts, spec.branching, self.rho, rng, self.contributions
-            )
-        return HierarchicalHistogram.build(
-            counts, spec.branching, spec.epsilon, rng, self.contributions
-        )
+        return HierarchicalHistogram.measure(counts, self.shape, self.noise(), rng)
 
     def noise_text(self) -> str:
         """The noise per node, for EXPLAIN."""
@@ -658,6 +674,7 @@ class BuildSynopsisPlan(_SynopsisAnswer):
         self.request = request
         self.analysis = analysis
         domain = request.domain
+        domain.noise()  # a tree whose noise cannot be drawn is refused before the charge
         self.cost = domain.cost
         self.sql = _histogram_sql(domain, dialect, seed)
 
