@@ -50,13 +50,18 @@ MIN_GRID_EXPONENT = -1000  # 2^-1000 is still a normal float: steps never round 
 MAX_GROUPS = MAX_PUBLIC_KEYS
 
 
-def beyond_the_sampler(mechanism: str, epsilon: float, error: OutOfRange) -> QueryRefused:
-    """The refusal, before the charge, of options that put a measurement's noise beyond
-    what its sampler draws exactly."""
+def beyond_the_sampler(
+    mechanism: str,
+    epsilon: float,
+    error: OutOfRange,
+    larger: str = "SET dpsql.epsilon to a larger value",
+) -> QueryRefused:
+    """The refusal, before the charge, of an epsilon that puts a measurement's noise
+    beyond what its sampler draws exactly; `larger` says where the epsilon is set."""
     if mechanism == "staircase" and epsilon > 1:
         hint = "SET dpsql.mechanism = 'laplace', which draws at any epsilon dpsql accepts"
     else:
-        hint = "SET dpsql.epsilon to a larger value: at this one the noise would swamp any answer"
+        hint = f"{larger}: at this one the noise would swamp any answer"
     return QueryRefused(f"{mechanism} noise at epsilon {epsilon:g}", str(error), hint)
 
 

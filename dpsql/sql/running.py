@@ -581,7 +581,8 @@ class _Stream:
         try:
             counter, cost = _counter(spec, choice, horizon, sensitivity)
         except OutOfRange as exc:
-            raise beyond_the_sampler("laplace", spec.epsilon, exc) from None
+            larger = f"declare a larger continual epsilon for {table.name}.{column.name}"
+            raise beyond_the_sampler("laplace", spec.epsilon, exc, larger) from None
         # the mechanism and its price are part of the identity: switching mechanism
         # is another stream, with its own charge, noise key and released steps. So is a
         # SUM's grid step: its released totals are stored in whole steps, which under

@@ -145,7 +145,9 @@ class Domain:
                 noise = laplace_node_noise(self.shape, spec.epsilon, self.contributions)
             noise.prepare()
         except OutOfRange as exc:
-            raise beyond_the_sampler(spec.mechanism, spec.epsilon, exc) from None
+            where = f"{self.table.name}.{self.column.name}"
+            larger = f"declare a larger synopsis epsilon for {where} in the policy"
+            raise beyond_the_sampler(spec.mechanism, spec.epsilon, exc, larger) from None
         return noise
 
     def build(self, counts: np.ndarray, rng: np.random.Generator) -> HierarchicalHistogram:
