@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     query = commands.add_parser(
         "query", help="run one private query and print the noisy answer",
         description="Run one SQL query through dpsql. The answer is noisy; each noisy column "
-        "shows its 95%% interval, and the query's cost is charged to your budget (repeating "
+        "shows its 95% interval, and the query's cost is charged to your budget (repeating "
         "the same query returns the same answer for free).",
     )  # fmt: skip
     _add_connection_options(query)

@@ -424,3 +424,17 @@ def test_the_password_is_asked_for_when_the_server_wants_one(tmp_path: Path) -> 
         wire.close()
         with pytest.raises(dpsql.OperationalError, match="cannot connect to the dpsql server"):
             WireConnection(url, lambda: "wrong")
+
+
+def test_every_command_help_reads_as_written(capsys):
+    """argparse prints a description as written: a '%%' escape showed up doubled."""
+    import argparse
+
+    from dpsql.cli import _parser
+
+    parser = _parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert len(commands.choices) >= 5
+    for name, command in commands.choices.items():
+        text = command.format_help()
+        assert "%%" not in text, name

@@ -38,7 +38,7 @@ Inside the shell, \\help lists the meta-commands (\\budget, \\policy, \\explain,
 def register(commands: argparse._SubParsersAction) -> None:
     shell = commands.add_parser(
         "shell", help="an interactive terminal for private queries (also -c and scripts)",
-        description="Type SQL, get noisy answers with a '± half-width' of the 95%% interval "
+        description="Type SQL, get noisy answers with a '± half-width' of the 95% interval "
         "beside each value, and see what each query cost. Without -c and with a script on "
         "standard input, runs the script (statements end with ';').",
         epilog=_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
