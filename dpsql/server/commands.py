@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import math
 import sys
+from collections.abc import Callable
 
 from dpsql.errors import InterfaceError
 from dpsql.server.limits import Limits
@@ -18,6 +20,23 @@ SERVE_EPILOG = """examples:
 Every connection authenticates as an analyst of the policy (the PostgreSQL user
 name) and is charged to that analyst's budget. After each noisy result the
 server sends a NOTICE 'dpsql accuracy' with the noise of each column as JSON."""
+
+
+def _number(kind: type, low: float, high: float = math.inf) -> Callable[[str], float]:
+    """An argparse type: a `kind` number within [low, high], or a message saying so."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            noun = "whole number" if kind is int else "number"
+            raise argparse.ArgumentTypeError(f"expected a {noun}, got {text!r}") from None
+        if not low <= value <= high:  # NaN fails both comparisons
+            upper = "" if high == math.inf else f" and at most {high:g}"
+            raise argparse.ArgumentTypeError(f"must be at least {low:g}{upper}, got {text}")
+        return value
+
+    return parse
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -42,14 +61,15 @@ def register(commands: argparse._SubParsersAction) -> None:
     network.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
     )
-    network.add_argument("--port", type=int, default=5433, help="port (default: %(default)s)")
+    network.add_argument("--port", type=_number(int, 0, 65535), default=5433,
+                         help="port; 0 picks a free one (default: %(default)s)")  # fmt: skip
     network.add_argument("--users", help="users file of 'analyst:SCRAM-SHA-256$...' lines")
     network.add_argument("--tls-cert", help="PEM certificate: clients may then use sslmode=require")
     network.add_argument("--tls-key", help="PEM private key of --tls-cert")
     network.add_argument("--trust", action="store_true",
                          help="no passwords (any analyst of the policy may connect); only "
                          "allowed on a loopback --host")  # fmt: skip
-    network.add_argument("--workers", type=int, default=8,
+    network.add_argument("--workers", type=_number(int, 1), default=8,
                          help="threads running queries (default: %(default)s)")  # fmt: skip
     network.add_argument("--require-tls", action="store_true",
                          help="refuse clients that do not use TLS (needs --tls-cert)")  # fmt: skip
@@ -57,27 +77,27 @@ def register(commands: argparse._SubParsersAction) -> None:
     defaults = Limits()
     limits.add_argument(
         "--query-timeout",
-        type=float,
+        type=_number(float, 0),
         default=defaults.query_timeout,
         help="seconds a statement may run before it is stopped in the database; 0: no "
         "limit (default: %(default)s)",
     )
     limits.add_argument(
         "--max-groups",
-        type=int,
+        type=_number(int, 1),
         default=defaults.max_groups,
         help="groups one query may release; a larger release is refused after its charge "
         "(default: %(default)s)",
     )
     limits.add_argument(
         "--auth-timeout",
-        type=float,
+        type=_number(float, 0.001),
         default=defaults.auth_timeout,
         help="seconds a client has to log in (default: %(default)s)",
     )
     limits.add_argument(
         "--max-connections-per-analyst",
-        type=int,
+        type=_number(int, 1),
         default=defaults.connections_per_analyst,
         help="connections one analyst may hold at once (default: %(default)s)",
     )
@@ -96,13 +116,21 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    import ssl
+
     from dpsql.server.auth import read_users
     from dpsql.server.protocol import tls_context
     from dpsql.server.runner import build, serve_forever
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise SystemExit("dpsql serve: give both --tls-cert and --tls-key, or neither")
-    tls = tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
+    try:
+        tls = tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
+    except (OSError, ssl.SSLError) as exc:
+        raise SystemExit(
+            f"dpsql serve: cannot use --tls-cert {args.tls_cert} with --tls-key {args.tls_key}: "
+            f"{exc.strerror or exc}; give a PEM certificate and its private key"
+        ) from None
     users = read_users(args.users) if args.users else None
     connection = _open(args)
     try:
@@ -118,7 +146,13 @@ def _run_serve(args: argparse.Namespace) -> int:
     except Exception:
         connection.close()
         raise
-    serve_forever(server, args.host, args.port, ready=lambda line: print(line, flush=True))
+    try:
+        serve_forever(server, args.host, args.port, ready=lambda line: print(line, flush=True))
+    except OSError as exc:  # the address: in use, not this machine's, or not a name at all
+        raise SystemExit(
+            f"dpsql serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; "
+            "pick another --port, or a --host this machine has (127.0.0.1, 0.0.0.0)"
+        ) from None
     return 0
 
 

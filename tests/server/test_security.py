@@ -206,3 +206,38 @@ def test_passwd_users_file_and_tls(pums_db, tmp_path) -> None:
             assert conn.execute("SELECT COUNT(*) FROM pums").fetchone()[0] > 0
         with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
             psycopg.connect(dsn.replace("s3cret pass", PASSWORDS["alice"]))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--port", "99999"], "argument --port: must be at least 0 and at most 65535"),
+        (["--port", "x"], "argument --port: expected a whole number, got 'x'"),
+        (["--workers", "0"], "argument --workers: must be at least 1, got 0"),
+        (["--query-timeout", "nan"], "argument --query-timeout: must be at least 0, got nan"),
+        (["--max-connections-per-analyst", "-5"], "must be at least 1, got -5"),
+    ],
+)
+def test_serve_refuses_bad_options_with_what_to_give(options, message, capsys) -> None:
+    from dpsql.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--demo", *options])
+    assert exited.value.code == 2  # argparse's usage error, before anything is opened
+    assert message in capsys.readouterr().err
+
+
+def test_serve_says_why_it_cannot_listen_or_load_its_certificate(tmp_path) -> None:
+    from dpsql.cli import main
+
+    ledger = ["--ledger", str(tmp_path / "l.sqlite")]
+    with pytest.raises(SystemExit, match=r"cannot use --tls-cert .*No such file"):
+        main(["serve", "--demo", *ledger, "--tls-cert", "/absent.pem", "--tls-key", "/absent.key"])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        with pytest.raises(SystemExit, match=rf"cannot listen on 127\.0\.0\.1:{port}: .*--port"):
+            main(["serve", "--demo", *ledger, "--port", port])
+    with pytest.raises(SystemExit, match=r"cannot listen on no\.such\.host\.invalid"):
+        main(["serve", "--demo", *ledger, "--host", "no.such.host.invalid"])
