@@ -31,7 +31,7 @@ def _number(kind: type, low: float, high: float = math.inf) -> Callable[[str], f
         except ValueError:
             noun = "whole number" if kind is int else "number"
             raise argparse.ArgumentTypeError(f"expected a {noun}, got {text!r}") from None
-        if not low <= value <= high:  # NaN fails both comparisons
+        if not low <= value <= high or not math.isfinite(value):  # NaN fails both
             upper = "" if high == math.inf else f" and at most {high:g}"
             raise argparse.ArgumentTypeError(f"must be at least {low:g}{upper}, got {text}")
         return value

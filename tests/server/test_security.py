@@ -215,6 +215,7 @@ def test_passwd_users_file_and_tls(pums_db, tmp_path) -> None:
         (["--port", "x"], "argument --port: expected a whole number, got 'x'"),
         (["--workers", "0"], "argument --workers: must be at least 1, got 0"),
         (["--query-timeout", "nan"], "argument --query-timeout: must be at least 0, got nan"),
+        (["--auth-timeout", "inf"], "argument --auth-timeout: must be at least 0.001, got inf"),
         (["--max-connections-per-analyst", "-5"], "must be at least 1, got -5"),
     ],
 )
