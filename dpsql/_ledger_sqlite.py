@@ -106,10 +106,16 @@ class SQLiteStore(Store):
         self.location = path
         self._meta = meta
         self._timeout = timeout
-        if path != ":memory:" and not path.startswith("file:"):
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with self._lock:
-            self._connection()
+        try:
+            if path != ":memory:" and not path.startswith("file:"):
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            with self._lock:
+                self._connection()
+        except (OSError, sqlite3.Error) as exc:  # a folder it cannot create, not SQLite, ...
+            raise OperationalError(
+                f"cannot open the ledger {path}: {exc}; give a writable SQLite file path "
+                "(--ledger, connect(ledger=...) or 'ledger:' in the policy)"
+            ) from exc
 
     def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(

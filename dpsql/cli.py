@@ -182,7 +182,13 @@ def _run_budget(args: argparse.Namespace) -> int:
 def _run_demo(args: argparse.Namespace) -> int:
     from dpsql.demo import write_demo
 
-    database, policy = write_demo(args.directory)
+    try:
+        database, policy = write_demo(args.directory)
+    except OSError as exc:
+        raise SystemExit(
+            f"dpsql demo: cannot write to {args.directory}: {exc.strerror or exc}; "
+            "give a folder you can write"
+        ) from None
     print(f"wrote {database} and {policy}\ntry: dpsql query --database {database} --policy "
           f"{policy} \"SELECT educ, AVG(income) FROM census GROUP BY educ\"")  # fmt: skip
     return 0

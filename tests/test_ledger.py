@@ -510,6 +510,19 @@ def test_creates_parent_directories_and_memory_ledgers(tmp_path: Path) -> None:
         assert mem.spent("alice") == TENTH
 
 
+def test_a_ledger_that_cannot_be_opened_says_where_and_what_to_give(tmp_path: Path) -> None:
+    # these raised a raw FileNotFoundError or sqlite3 error, a traceback in the CLI
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("x")
+    not_sqlite = tmp_path / "policy.yaml"
+    not_sqlite.write_text("version: 1\n" * 200)
+    for location in (not_a_folder / "ledger.sqlite", tmp_path, not_sqlite):
+        with pytest.raises(
+            OperationalError, match=rf"cannot open the ledger {location}: .*--ledger"
+        ):
+            Ledger(location)
+
+
 def test_open_ledger_and_closing(tmp_path: Path) -> None:
     with open_ledger(f"sqlite:///{tmp_path}/x.sqlite") as led:
         led.charge("alice", TENTH, ONE, "q")

@@ -438,3 +438,12 @@ def test_every_command_help_reads_as_written(capsys):
     for name, command in commands.choices.items():
         text = command.format_help()
         assert "%%" not in text, name
+
+
+def test_demo_into_a_folder_it_cannot_write_says_so(tmp_path):
+    from dpsql.cli import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(SystemExit, match=r"dpsql demo: cannot write to .*give a folder"):
+        main(["demo", str(blocker / "demo")])
