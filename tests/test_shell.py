@@ -447,3 +447,23 @@ def test_demo_into_a_folder_it_cannot_write_says_so(tmp_path):
     blocker.write_text("x")
     with pytest.raises(SystemExit, match=r"dpsql demo: cannot write to .*give a folder"):
         main(["demo", str(blocker / "demo")])
+
+
+def test_every_command_and_action_has_something_to_run():
+    """`dpsql ldp perturb` printed dpsql's help and did nothing: its parser had no `run`."""
+    import argparse
+
+    from dpsql.cli import _parser
+
+    def leaves(parser: argparse.ArgumentParser, path: str):
+        children = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not children:
+            yield path, parser
+        for action in children:
+            for name, child in action.choices.items():
+                yield from leaves(child, f"{path} {name}")
+
+    found = dict(leaves(_parser(), "dpsql"))
+    assert "dpsql ldp perturb" in found and "dpsql cache clear" in found
+    for path, parser in found.items():
+        assert callable(parser.get_default("run")), path

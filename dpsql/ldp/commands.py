@@ -193,6 +193,11 @@ def cmd_advise(args: argparse.Namespace, stdin: IO[str], stdout: IO[str]) -> int
     return 0
 
 
+def _on_standard_streams(args: argparse.Namespace) -> int:
+    """How `dpsql ldp ...` runs an action: `dpsql.cli.main` calls `run(args)`."""
+    return args.handler(args, sys.stdin, sys.stdout)
+
+
 def register(subparsers: Any) -> None:
     """Add the `ldp` command (perturb, estimate, advise) to a parent parser's subparsers."""
     ldp = subparsers.add_parser("ldp", help="local differential privacy: perturb, estimate, advise")
@@ -216,18 +221,18 @@ def register(subparsers: Any) -> None:
     common(perturb)
     perturb.add_argument("--column", type=int, default=0, help="CSV column of the value")
     perturb.add_argument("--seed", type=int, help=argparse.SUPPRESS)  # tests only
-    perturb.set_defaults(handler=cmd_perturb)
+    perturb.set_defaults(handler=cmd_perturb, run=_on_standard_streams)
 
     estimate = sub.add_parser("estimate", help="de-biased counts from a reports CSV on stdin")
     common(estimate)
     estimate.add_argument("--postprocess", choices=METHODS, default="none")
-    estimate.set_defaults(handler=cmd_estimate)
+    estimate.set_defaults(handler=cmd_estimate, run=_on_standard_streams)
 
     advise = sub.add_parser("advise", help="expected error and cost of each mechanism")
     advise.add_argument("--domain-size", type=int, required=True)
     advise.add_argument("--epsilon", "-e", type=float, required=True)
     advise.add_argument("--users", "-n", type=int, required=True)
-    advise.set_defaults(handler=cmd_advise)
+    advise.set_defaults(handler=cmd_advise, run=_on_standard_streams)
 
 
 def main(

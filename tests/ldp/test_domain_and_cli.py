@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -78,3 +80,23 @@ def test_randomised_response_wins_only_below_3e_eps_plus_2(epsilon):
         assert (grr.rmse < oue.rmse) == (d < threshold)
         if recommend(rows).name == "grr":
             assert d < threshold
+
+
+def test_the_dpsql_command_runs_ldp_actions(tmp_path):
+    # `dpsql ldp ...` printed dpsql's own help and did nothing: its actions set a
+    # handler the ldp module's main called, but not the `run` that dpsql's main calls
+    values = "\n".join(str(i % 5) for i in range(2000))
+    perturbed = subprocess.run(
+        [sys.executable, "-m", "dpsql.cli", "ldp", "perturb", "-m", "oue", "-e", "2",
+         "--domain-size", "5"], input=values, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert perturbed.returncode == 0, perturbed.stderr
+    assert perturbed.stdout.count("\n") >= 2000
+    estimated = subprocess.run(
+        [sys.executable, "-m", "dpsql.cli", "ldp", "estimate", "-m", "oue", "-e", "2",
+         "--domain-size", "5"], input=perturbed.stdout, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert estimated.returncode == 0, estimated.stderr
+    counts = [float(line.split(",")[1]) for line in estimated.stdout.splitlines()[1:]]
+    assert len(counts) == 5 and sum(counts) == pytest.approx(2000, rel=0.3)
