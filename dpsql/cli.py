@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -83,6 +84,24 @@ _COMMAND_MODULES = (
     "dpsql.ldp.commands", "dpsql.shell", "dpsql.server.commands", "dpsql.watch",
     "dpsql.synopsis_commands", "dpsql.cache_commands",
 )  # fmt: skip
+
+
+def number_in(kind: type, low: float, high: float = math.inf) -> Callable[[str], float]:
+    """An argparse type: a finite `kind` number within [low, high], or a message saying
+    so (argparse prints it with the option's name and the usage)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            noun = "whole number" if kind is int else "number"
+            raise argparse.ArgumentTypeError(f"expected a {noun}, got {text!r}") from None
+        if not low <= value <= high or not math.isfinite(value):  # NaN fails both
+            upper = "" if high == math.inf else f" and at most {high:g}"
+            raise argparse.ArgumentTypeError(f"must be at least {low:g}{upper}, got {text}")
+        return value
+
+    return parse
 
 
 def add_actions(

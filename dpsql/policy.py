@@ -574,6 +574,7 @@ def _source(read: _Reader, value: Any, key: str) -> Source:
 def _local_table(read: _Reader, name: str, spec: dict, key: str) -> Table:
     # Imported here: the policy only needs the local-DP package to name its mechanisms.
     from dpsql.ldp import MECHANISMS as LOCAL_MECHANISMS
+    from dpsql.ldp.base import require_local_epsilon
 
     extra = sorted(set(spec) - {"local"})
     if extra:
@@ -602,9 +603,14 @@ def _local_table(read: _Reader, name: str, spec: dict, key: str) -> Table:
     branching = local.get("branching", 4)
     if isinstance(branching, bool) or not isinstance(branching, int) or branching < 2:
         raise read.fail(f"{key}.local.branching", f"must be a whole number >= 2, got {branching!r}")
+    epsilon = _required_epsilon(read, local, f"{key}.local")
+    try:
+        require_local_epsilon(epsilon)
+    except ValueError as exc:
+        raise read.fail(f"{key}.local.epsilon", str(exc)) from None
     spec_local = LocalSpec(
         mechanism=mechanism,
-        epsilon=_required_epsilon(read, local, f"{key}.local"),
+        epsilon=epsilon,
         domain=tuple(domain),
         branching=branching,
         **names,

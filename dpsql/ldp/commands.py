@@ -144,7 +144,13 @@ def cmd_estimate(args: argparse.Namespace, stdin: IO[str], stdout: IO[str]) -> i
             state["first"] = False
             if fields and fields[0] == "report":
                 fields = fields[1:]
-        reports = m.parse_reports(fields)
+        try:
+            reports = m.parse_reports(fields)
+        except ValueError as exc:
+            raise ValueError(
+                f"cannot read the reports as {args.mechanism} reports ({exc}); give the CSV "
+                f"that 'dpsql ldp perturb -m {args.mechanism}' wrote, with the same domain"
+            ) from None
         total += len(reports)
         parts.append(m.aggregate(reports))
 
@@ -194,12 +200,18 @@ def cmd_advise(args: argparse.Namespace, stdin: IO[str], stdout: IO[str]) -> int
 
 
 def _on_standard_streams(args: argparse.Namespace) -> int:
-    """How `dpsql ldp ...` runs an action: `dpsql.cli.main` calls `run(args)`."""
-    return args.handler(args, sys.stdin, sys.stdout)
+    """How `dpsql ldp ...` runs an action: `dpsql.cli.main` calls `run(args)`. A bad
+    option or input (the oracles' ValueErrors say which) is one line, not a traceback."""
+    try:
+        return args.handler(args, sys.stdin, sys.stdout)
+    except ValueError as exc:
+        raise SystemExit(f"dpsql ldp {args.ldp_command}: {exc}") from None
 
 
 def register(subparsers: Any) -> None:
     """Add the `ldp` command (perturb, estimate, advise) to a parent parser's subparsers."""
+    from dpsql.cli import number_in  # dpsql.cli imports this module
+
     ldp = subparsers.add_parser("ldp", help="local differential privacy: perturb, estimate, advise")
     sub = ldp.add_subparsers(dest="ldp_command", required=True)
 
@@ -229,9 +241,9 @@ def register(subparsers: Any) -> None:
     estimate.set_defaults(handler=cmd_estimate, run=_on_standard_streams)
 
     advise = sub.add_parser("advise", help="expected error and cost of each mechanism")
-    advise.add_argument("--domain-size", type=int, required=True)
+    advise.add_argument("--domain-size", type=number_in(int, 2), required=True)
     advise.add_argument("--epsilon", "-e", type=float, required=True)
-    advise.add_argument("--users", "-n", type=int, required=True)
+    advise.add_argument("--users", "-n", type=number_in(int, 1), required=True)
     advise.set_defaults(handler=cmd_advise, run=_on_standard_streams)
 
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import math
 import sys
-from collections.abc import Callable
 
 from dpsql.errors import InterfaceError
 from dpsql.server.limits import Limits
@@ -22,24 +20,9 @@ name) and is charged to that analyst's budget. After each noisy result the
 server sends a NOTICE 'dpsql accuracy' with the noise of each column as JSON."""
 
 
-def _number(kind: type, low: float, high: float = math.inf) -> Callable[[str], float]:
-    """An argparse type: a `kind` number within [low, high], or a message saying so."""
-
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            noun = "whole number" if kind is int else "number"
-            raise argparse.ArgumentTypeError(f"expected a {noun}, got {text!r}") from None
-        if not low <= value <= high or not math.isfinite(value):  # NaN fails both
-            upper = "" if high == math.inf else f" and at most {high:g}"
-            raise argparse.ArgumentTypeError(f"must be at least {low:g}{upper}, got {text}")
-        return value
-
-    return parse
-
-
 def register(commands: argparse._SubParsersAction) -> None:
+    from dpsql.cli import number_in  # dpsql.cli imports this module
+
     serve = commands.add_parser(
         "serve", help="answer PostgreSQL clients (psql, psycopg, SQLAlchemy) with private results",
         description="Speak the PostgreSQL wire protocol so existing tools change only their "
@@ -61,7 +44,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     network.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
     )
-    network.add_argument("--port", type=_number(int, 0, 65535), default=5433,
+    network.add_argument("--port", type=number_in(int, 0, 65535), default=5433,
                          help="port; 0 picks a free one (default: %(default)s)")  # fmt: skip
     network.add_argument("--users", help="users file of 'analyst:SCRAM-SHA-256$...' lines")
     network.add_argument("--tls-cert", help="PEM certificate: clients may then use sslmode=require")
@@ -69,7 +52,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     network.add_argument("--trust", action="store_true",
                          help="no passwords (any analyst of the policy may connect); only "
                          "allowed on a loopback --host")  # fmt: skip
-    network.add_argument("--workers", type=_number(int, 1), default=8,
+    network.add_argument("--workers", type=number_in(int, 1), default=8,
                          help="threads running queries (default: %(default)s)")  # fmt: skip
     network.add_argument("--require-tls", action="store_true",
                          help="refuse clients that do not use TLS (needs --tls-cert)")  # fmt: skip
@@ -77,27 +60,27 @@ def register(commands: argparse._SubParsersAction) -> None:
     defaults = Limits()
     limits.add_argument(
         "--query-timeout",
-        type=_number(float, 0),
+        type=number_in(float, 0),
         default=defaults.query_timeout,
         help="seconds a statement may run before it is stopped in the database; 0: no "
         "limit (default: %(default)s)",
     )
     limits.add_argument(
         "--max-groups",
-        type=_number(int, 1),
+        type=number_in(int, 1),
         default=defaults.max_groups,
         help="groups one query may release; a larger release is refused after its charge "
         "(default: %(default)s)",
     )
     limits.add_argument(
         "--auth-timeout",
-        type=_number(float, 0.001),
+        type=number_in(float, 0.001),
         default=defaults.auth_timeout,
         help="seconds a client has to log in (default: %(default)s)",
     )
     limits.add_argument(
         "--max-connections-per-analyst",
-        type=_number(int, 1),
+        type=number_in(int, 1),
         default=defaults.connections_per_analyst,
         help="connections one analyst may hold at once (default: %(default)s)",
     )

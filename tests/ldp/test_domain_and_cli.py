@@ -12,6 +12,7 @@ import pytest
 
 from dpsql import ldp
 from dpsql.ldp.advise import compare, recommend
+from dpsql.ldp.base import LOCAL_EPSILON_RANGE
 from dpsql.ldp.commands import main
 
 
@@ -100,3 +101,29 @@ def test_the_dpsql_command_runs_ldp_actions(tmp_path):
     assert estimated.returncode == 0, estimated.stderr
     counts = [float(line.split(",")[1]) for line in estimated.stdout.splitlines()[1:]]
     assert len(counts) == 5 and sum(counts) == pytest.approx(2000, rel=0.3)
+
+
+@pytest.mark.parametrize("epsilon", LOCAL_EPSILON_RANGE)
+@pytest.mark.parametrize("name", [m for m in ldp.MECHANISMS if m != "dse"])  # dse: >= ln 2
+def test_every_oracle_randomises_and_estimates_at_both_ends_of_its_range(name, epsilon):
+    # OLH overflowed from epsilon 45 on, and HR, SHE, THE and RM divided by zero at 1e-20
+    m = ldp.mechanism(name, epsilon, list(range(10)))
+    values = np.arange(500) % 10
+    estimate = m.estimate(m.perturb(values, np.random.default_rng(0)))
+    assert np.all(np.isfinite(estimate)) and np.isfinite(m.variance(500, 50))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["perturb", "-m", "olh", "-e", "800"], "epsilon must be between 1e-12 and 40, got 800"),
+        (["perturb", "-m", "hr", "-e", "nan"], "epsilon must be between 1e-12 and 40, got nan"),
+        (["estimate", "-m", "oue", "-e", "1"], "cannot read the reports as oue reports"),
+    ],
+)
+def test_bad_ldp_options_and_reports_are_one_line(argv, message, monkeypatch):
+    from dpsql.cli import main as dpsql_main
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("report\nnot-a-report\n"))
+    with pytest.raises(SystemExit, match=message):
+        dpsql_main(["ldp", *argv, "--domain-size", "10"])

@@ -156,3 +156,7 @@ def test_policy_errors_for_local_tables():
     bad["tables"]["reports"]["privacy_unit"] = "id"
     with pytest.raises(PolicyError, match="only 'local"):
         dpsql.connect(database, policy=bad)
+    bad = _policy("reports", "olh", CITIES)
+    bad["tables"]["reports"]["local"]["epsilon"] = 100.0  # OLH's hash range overflowed
+    with pytest.raises(PolicyError, match=r"local\.epsilon.*between 1e-12 and 40"):
+        dpsql.connect(database, policy=bad)
