@@ -146,3 +146,13 @@ def test_release_keys_keep_what_changes_the_query():
     bound = parse_statement("SELECT COUNT(*) FROM t WHERE x > ?", "duckdb", [1]).key
     assert bound == parse_statement("SELECT COUNT(*) FROM t WHERE x > $1", "duckdb", [1]).key
     assert bound != parse_statement("SELECT COUNT(*) FROM t WHERE x > ?", "duckdb", [2]).key
+
+
+def test_closing_leaves_a_duckdb_connection_the_caller_opened_open():
+    # it closed the caller's connection, which the caller may still be using
+    from dpsql import demo
+
+    database = demo.demo_connection()
+    with dpsql.connect(database, policy=demo.DEMO_POLICY, ledger=":memory:") as connection:
+        connection.execute("SELECT COUNT(*) FROM census").fetchall()
+    assert database.execute("SELECT COUNT(*) FROM census").fetchone() == (50_000,)

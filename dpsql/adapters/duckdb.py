@@ -28,7 +28,10 @@ class DuckDBAdapter:
     dialect = "duckdb"
 
     def __init__(self, database: str | duckdb.DuckDBPyConnection = ":memory:"):
-        if isinstance(database, duckdb.DuckDBPyConnection):
+        # A connection the caller opened stays theirs: closing dpsql leaves it open
+        # (as pandas and SQLAlchemy leave a connection they were handed).
+        self._owned = not isinstance(database, duckdb.DuckDBPyConnection)
+        if not self._owned:
             self._connection = database
         else:
             read_only = database != ":memory:"
@@ -115,4 +118,5 @@ class DuckDBAdapter:
         return {row[0][0].lower() for row in rows}
 
     def close(self) -> None:
-        self._connection.close()
+        if self._owned:
+            self._connection.close()
