@@ -242,6 +242,10 @@ class Cursor:
     def fetchmany(self, size: int | None = None) -> list[tuple]:
         rows = self._rows()
         count = self.arraysize if size is None else size
+        # a negative count sliced from the end (fetchmany(-1) gave all rows but the last)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            source = "arraysize" if size is None else "fetchmany's size"
+            raise InterfaceError(f"{source} must be a whole number of rows >= 0, got {count!r}")
         chunk = rows[self._position : self._position + count]
         self._position += len(chunk)
         return chunk

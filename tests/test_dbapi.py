@@ -65,6 +65,23 @@ def test_parameters_are_bound(connect):
     assert connection.budget().epsilon_spent == pytest.approx(1.0)
     with pytest.raises(dpsql.InterfaceError, match="needs parameter 2"):
         connection.cursor().execute("SELECT COUNT(*) FROM pums WHERE age > ? AND sex = ?", [1])
+    # a value no placeholder takes was silently ignored (psycopg refuses it too)
+    with pytest.raises(dpsql.InterfaceError, match="2 parameters were given but the statement"):
+        connection.cursor().execute("SELECT COUNT(*) FROM pums WHERE age > ?", [30, 1])
+    assert connection.budget().epsilon_spent == pytest.approx(1.0)
+
+
+def test_fetch_sizes_must_be_row_counts(connect):
+    cursor = connect().cursor()
+    cursor.execute("SELECT sex, COUNT(*) FROM pums GROUP BY sex")
+    # fetchmany(-1) sliced from the end: every row but the last
+    with pytest.raises(dpsql.InterfaceError, match="fetchmany's size must be a whole number"):
+        cursor.fetchmany(-1)
+    cursor.arraysize = "2"
+    with pytest.raises(dpsql.InterfaceError, match="arraysize must be a whole number"):
+        cursor.fetchmany()
+    cursor.arraysize = 1
+    assert len(cursor.fetchmany()) == 1 and len(cursor.fetchmany(5)) == 1
 
 
 def test_context_managers_and_closing(connect):

@@ -252,19 +252,26 @@ def _bind(tree: exp.Expression, parameters: Sequence[Any] | Mapping[str, Any] | 
         raise InterfaceError(
             f"the statement has {len(placeholders)} placeholders but no parameters were given"
         )
-    positional, bound = 0, []
+    positional, used, bound = 0, 0, []
     for node in placeholders:
         key = node.this.name if isinstance(node, exp.Parameter) else node.this
         if key is None:
             value, positional = _positional(parameters, positional), positional + 1
+            used = max(used, positional)
         elif str(key).isdigit():
             value = _positional(parameters, int(key) - 1)
+            used = max(used, int(key))
         else:
             if not isinstance(parameters, Mapping) or key not in parameters:
                 raise InterfaceError(f"no value for the named parameter :{key}")
             value = parameters[key]
         node.replace(literal(value))
         bound.append(value)
+    if not isinstance(parameters, Mapping) and len(parameters) > used:
+        # as psycopg does: a value no placeholder takes is a mistake, not ignored
+        raise InterfaceError(
+            f"{len(parameters)} parameters were given but the statement takes {used}"
+        )
     return bound
 
 
