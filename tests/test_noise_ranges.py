@@ -23,7 +23,7 @@ from dpsql.accounting import zcdp_epsilon, zcdp_rho
 from dpsql.errors import QueryRefused
 from dpsql.mechanisms.base import OutOfRange
 from dpsql.mechanisms.choice import choose
-from dpsql.mechanisms.gaussian import DiscreteGaussian
+from dpsql.mechanisms.gaussian import DiscreteGaussian, GridGaussian
 from dpsql.mechanisms.laplace import DiscreteLaplace, GridLaplace
 from dpsql.mechanisms.staircase import Staircase
 
@@ -98,6 +98,10 @@ def test_mechanisms_say_out_of_range_when_built_or_prepared():
         DiscreteLaplace(1, 1e-20).prepare()
     with pytest.raises(OutOfRange):
         GridLaplace(1.0, 1e-300)
+    with pytest.raises(OutOfRange, match="scale inf"):  # its message's float overflowed
+        GridLaplace(1e300, 1e-300)
+    with pytest.raises(OutOfRange, match="sigma inf"):
+        GridGaussian(1e300, 1e-300)
     with pytest.raises(OutOfRange):  # e^epsilon overflows its closed forms
         Staircase(1000, 1e5)
     with pytest.raises(OutOfRange):  # probabilities too close for its tables

@@ -38,6 +38,7 @@ from dpsql.accounting import Cost
 from dpsql.mechanisms.base import COVERAGE_MISS, OutOfRange, drawable, smallest_covering
 from dpsql.mechanisms.grid import (
     GridMechanism,
+    as_float,
     as_integers,
     positive,
     power_of_two_exponent,
@@ -276,7 +277,7 @@ class GridGaussian(GridMechanism):
         self.cost = Cost.of(rho=rho)
         # sigma/2^19 <= target: sigma^2 = Delta^2/(2 rho), and a rational bound is enough
         sigma_bound = Fraction(_floor_sqrt(delta**2 / (2 * exact_rho)) + 1)
-        with drawable(f"Gaussian noise of sigma {float(sigma_bound):.4g}"):
+        with drawable(f"Gaussian noise of sigma {as_float(sigma_bound):.4g}"):
             exponent = power_of_two_exponent(sigma_bound / (1 << GRANULARITY_BITS))
         steps = delta / Fraction(2) ** exponent + (math.isqrt(coordinates - 1) + 1)
         self._set_grid(exponent, DiscreteGaussian(steps, rho))

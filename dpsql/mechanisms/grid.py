@@ -36,6 +36,14 @@ def positive(value: float | Fraction, name: str) -> Fraction:
     return exact
 
 
+def as_float(value: Fraction) -> float:
+    """`value` as a float; infinity beyond the largest (float() raises there)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
 def privacy_parameter(value: float | Fraction, name: str) -> Fraction:
     """A positive epsilon or rho exactly as the ledger counts it (a float is the decimal it
     prints as), so that the noise spends precisely the cost that is charged."""

@@ -25,6 +25,7 @@ from dpsql.accounting import Cost
 from dpsql.mechanisms.base import COVERAGE_MISS, NoiseMechanism, drawable, smallest_covering
 from dpsql.mechanisms.grid import (
     GridMechanism,
+    as_float,
     as_integers,
     integer_sensitivity,
     positive,
@@ -57,19 +58,11 @@ def interval95_units(scale: Fraction) -> int:
 _TINY_RATE = 1e-100
 
 
-def _float(value: Fraction) -> float:
-    """`value` as a float; infinity beyond the largest (float() raises there)."""
-    try:
-        return float(value)
-    except OverflowError:
-        return math.inf
-
-
 def _abs_error_units(scale: Fraction) -> float:
     """E|Z| = 2a / (1 - a^2), written with expm1 so large scales keep their digits."""
     rate = float(1 / scale)
     if rate < _TINY_RATE:
-        return _float(scale)
+        return as_float(scale)
     return 2 * math.exp(-rate) / -math.expm1(-2 * rate)
 
 
@@ -77,7 +70,7 @@ def _variance_units(scale: Fraction) -> float:
     """Var Z = 2a / (1 - a)^2."""
     rate = float(1 / scale)
     if rate < _TINY_RATE:
-        return 2.0 * _float(scale) * _float(scale)  # inf beyond double range, not an error
+        return 2.0 * as_float(scale) * as_float(scale)  # inf beyond double range, not an error
     return 2 * math.exp(-rate) / math.expm1(-rate) ** 2
 
 
@@ -101,7 +94,7 @@ class DiscreteLaplace:
 
     @property
     def scale(self) -> float:
-        return _float(self.exact_scale)
+        return as_float(self.exact_scale)
 
     @functools.cached_property
     def noise(self) -> Draw:
@@ -144,7 +137,7 @@ class GridLaplace(GridMechanism):
         self.sensitivity = float(sensitivity)
         self.epsilon = epsilon
         self.cost = Cost.of(epsilon, 0)
-        with drawable(f"Laplace noise of scale {float(delta / eps):.4g}"):
+        with drawable(f"Laplace noise of scale {as_float(delta / eps):.4g}"):
             exponent = power_of_two_exponent(delta / eps / (1 << GRANULARITY_BITS))
         grid = Fraction(2) ** exponent
         self.grid_scale = (delta + grid) / (eps * grid)
