@@ -370,6 +370,25 @@ def test_values_no_database_can_take_are_refused_before_the_charge(
     assert connection.budget().epsilon_spent == 0
 
 
+@pytest.mark.parametrize(
+    "sql",
+    [
+        # a RecursionError from sqlglot's parser or the analysis escaped the DB-API
+        "SELECT COUNT(*) FROM pums WHERE " + "(" * 3000 + "age > 1" + ")" * 3000,
+        "SELECT COUNT(*) FROM pums WHERE " + "NOT " * 3000 + "age > 1",
+        "SELECT SUM(" + "age + " * 600 + "1) FROM pums",
+        "EXPLAIN SELECT SUM(" + "age + " * 600 + "1) FROM pums",
+    ],
+    ids=["parentheses", "nots", "sum", "explain"],
+)
+def test_statements_nested_too_deeply_are_refused_before_the_charge(recorded, sql):
+    connection, adapter = recorded
+    with pytest.raises(dpsql.QueryRefused, match="nested too deeply"):
+        connection.cursor().execute(sql)
+    assert adapter.statements == []
+    assert connection.budget().epsilon_spent == 0
+
+
 def test_an_aware_datetime_parameter_is_read_as_utc_wall_clock(visits):
     connection, table = visits
     sql = f"SELECT COUNT(*) FROM {table} WHERE ts < ?"

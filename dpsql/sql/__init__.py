@@ -14,6 +14,7 @@ from dpsql.sql.analyze import analyze
 from dpsql.sql.check import check_query
 from dpsql.sql.local import plan_local
 from dpsql.sql.normalize import normalize
+from dpsql.sql.parse import nested_too_deeply
 from dpsql.sql.plan import ConstantPlan, DirectPlan, Options, Plan
 from dpsql.sql.running import plan_running
 from dpsql.sql.synopsis import plan_synopsis
@@ -75,6 +76,13 @@ def plan_query(select: exp.Select, context: PlanContext) -> Plan:
     database keeps unique: there each unit has one row, so the bounds are 1 and
     the rewrite needs no per-unit window.
     """
+    try:
+        return _planned(select, context)
+    except RecursionError:  # the passes walk the tree recursively, as sqlglot does
+        raise nested_too_deeply() from None
+
+
+def _planned(select: exp.Select, context: PlanContext) -> Plan:
     select = normalize(select)
     plan = plan_running(select, context)
     if plan is not None:

@@ -128,13 +128,27 @@ def parse_statement(
         return Statement("explain", inner.tree)
     if keyword == "SHOW":
         return Statement("show", name=sql[tokens[0].end + 1 :].strip().rstrip(";"))
-    tree = _parse_one(sql, tokens, dialect)
-    bound = _bind(tree, parameters)
+    try:
+        tree = _parse_one(sql, tokens, dialect)
+        bound = _bind(tree, parameters)
+    except RecursionError:
+        raise nested_too_deeply() from None
     if isinstance(tree, exp.Set):
         return _set_statement(tree)
     if isinstance(tree, exp.Select):
         return Statement("query", tree, key=_key(tree, tokens, bound, dialect))
     return Statement("other", tree)
+
+
+def nested_too_deeply() -> QueryRefused:
+    """The refusal of a statement whose expressions nest beyond what the parser and the
+    analysis (recursive, like sqlglot) can walk: a few hundred levels."""
+    return QueryRefused(
+        "a statement nested too deeply",
+        "dpsql reads and checks expressions recursively, and this one nests beyond "
+        "Python's recursion limit (a few hundred levels)",
+        "flatten it: fewer parentheses, IN (...) or BETWEEN instead of chains, or several queries",
+    )
 
 
 def _key(tree: exp.Expression, tokens: list, bound: list[Any], dialect: str) -> str:
@@ -291,4 +305,12 @@ def _positional(parameters: Sequence[Any] | Mapping[str, Any], index: int) -> An
     return parameters[index]
 
 
-__all__ = ["Statement", "bind_parameters", "literal", "parse_statement", "repeat_key", "tokenize"]
+__all__ = [
+    "Statement",
+    "bind_parameters",
+    "literal",
+    "nested_too_deeply",
+    "parse_statement",
+    "repeat_key",
+    "tokenize",
+]
