@@ -29,6 +29,10 @@ from dpsql.errors import PolicyError
 COLUMN_TYPES = ("int", "float", "string", "bool", "date", "timestamp")
 NUMERIC_TYPES = ("int", "float")
 MECHANISMS = ("laplace", "staircase", "gaussian", "auto")
+# An epsilon above this protects nothing, and a cost this large would not fit the ledger.
+MAX_EPSILON = 1e6
+# Groups one query may release from a public domain: a larger domain is never released.
+MAX_PUBLIC_KEYS = 1_000_000
 
 _TOP_KEYS = {"version", "defaults", "analysts", "tables", "ledger", "data_version", "budget"}
 _DEFAULT_KEYS = {"epsilon_per_query", "delta", "mechanism"}
@@ -377,6 +381,13 @@ class _Reader:
             raise self.fail(key, f"must be {want} finite number, got {value!r}")
         return number
 
+    def epsilon(self, value: Any, key: str) -> float:
+        """A per-query or per-release epsilon: positive, finite and at most MAX_EPSILON."""
+        number = self.positive(value, key)
+        if number > MAX_EPSILON:
+            raise self.fail(key, f"must be at most {MAX_EPSILON:g}, got {value!r}")
+        return number
+
     def probability(self, value: Any, key: str) -> float:
         number = self.positive(value, key, allow_zero=True)
         if number >= 1:
@@ -450,7 +461,7 @@ def _defaults(read: _Reader, spec: dict) -> Defaults:
             "defaults.mechanism", f"unknown mechanism {mechanism!r}; choose one of {MECHANISMS}"
         )
     return Defaults(
-        epsilon_per_query=read.positive(
+        epsilon_per_query=read.epsilon(
             spec.get("epsilon_per_query", base.epsilon_per_query), "defaults.epsilon_per_query"
         ),
         delta=read.probability(spec.get("delta", base.delta), "defaults.delta"),
@@ -618,6 +629,38 @@ def _local_table(read: _Reader, name: str, spec: dict, key: str) -> Table:
     return Table(name=name, columns={}, local=spec_local)
 
 
+# What each policy type's public values must be; dates and timestamps also as ISO text.
+_VALUE_TYPES = {"int": int, "float": int | float, "string": str, "bool": bool,
+                "date": dt.date, "timestamp": dt.date}  # fmt: skip
+
+
+def _of_type(value: Any, kind: str) -> bool:
+    if isinstance(value, bool) and kind != "bool":  # YAML's true is an int to Python
+        return False
+    if isinstance(value, str) and kind in ("date", "timestamp"):
+        try:
+            dt.datetime.fromisoformat(value)
+        except ValueError:
+            return False
+        return True
+    return isinstance(value, _VALUE_TYPES[kind])
+
+
+def _public_values(read: _Reader, values: Any, kind: str, key: str) -> tuple[Any, ...]:
+    """The declared public keys: distinct values of the column's type (the rewrite writes
+    them into the SQL, where one of another type failed after the charge)."""
+    if not isinstance(values, list) or not values:
+        raise read.fail(key, "must be a non-empty list of the public keys")
+    for value in values:
+        if not _of_type(value, kind):
+            raise read.fail(key, f"must list {kind} values, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise read.fail(key, f"must list finite numbers, got {value!r}")
+    if len(set(values)) != len(values):
+        raise read.fail(key, f"lists a value twice: {sorted(values, key=str)!r}")
+    return tuple(values)
+
+
 def _column(read: _Reader, name: str, spec: dict, key: str) -> Column:
     read.known_keys(spec, _COLUMN_KEYS, key)
     kind = spec.get("type")
@@ -631,15 +674,19 @@ def _column(read: _Reader, name: str, spec: dict, key: str) -> Column:
         raise read.fail(key, f"lower ({lower}) is greater than upper ({upper}); swap them")
     values = spec.get("values")
     if values is not None:
-        if not isinstance(values, list) or not values:
-            raise read.fail(f"{key}.values", "must be a non-empty list of the public keys")
-        values = tuple(values)
+        values = _public_values(read, values, kind, f"{key}.values")
     private = bool(spec.get("private", False))
     public = bool(spec.get("public", False))
     if public and not (values is not None or (kind == "int" and lower is not None)):
         raise read.fail(
             f"{key}.public",
             "a public key domain needs 'values: [...]' or integer 'lower'/'upper'",
+        )
+    if public and values is None and upper - lower + 1 > MAX_PUBLIC_KEYS:
+        raise read.fail(
+            f"{key}.public",
+            f"a public domain of {upper - lower + 1:,} keys is more than one query may "
+            f"release ({MAX_PUBLIC_KEYS:,}): drop 'public', or group by a coarser column",
         )
     if private and (public or values is not None):
         raise read.fail(key, "a private column cannot also have a public domain")
@@ -715,7 +762,7 @@ def _choice(read: _Reader, value: Any, allowed: tuple[str, ...], key: str) -> st
 def _required_epsilon(read: _Reader, spec: dict, key: str) -> float:
     if "epsilon" not in spec:
         raise read.fail(key, "missing 'epsilon' (what building it costs), e.g. epsilon: 1.0")
-    return read.positive(spec["epsilon"], f"{key}.epsilon")
+    return read.epsilon(spec["epsilon"], f"{key}.epsilon")
 
 
 def _mechanism_delta(read: _Reader, spec: dict, needs_delta: bool, key: str) -> float:

@@ -28,7 +28,7 @@ from dpsql.errors import InterfaceError, OperationalError, ProgrammingError, Que
 from dpsql.ldp.postprocess import METHODS as LDP_METHODS
 from dpsql.ledger import Ledger
 from dpsql.mechanisms.samplers import secure_generator
-from dpsql.policy import CONTINUAL_MECHANISMS, MECHANISMS, Policy
+from dpsql.policy import CONTINUAL_MECHANISMS, MAX_EPSILON, MECHANISMS, Policy
 from dpsql.sql import PlanContext, plan_query
 from dpsql.sql.check import refuse_statement
 from dpsql.sql.parse import Statement, parse_statement, repeat_key, tokenize
@@ -48,7 +48,6 @@ from dpsql.sql.synopsis import BuildSynopsisPlan, StoredSynopsisPlan, SynopsisSt
 from dpsql.sql.synopsis import count_query as synopsis_count_query
 from dpsql.sql.synopsis import declared as declared_synopses
 
-MAX_EPSILON = 1e6
 _SETTABLE = (
     "dpsql.epsilon", "dpsql.delta", "dpsql.mechanism", "dpsql.ldp_postprocess", "dpsql.continual",
 )  # fmt: skip

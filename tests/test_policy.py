@@ -53,6 +53,13 @@ def test_good_policy_loads(tmp_path):
         (("type: float", "type: money"), "type", "must be one of"),
         (("delta: 1.0e-5", "delta: 2"), "delta", "below 1"),
         (("values: [0, 1]", "values: []"), "values", "non-empty"),
+        # each of these was accepted, then failed or misbehaved at a query
+        (("values: [0, 1]", "values: [0, 'a']"), "sex.values", "must list int values"),
+        (("values: [0, 1]", "values: [1, 1]"), "sex.values", "lists a value twice"),
+        (("values: [0, 1]", "values: [0, true]"), "sex.values", "must list int values"),
+        (("values: [0, 1]", "values: [0, .nan]"), "sex.values", "must list int values"),
+        (("upper: 100}", "upper: 10000000, public: true}"), "age.public", "more than one"),
+        (("epsilon_per_query: 0.5", "epsilon_per_query: 1.0e+7"), "epsilon_per_query", "at most"),
     ],
 )
 def test_bad_policy_names_file_key_and_fix(tmp_path, change, key, advice):

@@ -29,6 +29,7 @@ from dpsql.mechanisms.grid import GRID_LIMIT
 from dpsql.mechanisms.laplace import DiscreteLaplace
 from dpsql.mechanisms.selection import PartitionSelection
 from dpsql.mechanisms.staircase import Staircase
+from dpsql.policy import MAX_PUBLIC_KEYS
 from dpsql.sql.analyze import KEY_PREFIX, VALUE_PREFIX, Aggregate, Analysis, Interval, _conjuncts
 from dpsql.sql.postprocess import RELEASED, project, query_released
 from dpsql.sql.rewrite import SumGrid, rewrite
@@ -42,7 +43,6 @@ GRID_BITS = 20
 # (exact_integers).
 ROW_STEP_BITS = 22
 SUMMED_ROW_BITS = 40
-MAX_PUBLIC_KEYS = 1_000_000
 MIN_GRID_EXPONENT = -1000  # 2^-1000 is still a normal float: steps never round to zero
 # Released groups per query unless the session says otherwise: as many as the
 # largest public domain, so a query the planner accepts before the charge is
