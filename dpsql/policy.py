@@ -653,11 +653,15 @@ def _public_values(read: _Reader, values: Any, kind: str, key: str) -> tuple[Any
         raise read.fail(key, "must be a non-empty list of the public keys")
     for value in values:
         if not _of_type(value, kind):
-            raise read.fail(key, f"must list {kind} values, got {value!r}")
+            raise read.fail(
+                key, f"must list {kind} values, got {value!r}; write each as the column holds it"
+            )
         if isinstance(value, float) and not math.isfinite(value):
-            raise read.fail(key, f"must list finite numbers, got {value!r}")
+            raise read.fail(key, f"must list finite numbers, got {value!r}; remove it")
     if len(set(values)) != len(values):
-        raise read.fail(key, f"lists a value twice: {sorted(values, key=str)!r}")
+        raise read.fail(
+            key, f"lists a value twice: {sorted(values, key=str)!r}; list each key once"
+        )
     return tuple(values)
 
 

@@ -284,7 +284,8 @@ def _bind(tree: exp.Expression, parameters: Sequence[Any] | Mapping[str, Any] | 
     if not isinstance(parameters, Mapping) and len(parameters) > used:
         # as psycopg does: a value no placeholder takes is a mistake, not ignored
         raise InterfaceError(
-            f"{len(parameters)} parameters were given but the statement takes {used}"
+            f"{len(parameters)} parameters were given but the statement takes {used}; "
+            "pass one value per placeholder"
         )
     return bound
 

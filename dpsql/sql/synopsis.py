@@ -150,10 +150,6 @@ class Domain:
             raise beyond_the_sampler(spec.mechanism, spec.epsilon, exc, larger) from None
         return noise
 
-    def build(self, counts: np.ndarray, rng: np.random.Generator) -> HierarchicalHistogram:
-        """The noisy tree of exact per-bin `counts`, with the declared mechanism."""
-        return HierarchicalHistogram.measure(counts, self.shape, self.noise(), rng)
-
     def noise_text(self) -> str:
         """The noise per node, for EXPLAIN."""
         spec, levels, rows = self.column.synopsis, self.shape.levels, self.contributions
@@ -676,7 +672,8 @@ class BuildSynopsisPlan(_SynopsisAnswer):
         self.request = request
         self.analysis = analysis
         domain = request.domain
-        domain.noise()  # a tree whose noise cannot be drawn is refused before the charge
+        # built (and refused, if it cannot be drawn) before the charge; drawn at release
+        self.noise = domain.noise()
         self.cost = domain.cost
         self.sql = _histogram_sql(domain, dialect, seed)
 
@@ -686,7 +683,7 @@ class BuildSynopsisPlan(_SynopsisAnswer):
                          dtype=np.int64).reshape(-1, 2)  # fmt: skip
         counts = np.zeros(domain.bins, dtype=np.int64)
         np.add.at(counts, np.clip(found[:, 0], 0, domain.bins - 1), found[:, 1])
-        tree = domain.build(counts, rng)
+        tree = HierarchicalHistogram.measure(counts, domain.shape, self.noise, rng)
         spec = domain.column.synopsis
         built = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         payload = json.dumps(
