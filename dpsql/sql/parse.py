@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import functools
 import json
 import logging
 import math
@@ -45,6 +46,12 @@ class Statement:
     key: str = ""
 
 
+@functools.cache  # the adapters' few dialect names; an instance is only read
+def sqlglot_dialect(name: str) -> sqlglot.Dialect:
+    """sqlglot's dialect of this name, built once (get_or_raise builds a new one each call)."""
+    return sqlglot.Dialect.get_or_raise(name)
+
+
 def tokenize(sql: str, dialect: str) -> list:
     """The tokens of `sql`, refusing a text that is not a string, too long, or unreadable."""
     if not isinstance(sql, str):
@@ -57,7 +64,7 @@ def tokenize(sql: str, dialect: str) -> list:
         )
     _require_storable(sql, "the statement")
     try:
-        return sqlglot.Dialect.get_or_raise(dialect).tokenize(sql)
+        return sqlglot_dialect(dialect).tokenize(sql)
     except TokenError as exc:
         raise QueryRefused(
             "malformed SQL", f"it could not be read: {exc}", "check the quoting"
@@ -181,7 +188,7 @@ _EXACT_TOKENS = frozenset(
 
 def _parse_one(sql: str, tokens: list, dialect: str) -> exp.Expression:
     try:
-        parser = sqlglot.Dialect.get_or_raise(dialect).parser()
+        parser = sqlglot_dialect(dialect).parser()
         trees = [tree for tree in parser.parse(tokens, sql) if tree is not None]
     except (ParseError, TokenError) as exc:
         message = str(exc).splitlines()[0]

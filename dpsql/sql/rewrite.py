@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlglot import Dialect, exp
+from sqlglot import exp
 
 from dpsql.policy import Column, Table
 from dpsql.sql.analyze import (
@@ -27,6 +27,7 @@ from dpsql.sql.analyze import (
     undeclared,
     where_range,
 )
+from dpsql.sql.parse import sqlglot_dialect
 
 MEASURE_PREFIX = "__dpsql_m"
 UNITS_COLUMN = "__dpsql_units"
@@ -239,7 +240,7 @@ def _in_dialect(query: exp.Select, dialect: str, table: Table | None = None) -> 
     as the backend folds unquoted names (lower case in PostgreSQL, upper case
     in Snowflake) and then quoted, so a name that is also a keyword still works.
     """
-    backend = Dialect.get_or_raise(dialect)
+    backend = sqlglot_dialect(dialect)
     postgres = dialect == "postgres"
     # Deepest first, so that a replaced node (ROUND cast back to DOUBLE) has its insides
     # done already; transform() would not look inside a node it has just replaced.
