@@ -7,12 +7,18 @@
   busy handler (60 s by default) instead of failing with "database is
   locked".
 * **Durable charges, cheap cache.** ``journal_mode=WAL`` with
-  ``synchronous=FULL``: the WAL is fsynced at every commit, so a charge that
-  returned survives a process kill *and* an OS crash. A release stored with
-  ``durable=False`` commits with ``synchronous=NORMAL`` (no fsync of its own):
-  power loss may drop it, and the next identical query is then charged and
-  answered afresh (budget lost, never privacy). WAL frames are written in
-  order, so the next fsynced commit makes it durable too.
+  ``synchronous=NORMAL``, and a durable commit fsyncs the WAL file itself
+  right after COMMIT: that is what ``synchronous=FULL`` adds to NORMAL, done
+  here outside the write lock and, for a charge whose sync is deferred
+  (``Store.append(sync=False)``), on a background thread while the caller
+  goes on (the database runs the query); `wait_durable` then waits for it
+  before anything is released. One fsync covers every commit before it began,
+  so concurrent charges share one. A committed charge survives a process
+  kill at once (it is in the OS's cache) and an OS crash once synced. A
+  release stored with ``durable=False`` is not synced: power loss may drop
+  it, and the next identical query is then charged and answered afresh
+  (budget lost, never privacy). WAL frames are written in order, so the next
+  sync makes it durable too.
 * **Append-only.** Triggers refuse UPDATE and DELETE on ``charges``, and an
   insert that does not continue the analyst's running totals.
 * **Schema version 2** adds rho and the running totals; a version-1 file is
@@ -21,7 +27,9 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -100,12 +108,15 @@ class SQLiteStore(Store):
     """The ledger's tables in one SQLite file (or ``:memory:``)."""
 
     _driver_error = sqlite3.Error
+    _defers_sync = True
 
     def __init__(self, path: str, meta: dict[str, str], timeout: float):
         super().__init__()
         self.location = path
         self._meta = meta
         self._timeout = timeout
+        self._wal: _WalSync | None = None
+        self._pending = 0  # the ticket of the last charge whose sync was deferred
         try:
             if path != ":memory:" and not path.startswith("file:"):
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -130,9 +141,17 @@ class SQLiteStore(Store):
             # commits. The mode is persistent in the file; switching it needs
             # an exclusive lock, and some SQLite versions return "locked"
             # without calling the busy handler, so retry for the timeout.
-            self._retry_locked(lambda: conn.execute("PRAGMA journal_mode=WAL").fetchone())
-            conn.execute("PRAGMA synchronous=FULL")
+            mode: list[str] = []
+            self._retry_locked(
+                lambda: mode.append(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0])
+            )
+            path = conn.execute("PRAGMA database_list").fetchone()[2]  # '' in memory
+            # In WAL mode durable commits sync the WAL themselves; in any other mode
+            # (a memory database, or a file system without WAL) SQLite syncs at commit.
+            in_wal = bool(path) and mode[-1].lower() == "wal"
+            conn.execute(f"PRAGMA synchronous={'NORMAL' if in_wal else 'FULL'}")
             conn.execute(f"PRAGMA busy_timeout={int(self._timeout * 1000)}")
+            self._wal, self._pending = _WalSync(path + "-wal" if in_wal else None), 0
             self._retry_locked(lambda: self._create_schema(conn))
         except BaseException:
             conn.close()
@@ -185,17 +204,119 @@ class SQLiteStore(Store):
 
     @contextmanager
     def _transaction(self, conn: sqlite3.Connection, durable: bool) -> Iterator[None]:
-        if not durable:
-            conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            yield
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        if durable:
+            self._wal.wait(self._wal.request())
+
+    def _sync_later(self) -> None:
+        self._pending = self._wal.request()
+
+    def wait_durable(self) -> None:
+        with self._lock:
+            if self._pid != os.getpid():
+                return  # a forked child: its parent waits for the parent's own charges
+            wal, pending = self._wal, self._pending
+        if wal is not None:
+            wal.wait(pending)
+
+    def close(self) -> None:
+        super().close()
+        if self._wal is not None:
+            self._wal.close()
+
+
+class _WalSync:
+    """Syncs the WAL file to disk on a thread of its own; a caller asks for a sync after
+    its commit and waits for it when it must (group commit).
+
+    Each request gets a ticket; the thread takes every ticket issued so far, fsyncs,
+    and marks them done, so a sync always begins after the commits it covers. The
+    file is opened once and reopened if the name came to point at another file;
+    the folder is synced once, as SQLite does for a WAL file it creates.
+    """
+
+    def __init__(self, path: str | None):
+        self._path = path
+        self._descriptor: int | None = None
+        self._changed = threading.Condition()
+        self._requested = self._done = 0
+        self._error: OSError | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def request(self) -> int:
+        if self._path is None:
+            return 0  # in memory: nothing to sync
+        with self._changed:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="dpsql-wal-sync", daemon=True
+                )
+                self._thread.start()
+            self._requested += 1
+            self._changed.notify_all()
+            return self._requested
+
+    def wait(self, ticket: int) -> None:
+        with self._changed:
+            while self._done < ticket and self._error is None:
+                self._changed.wait()
+            if self._done < ticket:
+                raise OperationalError(f"ledger {self._path}: cannot sync to disk: {self._error}")
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while self._done == self._requested and not self._closed:
+                    self._changed.wait()
+                if self._done == self._requested:
+                    break  # closed, nothing pending
+                target = self._requested
             try:
-                yield
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-        finally:
-            if not durable:
-                conn.execute("PRAGMA synchronous=FULL")
+                self._sync()
+            except OSError as exc:
+                with self._changed:
+                    self._error = exc
+                    self._changed.notify_all()
+                return
+            with self._changed:
+                self._done = target
+                self._changed.notify_all()
+        if self._descriptor is not None:
+            os.close(self._descriptor)
+            self._descriptor = None
+
+    def _sync(self) -> None:
+        assert self._path is not None
+        try:
+            current = os.stat(self._path)
+        except FileNotFoundError:
+            # The last connection closed: SQLite checkpointed the WAL into the database
+            # file, synced that, and removed it. Nothing of it is left to sync.
+            return
+        if self._descriptor is not None and not os.path.samestat(
+            os.fstat(self._descriptor), current
+        ):
+            os.close(self._descriptor)
+            self._descriptor = None
+        if self._descriptor is None:
+            # Read-only is enough: fsync writes out the file's pages, whoever wrote them.
+            self._descriptor = os.open(self._path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            folder = os.open(os.path.dirname(self._path) or ".", os.O_RDONLY)
+            try:
+                os.fsync(folder)
+            finally:
+                os.close(folder)
+        os.fsync(self._descriptor)

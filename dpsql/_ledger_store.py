@@ -74,6 +74,8 @@ class Store(ABC):
     location: str
     #: The driver's base exception, reported as dpsql's OperationalError.
     _driver_error: type[Exception]
+    #: Whether a charge's commit can return before the disk has it (`append(sync=False)`).
+    _defers_sync = False
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -97,6 +99,15 @@ class Store(ABC):
 
     def _usable(self, conn: Any) -> bool:
         return True
+
+    def _sync_later(self) -> None:
+        """Just after a commit that skipped the disk, under the lock: start making it
+        durable without waiting for it (see wait_durable)."""
+        raise NotImplementedError(f"{type(self).__name__} commits charges durably")
+
+    def wait_durable(self) -> None:
+        """Wait until every charge appended with `sync=False` is on disk."""
+        return  # a store that cannot defer the sync made every charge durable at commit
 
     def _execute(self, conn: Any, sql: str, params: tuple[object, ...] = ()) -> Any:
         return conn.execute(sql, params)
@@ -156,6 +167,8 @@ class Store(ABC):
         accounts: Sequence[tuple[str, str, Callable[[Units], None]]],
         charged_at: str,
         units: Units,
+        *,
+        sync: bool = True,
     ) -> list[Units]:
         """Charge `units` to every (account, fingerprint, admit) if no `admit(spent)` raises.
 
@@ -164,19 +177,24 @@ class Store(ABC):
         taken in the order given (callers give the analyst before the shared
         dataset account, so two charges never wait for each other in a cycle);
         no other charge to these accounts can come in between, and either every
-        account is charged or none is.
+        account is charged or none is. The charge is committed on return, and
+        durable too unless `sync=False` and the store can defer that.
         """
-        with self._write() as conn:
-            lasts = []
-            for account, _, admit in accounts:
-                self._lock_analyst(conn, account)
-                seq, spent = self._last(conn, account)
-                admit(spent)
-                lasts.append((seq, spent.plus(units)))
-            for (account, fingerprint, _), (seq, totals) in zip(accounts, lasts, strict=True):
-                self._execute(
-                    conn, _APPEND, (account, charged_at, fingerprint, *units, seq + 1, *totals)
-                )
+        with self._lock:
+            deferred = not sync and self._defers_sync
+            with self._write(durable=not deferred) as conn:
+                lasts = []
+                for account, _, admit in accounts:
+                    self._lock_analyst(conn, account)
+                    seq, spent = self._last(conn, account)
+                    admit(spent)
+                    lasts.append((seq, spent.plus(units)))
+                for (account, fingerprint, _), (seq, totals) in zip(accounts, lasts, strict=True):
+                    self._execute(
+                        conn, _APPEND, (account, charged_at, fingerprint, *units, seq + 1, *totals)
+                    )
+            if deferred:
+                self._sync_later()
         return [totals for _, totals in lasts]
 
     def charges(self, analyst: str | None) -> list[tuple]:

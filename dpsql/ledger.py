@@ -17,7 +17,14 @@ Guarantees, in every store:
   after it; the database refuses a row that does not continue them, so the
   amount spent (the last row's totals) cannot disagree with the log, even
   after a crash, and finding it is one index lookup however long the log.
-* **Durable before return.** A charge is on disk before ``charge()`` returns.
+* **Durable before return, or before release.** A charge is on disk before
+  ``charge()`` returns. With ``charge(..., sync=False)`` it is committed
+  (every other charge sees it, a killed process keeps it) but may still be on
+  its way to the disk, which `durable()` waits for: a caller runs the query
+  meanwhile and calls `durable()` before releasing anything the charge paid
+  for, so power lost in between loses a charge whose answer nobody saw
+  (budget, never privacy). The SQLite store syncs in the background; the
+  PostgreSQL store is durable at commit either way.
   A cached release may be stored without waiting for the disk
   (``store_release(..., durable=False)``): losing it only means the next
   identical query is charged and answered afresh.
@@ -248,6 +255,7 @@ class Ledger:
         fingerprint: str,
         *,
         dataset_budget: Cost | None = None,
+        sync: bool = True,
     ) -> Cost:
         """Append a charge if it fits in `budget`; return what remains of it after.
 
@@ -257,7 +265,8 @@ class Ledger:
         and the charge must fit both. Raises BudgetExhausted, or
         DatasetBudgetExhausted when the shared budget is what does not fit,
         and writes nothing. The charge is committed and durable before this
-        returns.
+        returns; with `sync=False` only committed, and `durable()` must be
+        called before anything it paid for is released.
         """
         _check_text(analyst, "analyst")
         _check_text(fingerprint, "fingerprint")
@@ -271,8 +280,12 @@ class Ledger:
                 analyst, cost, units, _budget_cost(dataset_budget), DatasetBudgetExhausted
             )
             accounts.append((DATASET_ACCOUNT, f"{analyst}:{fingerprint}", shared))
-        totals = self._store.append(accounts, _now(), units)
+        totals = self._store.append(accounts, _now(), units, sync=sync)
         return _left(_as_cost(totals[0]), rounded)
+
+    def durable(self) -> None:
+        """Wait until every charge made with `sync=False` is on disk."""
+        self._store.wait_durable()
 
     def charges(self, analyst: str | None = None) -> list[Charge]:
         """The log, oldest first; only `analyst`'s charges if given."""

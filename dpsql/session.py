@@ -178,9 +178,11 @@ class Session:
             return self._keep_state(self._release(plan))
         check_known_groups(plan, self.max_groups)
         # The charge is committed before the database runs: a crash after it
-        # loses budget, never privacy.
-        self._charge(plan.cost, fingerprint)
+        # loses budget, never privacy. Its way to the disk overlaps the query,
+        # and the release waits for it.
+        self._charge(plan.cost, fingerprint, sync=False)
         release = self._keep_state(self._release(plan))
+        self.ledger.durable()
         if not getattr(plan, "cacheable", True):  # a stream: later runs release more steps
             return release
         stored = self.ledger.store_release(
@@ -196,10 +198,16 @@ class Session:
         with self.adapter.stream(plan.sql) as (columns, batches), self._rng_lock:
             return release_stream(plan, columns, batches, self._rng, self.max_groups)
 
-    def _charge(self, cost: Cost, fingerprint: str) -> None:
-        """Charge the analyst's budget and, if the policy sets one, the dataset's, atomically."""
+    def _charge(self, cost: Cost, fingerprint: str, *, sync: bool = True) -> None:
+        """Charge the analyst's budget and, if the policy sets one, the dataset's, atomically
+        (`sync=False`: see Ledger.charge)."""
         self.ledger.charge(
-            self.analyst, cost, self.total, fingerprint, dataset_budget=self.policy.dataset_budget
+            self.analyst,
+            cost,
+            self.total,
+            fingerprint,
+            dataset_budget=self.policy.dataset_budget,
+            sync=sync,
         )
 
     def _keep_state(self, release: Release) -> Release:

@@ -35,6 +35,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
+import dpsql
+from dpsql import demo
 from dpsql._ledger_postgres import split_location
 from dpsql._ledger_store import Units
 from dpsql.accounting import Cost, zcdp_epsilon
@@ -486,20 +488,120 @@ def test_a_version_1_file_is_upgraded_in_place(tmp_path: Path) -> None:
 def test_a_cached_release_skips_the_disk_wait_but_charges_do_not(
     ledger: Ledger, ledger_location: str
 ) -> None:
-    # Reads the store's own connection: the setting is per connection, and a
-    # charge after a non-durable release must wait for the disk again.
-    conn = ledger._store._connection()
-    setting = "SHOW synchronous_commit" if is_postgres(ledger_location) else "PRAGMA synchronous"
-    durable = conn.execute(setting).fetchone()[0]
-    assert durable in ("on", 2)  # PostgreSQL's default; SQLite's FULL
-    ledger.charge("alice", TENTH, ONE, "q")
-    assert ledger.store_release("alice", "q", "cached", durable=False) == "cached"
-    assert conn.execute(setting).fetchone()[0] == durable
-    with pytest.raises(TypeError):
-        ledger.store_release("alice", "q2", None, durable=False)  # type: ignore[arg-type]
-    assert conn.execute(setting).fetchone()[0] == durable
-    ledger.charge("alice", TENTH, ONE, "q2")
+    if is_postgres(ledger_location):
+        # Reads the store's own connection: the setting is per connection, and a
+        # charge after a non-durable release must wait for the disk again.
+        conn = ledger._store._connection()
+        assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
+    with fsyncs_of_the_wal(ledger) as synced:
+        ledger.charge("alice", TENTH, ONE, "q")
+        assert synced() or is_postgres(ledger_location)  # SQLite: the store's own fsync
+        before = synced()
+        assert ledger.store_release("alice", "q", "cached", durable=False) == "cached"
+        with pytest.raises(TypeError):
+            ledger.store_release("alice", "q2", None, durable=False)  # type: ignore[arg-type]
+        assert synced() == before
+        ledger.charge("alice", TENTH, ONE, "q2")
+        assert synced() > before or is_postgres(ledger_location)
+    if is_postgres(ledger_location):
+        assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
     assert ledger.cached_release("alice", "q") == "cached"
+
+
+@contextmanager
+def fsyncs_of_the_wal(ledger: Ledger, gate: threading.Event | None = None) -> Iterator[Any]:
+    """Count the fsyncs of an SQLite ledger's WAL file that cover everything written to it
+    before they began (the file's size when each began); `gate`: each waits for it first.
+
+    Yields synced(): how many fsyncs, or, given a size, how many began at or past it."""
+    wal = os.path.realpath(ledger.location) + "-wal"
+    starts: list[int] = []
+    real_fsync = os.fsync
+
+    def spy(descriptor: int) -> None:
+        if os.path.realpath(f"/proc/self/fd/{descriptor}") == wal:
+            if gate is not None:
+                gate.wait()
+            starts.append(os.fstat(descriptor).st_size)
+        real_fsync(descriptor)
+
+    def synced(size: int = 0) -> int:
+        return sum(start >= size for start in starts)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "fsync", spy)
+        yield synced
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/self/fd")
+def test_a_deferred_charge_is_committed_at_once_and_durable_after_durable(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    with Ledger(path) as ledger, Ledger(path) as other:
+        gate = threading.Event()
+        with fsyncs_of_the_wal(ledger, gate) as synced:
+            ledger.charge("alice", TENTH, ONE, "q", sync=False)
+            # Committed: another connection sees it and counts it against the budget.
+            assert other.spent("alice") == TENTH
+            written = os.path.getsize(str(path) + "-wal")
+            waiter = threading.Thread(target=ledger.durable)
+            waiter.start()
+            waiter.join(0.3)
+            assert waiter.is_alive()  # the sync is held at the gate: durable() must wait
+            gate.set()
+            waiter.join()
+            # The sync that durable() waited for began after everything the charge wrote.
+            assert synced(written) >= 1
+        assert ledger.spent("alice") == TENTH
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/self/fd")
+def test_a_query_is_released_only_once_its_charge_is_on_disk(tmp_path: Path) -> None:
+    # The pipeline commits the charge, lets its fsync overlap the query, and must
+    # not hand the answer over before that fsync is done.
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger(path)
+    gate = threading.Event()
+    answers: list[Any] = []
+    with dpsql.connect(demo.demo_connection(), policy=demo.DEMO_POLICY, ledger=ledger) as con:
+        with fsyncs_of_the_wal(ledger, gate) as synced:
+            query = threading.Thread(
+                target=lambda: answers.append(
+                    con.cursor().execute("SELECT COUNT(*) FROM census").fetchall()
+                )
+            )
+            query.start()
+            query.join(0.5)
+            assert query.is_alive() and not answers
+            assert len(ledger.charges("default")) == 1  # charged (committed) already
+            written = os.path.getsize(str(path) + "-wal")
+            gate.set()
+            query.join()
+            assert synced(written) >= 1
+        assert len(answers) == 1
+
+
+def test_concurrent_deferred_charges_share_syncs_and_never_overspend(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    charged: list[int] = []
+    with Ledger(path) as ledger:
+
+        def spend(thread: int) -> None:
+            for i in range(25):
+                try:
+                    ledger.charge("alice", TENTH, Cost.of(5.0), f"{thread}-{i}", sync=False)
+                except BudgetExhausted:
+                    continue
+                ledger.durable()
+                charged.append(thread)
+
+        threads = [threading.Thread(target=spend, args=(t,)) for t in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(charged) == 50  # 5.0 / 0.1, exactly
+        assert ledger.spent("alice") == Cost(Fraction(5))
+    assert assert_log_consistent(str(path)) == 50
 
 
 def test_creates_parent_directories_and_memory_ledgers(tmp_path: Path) -> None:
