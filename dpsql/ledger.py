@@ -47,6 +47,7 @@ Guarantees, in every store:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -130,6 +131,7 @@ def _cost_units(cost: Cost) -> Units:
     return units
 
 
+@functools.lru_cache(maxsize=64)  # exact arithmetic; a session passes the same budget every time
 def _budget_cost(budget: Cost) -> Cost:
     """A budget rounded down to the quantum, so it is never overstated.
 
@@ -150,16 +152,24 @@ def _as_cost(units: Units) -> Cost:
     return Cost(*(Fraction(n, quantum) for n, quantum in zip(units, _QUANTA, strict=True)))
 
 
-def _left(spent: Cost, budget: Cost) -> Cost:
-    """What `remaining` reports (see there): never more than a charge could use."""
-    delta_left = budget.delta - spent.delta
-    epsilon_used = spent.epsilon
-    if spent.rho:
-        if delta_left <= 0:
-            return Cost()
-        epsilon_used += zcdp_epsilon(spent.rho, delta_left)
+def _left(spent: Units, budget: Cost) -> Cost:
+    """What `remaining` reports (see there), for what an account spent, in stored units,
+    under a budget rounded down to the quantum: never more than a charge could use."""
+    if not spent.rho:  # whole quanta on both sides: integers, exact and without Fractions
+        epsilon, delta, _ = spent
+        return _as_cost(
+            Units(
+                max(0, _floor_units(budget.epsilon, EPSILON_QUANTUM) - epsilon),
+                max(0, _floor_units(budget.delta, DELTA_QUANTUM) - delta),
+            )
+        )
+    exact = _as_cost(spent)
+    delta_left = budget.delta - exact.delta
+    if delta_left <= 0:
+        return Cost()
+    epsilon_used = exact.epsilon + zcdp_epsilon(exact.rho, delta_left)
     epsilon_left = _floor_units(max(Fraction(0), budget.epsilon - epsilon_used), EPSILON_QUANTUM)
-    return Cost(Fraction(epsilon_left, EPSILON_QUANTUM), max(Fraction(0), delta_left))
+    return Cost(Fraction(epsilon_left, EPSILON_QUANTUM), delta_left)
 
 
 def _admit(
@@ -184,7 +194,7 @@ def _admit(
         else:
             fits = total.epsilon <= limit.epsilon and total.delta <= limit.delta
         if max(total) > _MAX_UNITS or not fits:
-            raise refusal(analyst, cost, _left(_as_cost(spent), budget))
+            raise refusal(analyst, cost, _left(spent, budget))
 
     return admit
 
@@ -245,7 +255,7 @@ class Ledger:
         using: spending any of it raises the converted epsilon. Zero, not
         negative, if a budget was lowered below what was spent.
         """
-        return _left(self.spent(analyst), _budget_cost(budget))
+        return _left(self._store.spent(_check_text(analyst, "analyst")), _budget_cost(budget))
 
     def charge(
         self,
@@ -281,7 +291,7 @@ class Ledger:
             )
             accounts.append((DATASET_ACCOUNT, f"{analyst}:{fingerprint}", shared))
         totals = self._store.append(accounts, _now(), units, sync=sync)
-        return _left(_as_cost(totals[0]), rounded)
+        return _left(totals[0], rounded)
 
     def durable(self) -> None:
         """Wait until every charge made with `sync=False` is on disk."""
