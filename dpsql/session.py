@@ -52,6 +52,10 @@ _SETTABLE = (
     "dpsql.epsilon", "dpsql.delta", "dpsql.mechanism", "dpsql.ldp_postprocess", "dpsql.continual",
 )  # fmt: skip
 
+#: The longest time between a watch's ticks, in seconds (`dpsql watch --every` too): a
+#: year is past any step of a stream, and far below what time.sleep can wait.
+MAX_WATCH_INTERVAL = 365 * 86400.0
+
 #: What the ledger stores beside the charges, by kind: noisy answers kept for
 #: repeats, range synopses, and the noise already released by running streams.
 #: The last two are found by their fingerprints' prefix; answers are the rest.
@@ -333,22 +337,41 @@ class Session:
         Each tick yields the rows of steps that became complete since the last
         tick (the first tick: every released step). The stream is charged once,
         on its first run ever; later ticks, and a watch restarted later, are free.
+
+        `every` is a number of seconds, more than 0 and at most a year; `ticks` is
+        None (tick until the caller stops) or a whole number of at least 0 (0: no
+        tick, nothing run). The arguments and the query are checked here, at the
+        call, before anything runs or is charged: a ProgrammingError says what to pass.
         """
+        number = isinstance(every, int | float | np.integer | np.floating)
+        if isinstance(every, bool) or not (number and 0 < every <= MAX_WATCH_INTERVAL):
+            raise ProgrammingError(
+                "watch takes every= an interval of more than 0 and at most "
+                f"{MAX_WATCH_INTERVAL:,.0f} seconds (365 days), got {every!r}"
+            )
+        whole = isinstance(ticks, int | np.integer) and not isinstance(ticks, bool)
+        if ticks is not None and not (whole and ticks >= 0):
+            raise ProgrammingError(
+                "watch takes ticks= a whole number of ticks, at least 0, or None to tick "
+                f"until stopped; got {ticks!r}"
+            )
         statement = parse_statement(sql, self.adapter.dialect)
         if statement.kind != "query" or not isinstance(self.plan(statement.tree), RunningPlan):
             raise ProgrammingError(
                 "watch takes a running-total query, e.g. SELECT day, SUM(COUNT(*)) OVER "
                 "(ORDER BY day) AS so_far FROM events GROUP BY day"
             )
-        if not every > 0:
-            raise ProgrammingError(f"watch needs a positive interval, got {every!r} seconds")
-        shown, tick = 0, 0
-        while ticks is None or tick < ticks:
-            if tick:
-                sleep(every)
-            release = self._answer(statement, stream=True)  # parsed once; planned from the tree
-            yield replace(release, rows=release.rows[shown:], state={})
-            shown, tick = max(shown, len(release.rows)), tick + 1
+
+        def each_tick() -> Iterator[Release]:
+            shown, tick = 0, 0
+            while ticks is None or tick < ticks:
+                if tick:
+                    sleep(every)
+                release = self._answer(statement, stream=True)  # parsed once; planned from tree
+                yield replace(release, rows=release.rows[shown:], state={})
+                shown, tick = max(shown, len(release.rows)), tick + 1
+
+        return each_tick()
 
     # -- synopses -------------------------------------------------------------
 

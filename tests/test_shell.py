@@ -159,6 +159,24 @@ def test_meta_set_changes_the_cost_of_the_next_query(shell: Shell) -> None:
     assert shell.settings["mechanism"] == "laplace"
 
 
+def test_meta_set_reaches_every_session_option(shell: Shell) -> None:
+    """\\set knows every option SET dpsql.* does, not only epsilon, delta and mechanism."""
+    options = shell.connection._connection.session.options  # type: ignore[attr-defined]
+    assert (options.continual, options.ldp_postprocess) == ("policy", "none")
+    assert shell.run_text("\\set continual factorization")
+    assert "continual factorization" in _take(shell.output)
+    assert shell.run_text("\\set ldp_postprocess = norm-sub")
+    assert "ldp_postprocess norm-sub" in _take(shell.output)
+    options = shell.connection._connection.session.options  # type: ignore[attr-defined]
+    assert (options.continual, options.ldp_postprocess) == ("factorization", "norm-sub")
+    assert shell.settings["continual"] == "factorization"
+    assert shell.run_text("\\set")
+    out = _take(shell.output)
+    assert all(name in out for name in ("epsilon", "delta", "mechanism", "continual", "ldp_"))
+    assert shell.run_text("\\set continual policy")
+    assert shell.settings["continual"] == "policy"
+
+
 @pytest.mark.parametrize(
     ("line", "says"),
     [
@@ -166,7 +184,16 @@ def test_meta_set_changes_the_cost_of_the_next_query(shell: Shell) -> None:
         ("\\set epsilon -1", "dpsql.epsilon must be a positive finite number"),
         ("\\set mechanism 'x'; DROP", "a mechanism is a name"),
         ("\\set mechanism magic", "unknown mechanism 'magic'; choose one of:"),
-        ("\\set colour red", "give one of epsilon, delta, mechanism"),
+        ("\\set continual magic", "unknown continual mechanism 'magic'; choose one of:"),
+        ("\\set continual", "\\set continual needs a value, e.g. \\set continual factorization"),
+        (
+            "\\set continual 'x'; DROP",
+            "a continual mechanism is a name (binary, factorization, "
+            "policy), e.g. \\set continual factorization",
+        ),
+        ("\\set ldp_postprocess magic", "unknown local-DP post-processing 'magic'; choose one"),
+        ("\\set ldp_postprocess 1", "a post-processing method is a name (none, base-pos, "),
+        ("\\set colour red", "give one of epsilon, delta, mechanism, continual, ldp_postprocess"),
         ("\\frobnicate", "unknown command \\frobnicate; \\help lists the commands"),
         ("\\explain", "\\explain needs a query"),
         ("SELECT * FROM census;", "refused SELECT *: it returns raw rows. Instead:"),
@@ -198,6 +225,7 @@ def test_meta_budget_policy_explain_and_help(shell: Shell) -> None:
     assert shell.run_text("\\help")
     out = _take(shell.output)
     assert all(command in out for command in ("\\budget", "\\policy", "\\explain", "\\q"))
+    assert "\\set continual factorization" in out and "\\set ldp_postprocess" in out
     with pytest.raises(Quit):
         shell.run(Piece("meta", "\\q", 1))
 
@@ -234,6 +262,13 @@ def test_completion_of_columns_tables_keywords_and_meta_commands() -> None:
     assert _complete("\\bu") == ["\\budget"]
     assert _complete("\\set mech") == ["mechanism"]
     assert _complete("\\set mechanism la") == ["laplace"]
+    assert _complete("\\set cont") == ["continual"]
+    assert _complete("\\set ldp") == ["ldp_postprocess"]
+    assert _complete("\\set continual fa") == ["factorization"]
+    assert _complete("\\set continual ", requested=True) == ["binary", "factorization", "policy"]
+    assert _complete("\\set ldp_postprocess norm-") == ["norm-sub"]
+    assert _complete("SHOW dpsql.cont") == ["dpsql.continual"]
+    assert _complete("SET dpsql.ldp") == ["dpsql.ldp_postprocess"]
     assert _complete("SELECT ") == []  # not on every space
     assert "census" in _complete("SELECT COUNT(*) FROM ", requested=True)
 
@@ -394,6 +429,17 @@ def test_the_shell_against_a_running_server(server: str, tmp_path: Path) -> None
     assert "epsilon 18.5 of 20 remaining" in done.stdout  # SHOW dpsql.budget
     assert "income" in done.stdout and "kept by the server" in done.stdout  # \policy
     assert "error (line 5): refused the column age" in done.stderr
+    assert "SQLSTATE" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_meta_set_of_every_option_against_a_running_server(server: str, tmp_path: Path) -> None:
+    script = "\\set continual factorization\n\\set ldp_postprocess base-pos\n"
+    script += "SHOW dpsql.continual;\nSHOW dpsql.ldp_postprocess;\n\\set continual magic\n"
+    done = _dpsql("--server", server, stdin=script, home=tmp_path)
+    assert done.returncode == 1
+    assert "continual factorization" in done.stdout and "ldp_postprocess base-pos" in done.stdout
+    assert "│ factorization " in done.stdout and "│ base-pos " in done.stdout  # the SHOWs
+    assert "error (line 5): unknown continual mechanism 'magic'; choose one of" in done.stderr
     assert "SQLSTATE" in done.stderr and "Traceback" not in done.stderr
 
 

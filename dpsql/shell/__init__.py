@@ -32,7 +32,7 @@ _EXAMPLES = """examples:
   dpsql shell --demo --csv < queries.sql
 
 Inside the shell, \\help lists the meta-commands (\\budget, \\policy, \\explain,
-\\set epsilon 0.5, \\set mechanism laplace, \\q)."""
+\\set epsilon 0.5, \\set mechanism laplace, \\set continual factorization, \\q)."""
 
 
 def register(commands: argparse._SubParsersAction) -> None:

@@ -5,6 +5,9 @@ statements at semicolons outside quotes and comments (as sqlglot's tokenizer
 sees them); a line that starts with a backslash, between statements, is a
 meta-command. Each statement's answer is printed as a table with the 95%
 interval beside every noisy value, then what it cost and what remains.
+
+`\\set NAME VALUE` is `SET dpsql.NAME = VALUE` for every option in SETTINGS
+(the options a Session sets); the Session (or the server) checks the value.
 """
 
 from __future__ import annotations
@@ -21,24 +24,53 @@ from rich.table import Table
 from sqlglot.errors import TokenError
 from sqlglot.tokens import Token, TokenType
 
+from dpsql.ldp.postprocess import METHODS as LDP_METHODS
+from dpsql.policy import CONTINUAL_MECHANISMS, MECHANISMS
 from dpsql.session import Budget
 from dpsql.shell import render
 from dpsql.shell.connection import ShellConnection, StatementFailed, TableInfo
 from dpsql.sql.plan import Release
 
+
+@dataclass(frozen=True)
+class Setting:
+    """An option `\\set` changes (as SET dpsql.<name>): a number, or a name among `choices`."""
+
+    example: str  # the value \help shows
+    help: str
+    choices: tuple[str, ...] = ()  # the names it takes (completion, messages); none: a number
+    noun: str = ""  # what a name value is, in messages
+
+
+SETTINGS = {
+    "epsilon": Setting("0.5", "privacy cost of each next query (smaller: cheaper and noisier)"),
+    "delta": Setting("1e-6", "delta of each next query (used when group keys come from the data)"),
+    "mechanism": Setting(
+        "laplace", "noise mechanism of the next queries", MECHANISMS, noun="a mechanism"
+    ),
+    "continual": Setting(
+        "factorization",
+        "mechanism of the next running totals (policy: each column's own)",
+        (*CONTINUAL_MECHANISMS, "policy"),
+        noun="a continual mechanism",
+    ),
+    "ldp_postprocess": Setting(
+        "norm-sub",
+        "post-processing of the estimates from local-DP report tables",
+        LDP_METHODS,
+        noun="a post-processing method",
+    ),
+}
 META_COMMANDS = {
     r"\budget": "total, spent and remaining privacy budget",
     r"\policy": "tables and columns you may query: bounds, key domains, privacy unit",
     r"\explain QUERY": "the plan and the cost of QUERY, without running or charging it",
-    r"\set": "show epsilon, delta and mechanism of the next queries",
-    r"\set epsilon 0.5": "privacy cost of each next query (smaller: cheaper and noisier)",
-    r"\set delta 1e-6": "delta of each next query (used when group keys come from the data)",
-    r"\set mechanism laplace": "noise mechanism of the next queries",
+    r"\set": f"show the settings of the next queries ({', '.join(SETTINGS)})",
+    **{f"\\set {name} {setting.example}": setting.help for name, setting in SETTINGS.items()},
     r"\help": "this help",
     r"\q": "quit (also Ctrl-D)",
 }
-SETTINGS = ("epsilon", "delta", "mechanism")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")  # quoted as it is: no quote, no space
 
 
 class Quit(Exception):
@@ -238,12 +270,17 @@ class Shell:
         if not name:
             self._info(self._settings_line())
             return
-        if name not in SETTINGS or not value:
+        setting = SETTINGS.get(name)
+        if setting is None:
             raise StatementFailed(
                 f"\\set {argument}: give one of {', '.join(SETTINGS)} and a value, e.g. "
                 "\\set epsilon 0.5 or \\set mechanism laplace"
             )
-        self.connection.execute(f"SET dpsql.{name} = {_literal(name, value)}")
+        if not value:
+            raise StatementFailed(
+                f"\\set {name} needs a value, e.g. \\set {name} {setting.example}"
+            )
+        self.connection.execute(f"SET dpsql.{name} = {_literal(name, setting, value)}")
         self.refresh_settings()
         self._info(self._settings_line())
 
@@ -289,20 +326,23 @@ def _charged(before: Budget | None, after: Budget) -> bool:
     )
 
 
-def _literal(name: str, value: str) -> str:
-    """The SQL literal for a \\set value, refusing anything that is not a plain value."""
-    if name == "mechanism":
+def _literal(name: str, setting: Setting, value: str) -> str:
+    """The SQL literal for a \\set value, refusing anything that is not a plain value.
+
+    Only the form is checked here; whether the name or number is allowed is the
+    Session's (or the server's) to say, as for SET dpsql.<name>."""
+    example = f"e.g. \\set {name} {setting.example}"
+    if setting.choices:
         if not _NAME.fullmatch(value):
             raise StatementFailed(
-                f"\\set mechanism {value}: a mechanism is a name, e.g. \\set mechanism laplace"
+                f"\\set {name} {value}: {setting.noun} is a name "
+                f"({', '.join(setting.choices)}), {example}"
             )
         return f"'{value}'"
     try:
         return repr(float(value))
     except ValueError:
-        raise StatementFailed(
-            f"\\set {name} {value}: {name} is a number, e.g. \\set {name} 0.5"
-        ) from None
+        raise StatementFailed(f"\\set {name} {value}: {name} is a number, {example}") from None
 
 
 def _schema_table(info: TableInfo) -> Table:

@@ -20,7 +20,6 @@ from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 from prompt_toolkit.lexers import PygmentsLexer
 from pygments.lexers.sql import PostgresLexer
 
-from dpsql.policy import MECHANISMS
 from dpsql.shell.connection import TableInfo
 from dpsql.shell.engine import (
     META_COMMANDS,
@@ -38,8 +37,9 @@ KEYWORDS = (
     "END", "ASC", "DESC", "LIKE", "EXPLAIN", "SET", "SHOW",
 )  # fmt: skip
 FUNCTIONS = ("COUNT", "SUM", "AVG")
-OPTIONS = ("dpsql.epsilon", "dpsql.delta", "dpsql.mechanism", "dpsql.budget")
+OPTIONS = (*(f"dpsql.{name}" for name in SETTINGS), "dpsql.budget")
 _TOKEN = re.compile(r"[\\\w.]*$")
+_META_TOKEN = re.compile(r"[\\\w.-]*$")  # a value of \set may hold a '-' (norm-sub)
 _TABLE_CONTEXT = re.compile(r"\b(from|join)\s+[\w.]*$", re.IGNORECASE)
 
 
@@ -57,7 +57,9 @@ class ShellCompleter(Completer):
 
     def get_completions(self, document: Document, event: CompleteEvent) -> Iterable[Completion]:
         before = document.text_before_cursor
-        word = _TOKEN.search(before).group()  # type: ignore[union-attr]  # always matches
+        in_meta = document.current_line_before_cursor.lstrip().startswith("\\")
+        token = _META_TOKEN if in_meta else _TOKEN
+        word = token.search(before).group()  # type: ignore[union-attr]  # always matches
         if not word and not event.completion_requested:
             return  # not on every space; Tab asks for all
         for text, meta in self._candidates(document.current_line_before_cursor, before, word):
@@ -95,8 +97,8 @@ class ShellCompleter(Completer):
         elif parts[0] == "\\set" and (len(parts) == 1 or (len(parts) == 2 and not
                                                             line.endswith(" "))):  # fmt: skip
             yield from ((name, "setting") for name in SETTINGS)
-        elif parts[:2] == ["\\set", "mechanism"]:
-            yield from ((name, "mechanism") for name in MECHANISMS)
+        elif parts[0] == "\\set" and parts[1].lower() in SETTINGS:
+            yield from ((value, parts[1].lower()) for value in SETTINGS[parts[1].lower()].choices)
 
 
 def _case_like(text: str, typed: str) -> str:
