@@ -16,6 +16,7 @@ from sqlglot import exp
 
 import dpsql
 from dpsql.adapters import open_adapter
+from dpsql.sql.parse import parse_statement
 
 HOSTILE = [
     # raw rows
@@ -387,6 +388,16 @@ def test_statements_nested_too_deeply_are_refused_before_the_charge(recorded, sq
         connection.cursor().execute(sql)
     assert adapter.statements == []
     assert connection.budget().epsilon_spent == 0
+
+
+def test_a_statement_deeper_than_any_recursive_pass_is_refused_as_it_is_parsed():
+    # 50,000 ANDs (850 kB, under the length limit) went through parsing, the check and
+    # most of the analysis (10 s) before a RecursionError refused them
+    chain = " AND ".join(f"age <> {i}" for i in range(50_000))
+    with pytest.raises(dpsql.QueryRefused, match="nested too deeply"):
+        parse_statement(f"SELECT COUNT(*) FROM pums WHERE {chain}", "duckdb")
+    shallow = " AND ".join(f"age <> {i}" for i in range(900))  # no deeper than it may be
+    assert parse_statement(f"SELECT COUNT(*) FROM pums WHERE {shallow}", "duckdb").kind == "query"
 
 
 def test_an_aware_datetime_parameter_is_read_as_utc_wall_clock(visits):

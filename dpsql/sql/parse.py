@@ -14,6 +14,7 @@ import functools
 import json
 import logging
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -137,6 +138,8 @@ def parse_statement(
         return Statement("show", name=sql[tokens[0].end + 1 :].strip().rstrip(";"))
     try:
         tree = _parse_one(sql, tokens, dialect)
+        if len(tokens) > sys.getrecursionlimit() and _depth(tree) > sys.getrecursionlimit():
+            raise RecursionError  # found now, not seconds later inside a recursive pass
         bound = _bind(tree, parameters)
     except RecursionError:
         raise nested_too_deeply() from None
@@ -145,6 +148,19 @@ def parse_statement(
     if isinstance(tree, exp.Select):
         return Statement("query", tree, key=_key(tree, tokens, bound, dialect))
     return Statement("other", tree)
+
+
+def _depth(tree: exp.Expression) -> int:
+    """How many levels `tree` nests, found without recursion. A walk that recurses (the
+    analysis's, sqlglot's) needs a frame per level at least, so a tree deeper than the
+    recursion limit would fail in one; and a chain of 50,000 ANDs took 10 s to fail
+    there. Only a statement of more tokens than that limit can be so deep."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in node.iter_expressions())
+    return deepest
 
 
 def nested_too_deeply() -> QueryRefused:
