@@ -154,8 +154,10 @@ def zcdp_epsilon(rho: Fraction | float, delta: Fraction | float) -> Fraction:
 def zcdp_rho(epsilon: float, delta: float) -> float:
     """The largest rho (to a relative 1e-9) whose zcdp_epsilon is within (epsilon, delta).
 
-    Safe for calibrating noise: the rho returned converts to at most epsilon. 0.0 when
-    none does (epsilon below about 1e-150 at delta 1e-6): no noise can be calibrated.
+    Safe for calibrating noise: the rho returned converts to at most epsilon. As epsilon
+    shrinks to 0, delta alone limits rho (to about 1.36 delta^2: at delta 1e-6, epsilon
+    1e-300 gets the rho of 1e-20). 0.0 when none converts, which takes a tiny delta too
+    (none at epsilon 1e-300 and delta 1e-80): no noise can be calibrated.
     """
     exact_epsilon, exact_delta = Fraction(repr(epsilon)), Fraction(repr(delta))
     if zcdp_epsilon(_SMALLEST_RHO, exact_delta) > exact_epsilon:

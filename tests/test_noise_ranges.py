@@ -23,6 +23,7 @@ from dpsql.accounting import zcdp_epsilon, zcdp_rho
 from dpsql.errors import QueryRefused
 from dpsql.mechanisms.base import OutOfRange
 from dpsql.mechanisms.choice import choose
+from dpsql.mechanisms.continual import Factorization
 from dpsql.mechanisms.gaussian import DiscreteGaussian, GridGaussian
 from dpsql.mechanisms.laplace import DiscreteLaplace, GridLaplace
 from dpsql.mechanisms.staircase import Staircase
@@ -42,13 +43,18 @@ def _connect(policy: dict | None = None, database=None) -> dpsql.Connection:
     )
 
 
-def _outcome(connection: dpsql.Connection, sql: str, instead: str = "SET dpsql.") -> str:
+def _outcome(
+    connection: dpsql.Connection,
+    sql: str,
+    instead: str = "SET dpsql.",
+    reasons: tuple[str, ...] = ("cannot be drawn exactly",),
+) -> str:
     charges = len(connection.session.ledger.charges())
     try:
         connection.execute(sql).fetchall()
     except QueryRefused as refused:
         assert len(connection.session.ledger.charges()) == charges, "refused after the charge"
-        assert "cannot be drawn exactly" in str(refused)
+        assert any(reason in str(refused) for reason in reasons), str(refused)
         assert f"Instead: {instead}" in str(refused)
         return "refused"
     return "answered"
@@ -92,6 +98,137 @@ def test_synopses_and_running_totals_refuse_a_declared_epsilon_beyond_the_sample
             assert _outcome(connection, sql, instead) == "refused"
 
 
+def _events() -> duckdb.DuckDBPyConnection:
+    """100 units of 20 rows, one a day and one an age: within every bound the policy sets."""
+    database = duckdb.connect()
+    database.execute(
+        "CREATE TABLE events AS SELECT i // 20 AS uid, DATE '2024-01-01' + (i % 20)::INT AS day, "
+        "i % 90 AS age, (i % 11)::DOUBLE AS amount FROM range(2000) t(i)"
+    )
+    return database
+
+
+def _stream_policy(continual: dict, synopsis: dict | None = None) -> dict:
+    columns = {
+        "uid": {"type": "int", "private": True},
+        "day": {"type": "date", "lower": "2024-01-01", "upper": "2024-02-09",
+                "continual": {"step": "1 day", **continual}},
+        "age": {"type": "int", "lower": 0, "upper": 100},
+        "amount": {"type": "float", "lower": 0, "upper": 10},
+    }  # fmt: skip
+    if synopsis is not None:
+        columns["age"]["synopsis"] = synopsis
+    return {
+        "version": 1,
+        "analysts": {"default": {"epsilon": 1e6, "delta": 0.5}},
+        "tables": {"events": {"privacy_unit": "uid", "max_groups_per_unit": 40,
+                              "max_rows_per_unit": 3, "columns": columns}},
+    }  # fmt: skip
+
+
+RUNNING_TOTALS = {
+    "count": "SELECT day, SUM(COUNT(*)) OVER (ORDER BY day) AS total FROM events "
+    "WHERE day < '2024-01-09' GROUP BY day",
+    "sum": "SELECT day, SUM(SUM(amount)) OVER (ORDER BY day) AS total FROM events "
+    "WHERE day < '2024-01-09' GROUP BY day",
+}
+NO_RHO = "no zCDP rho converts"
+
+
+def _running_truth(database: duckdb.DuckDBPyConnection, kind: str) -> list[float]:
+    value = "COUNT(*)" if kind == "count" else "SUM(amount)"
+    return [float(total) for (total,) in database.execute(
+        f"SELECT SUM({value}) OVER (ORDER BY day) FROM events WHERE day < '2024-01-09' "
+        "GROUP BY day ORDER BY day"
+    ).fetchall()]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "continual",
+    [{}, {"mechanism": "factorization", "delta": 1e-9},
+     {"mechanism": "factorization", "delta": 1e-300}],
+    ids=["binary", "factorization", "factorization-tiny-delta"],
+)  # fmt: skip
+@pytest.mark.parametrize("kind", ["count", "sum"])
+def test_running_totals_are_finite_and_calibrated_or_refused_before_the_charge(continual, kind):
+    """At every epsilon, each counter releases finite totals within the noise it reports,
+    or is refused before the charge. At a tiny delta too, the factorization's running
+    COUNT released int64's minimum (noise beyond int64), and with no rho at all it
+    raised ZeroDivisionError; for its running SUM at epsilon 1e-300 see the next test."""
+    database = _events()
+    truth = _running_truth(database, kind)
+    outcomes = set()
+    for epsilon in [*EPSILONS[:-1], 1e-6, 1e-3, 1.0, 1e4]:
+        policy = _stream_policy({"epsilon": epsilon, **continual})
+        with _connect(policy, database) as connection:
+            instead = "declare a larger continual epsilon for events.day"
+            outcome = _outcome(connection, RUNNING_TOTALS[kind], instead,
+                               ("cannot be drawn exactly", NO_RHO))  # fmt: skip
+            outcomes.add(outcome)
+            if outcome == "refused":
+                continue
+            cursor = connection.execute(RUNNING_TOTALS[kind])  # the same stream: free
+            released = [float(total) for _, total in cursor.fetchall()]
+            scale = cursor.accuracy["total"].scale  # the largest standard deviation
+            assert math.isfinite(scale), epsilon
+            assert all(math.isfinite(value) for value in released), (epsilon, released)
+            # the noise the release reports is the noise it has (no overflow, no
+            # saturation at int64): 8 standard deviations, or a rounded count
+            assert all(abs(v - t) <= 8 * scale + 0.5 for v, t in zip(released, truth, strict=True))
+            assert len(connection.session.ledger.charges()) == 1
+    assert "answered" in outcomes
+
+
+def test_a_factorization_running_sum_at_a_tiny_epsilon_is_noised_as_its_sigma_says():
+    """Below the epsilon where delta limits the conversion, rho no longer shrinks, and
+    neither does the running SUM's noise: at epsilon 1e-300 it is what it is at 1e-20.
+    It released 1e308 and inf: its grid step came from epsilon (2^986), not its sigma."""
+    database = _events()
+    scales = {}
+    for epsilon in (1e-300, 1e-20, 1e-3):
+        policy = _stream_policy({"epsilon": epsilon, "mechanism": "factorization",
+                                 "delta": 1e-9})  # fmt: skip
+        with _connect(policy, database) as connection:
+            cursor = connection.execute(RUNNING_TOTALS["sum"])
+            assert all(math.isfinite(total) for _, total in cursor.fetchall())
+            scales[epsilon] = cursor.accuracy["total"].scale
+    assert scales[1e-300] == pytest.approx(scales[1e-20], rel=1e-6)
+    assert scales[1e-3] < scales[1e-20] < 1e20
+
+
+GAUSSIAN_SYNOPSES = [  # (epsilon, delta, max_groups_per_unit)
+    (1e-300, 1e-300, 40), (1e-300, 1e-9, 40), (1e-300, 1e-9, 4000), (1e-20, 1e-100, 40),
+    (1e-9, 1e-300, 40), (1e-3, 1e-300, 4000), (1.0, 1e-300, 40), (1e6, 1e-300, 40),
+    (1e6, 0.5, 4000),
+]  # fmt: skip
+
+
+def test_gaussian_synopses_at_extreme_epsilon_and_delta_answer_or_refuse_before_the_charge():
+    """No rho within (epsilon, delta), or a sigma beyond the discrete Gaussian's 2^40, is
+    refused before the charge saying what to declare; anything else is answered with a
+    finite count and interval."""
+    database = _events()
+    sql = "SELECT COUNT(*) FROM events WHERE age BETWEEN 10 AND 50"
+    (truth,) = database.execute(sql).fetchone()
+    outcomes = set()
+    for epsilon, delta, groups in GAUSSIAN_SYNOPSES:
+        synopsis = {"bin": 1, "epsilon": epsilon, "delta": delta, "mechanism": "gaussian"}
+        policy = _stream_policy({"epsilon": 1.0}, synopsis)
+        policy["tables"]["events"]["max_groups_per_unit"] = groups
+        with _connect(policy, database) as connection:
+            instead = "declare a larger synopsis epsilon for events.age in the policy"
+            outcome = _outcome(connection, sql, instead, ("cannot be drawn exactly", NO_RHO))
+            outcomes.add(outcome)
+            if outcome == "answered":
+                cursor = connection.execute(sql)  # from the stored synopsis: free
+                ((count,),) = cursor.fetchall()
+                (accuracy,) = cursor.accuracy.values()
+                assert math.isfinite(accuracy.scale) and math.isfinite(accuracy.interval95)
+                assert abs(count - truth) <= 8 * accuracy.scale + 0.5
+                assert len(connection.session.ledger.charges()) == 1
+    assert outcomes == {"answered", "refused"}
+
+
 def test_mechanisms_say_out_of_range_when_built_or_prepared():
     DiscreteLaplace(1, 1.0).prepare()  # an ordinary one prepares
     with pytest.raises(OutOfRange, match="scale must be in"):
@@ -108,9 +245,18 @@ def test_mechanisms_say_out_of_range_when_built_or_prepared():
         Staircase(1000, 1000.0).prepare()
     with pytest.raises(OutOfRange, match="sigma is above"):
         DiscreteGaussian(1, 1e-30)
+    Factorization(1024, 1.0, 1.0, _no_draws).prepare()  # an ordinary one prepares
+    with pytest.raises(OutOfRange, match=r"standard deviation \S+e\+24 cannot be drawn exactly"):
+        Factorization(1024, 1e-48, 1.0, _no_draws).prepare()  # a count's noise beyond int64
+    with pytest.raises(OutOfRange, match="standard deviation inf"):
+        Factorization(1024, 0.0, 1.0, _no_draws).prepare()  # no rho: it divided by zero
     # closed forms of enormous scales are infinite, not an error
     huge = DiscreteLaplace.with_scale(Fraction(10) ** 400, 1.0)
     assert huge.scale == huge.expected_abs_error() == huge.variance() == math.inf
+
+
+def _no_draws(size, sigma, rng):
+    raise AssertionError("prepared, not drawn")
 
 
 def test_the_automatic_choice_never_fails_and_never_picks_what_cannot_be_drawn():

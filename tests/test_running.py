@@ -583,3 +583,26 @@ def test_a_running_sum_on_another_grid_is_another_stream(events, tmp_path, monke
     monkeypatch.setattr(running, "_planned", running.WeightedLru(running._PLANNED_STREAMS))
     after = identities()
     assert after["sum"] != before["sum"] and after["count"] == before["count"]
+
+
+def test_a_factorization_sum_keeps_its_epsilons_grid_unless_coarser_than_a_row_and_sigma():
+    """A running SUM's step is sum_grid's from epsilon (about Laplace's scale / 2^20), bit
+    for bit, except for a factorization where that step is coarser than both a row's
+    bound and its sigma / 2^20 (epsilon about delta or below): there it is sigma's. At
+    epsilon 1e-300 it was 2^986, and the releases 1e308 or inf."""
+    from dpsql.accounting import zcdp_rho
+    from dpsql.mechanisms.continual import column_norm_squared
+    from dpsql.sql.analyze import Interval
+    from dpsql.sql.plan import sum_grid
+
+    bounds, rows, horizon = Interval(0.0, 10.0), 120, 40
+    for epsilon, delta in [(1e4, 1e-9), (1.0, 1e-9), (1e-4, 1e-9), (0.1, 1e-6), (1e-3, 0.5)]:
+        rho = zcdp_rho(epsilon, delta)
+        kept = sum_grid(bounds, rows, 1, epsilon)
+        assert running._sum_grid(bounds, rows, epsilon, rho, horizon) == kept
+        assert running._sum_grid(bounds, rows, epsilon, None, horizon) == kept  # the tree's
+    assert sum_grid(bounds, rows, 1, 1e-300)[0].step == 2.0**986
+    rho = zcdp_rho(1e-300, 1e-9)
+    grid, steps = running._sum_grid(bounds, rows, 1e-300, rho, horizon)
+    sigma = rows * 10 * math.sqrt(column_norm_squared(horizon) / (2 * rho))
+    assert sigma / 2**21 < grid.step <= sigma / 2**20 and steps == rows

@@ -35,12 +35,19 @@ from collections.abc import Callable
 import numpy as np
 from randomgen import AESCounter
 
+from dpsql.mechanisms.base import OutOfRange
 from dpsql.mechanisms.laplace import DiscreteLaplace
 from dpsql.mechanisms.samplers import discrete_laplace
 
 # eta is snapped to multiples of 2^-10: an added variance of 2^-20 / 12, and
 # totals stay exact floats up to 2^43.
 NOISE_GRID = 2.0**-10
+# The largest standard deviation of a factorization's eta_t (in the counter's units) that
+# `Factorization.prepare` accepts: the discrete Laplace sampler's largest scale. A draw
+# beyond 2^52 (16 deviations: probability below 1e-55) would leave the floats on which
+# an integer total plus eta is exact, and one of 2^15 deviations the int64 a count is
+# released as; unbounded, it overflowed to inf or int64's minimum after the charge.
+MAX_DEVIATION = 2.0**48
 
 # sampler(size, rng) -> `size` independent draws of a tree's node noise
 Sampler = Callable[[int, np.random.Generator], np.ndarray]
@@ -180,8 +187,10 @@ class Factorization:
         self.coefficients = sqrt_coefficients(horizon)
         self.norm = math.sqrt(float(np.sum(self.coefficients**2)))
         self.rho = rho
-        # standard deviation of each z_j: L2 sensitivity of R x over sqrt(2 rho)
-        self.sigma = sensitivity * self.norm / math.sqrt(2 * rho)
+        # standard deviation of each z_j: L2 sensitivity of R x over sqrt(2 rho); no rho
+        # (none converts to within a tiny (epsilon, delta)) is infinite noise, which
+        # `prepare` refuses
+        self.sigma = sensitivity * self.norm / math.sqrt(2 * rho) if rho > 0 else math.inf
         self.sampler = sampler
 
     def apply(self, z: np.ndarray) -> np.ndarray:
@@ -202,6 +211,17 @@ class Factorization:
     def variance(self) -> np.ndarray:
         """Var(eta_t) = sigma^2 sum_{k<t} f(k)^2 for t = 1..T."""
         return self.sigma**2 * np.cumsum(self.coefficients**2)
+
+    def prepare(self) -> None:
+        """Raise OutOfRange if this noise cannot be released exactly: eta_T's standard
+        deviation sigma * ||R||_{1->2}, the largest, must be at most MAX_DEVIATION.
+        (The Gaussian sampler itself draws any sigma, on a lattice relative to it.)"""
+        deviation = self.sigma * self.norm
+        if not deviation <= MAX_DEVIATION:  # also NaN
+            raise OutOfRange(
+                f"Gaussian noise of standard deviation {deviation:.4g} cannot be drawn exactly "
+                "(running totals are exact up to a standard deviation of 2^48)"
+            )
 
 
 def laplace_tree(
@@ -266,6 +286,7 @@ class ContinualStream:
 
 
 __all__ = [
+    "MAX_DEVIATION",
     "NOISE_GRID",
     "BinaryTree",
     "ContinualStream",

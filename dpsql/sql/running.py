@@ -44,12 +44,13 @@ from dpsql.mechanisms.continual import (
     BinaryTree,
     ContinualStream,
     Factorization,
+    column_norm_squared,
     keyed_generator,
     laplace_tree,
 )
 from dpsql.mechanisms.gaussian import discrete_gaussian
 from dpsql.policy import Column, ContinualSpec, Table
-from dpsql.sql.analyze import Analysis, _conjuncts, analyze
+from dpsql.sql.analyze import Analysis, Interval, _conjuncts, analyze
 from dpsql.sql.check import AGGREGATES, check_clauses, check_query, over_the_release
 from dpsql.sql.plan import Accuracy, Release, beyond_the_sampler, exact_integers, sum_grid
 from dpsql.sql.rewrite import SumGrid, rewrite
@@ -571,18 +572,21 @@ class _Stream:
             table.max_groups_per_unit * table.max_rows_per_unit if table.privacy_unit else 1
         )
         base = analyze(_plain_query(shape, table.name, filters), table)
-        grid, sensitivity = None, contributions
-        if isinstance(shape.aggregate, exp.Sum):
-            # per unit, not per group: a unit's rows all fall on the one stream
-            grid, sensitivity = sum_grid(
-                base.measurements[0].bounds, contributions, 1, spec.epsilon
-            )
         choice = _choose(spec, column.name, context)
+        grid, sensitivity = None, contributions
         try:
-            counter, cost = _counter(spec, choice, horizon, sensitivity)
+            rho = _rho(spec, choice)
+            if isinstance(shape.aggregate, exp.Sum):
+                # per unit, not per group: a unit's rows all fall on the one stream
+                grid, sensitivity = _sum_grid(
+                    base.measurements[0].bounds, contributions, spec.epsilon, rho, horizon
+                )
+            counter, cost = _counter(spec, choice, horizon, sensitivity, rho)
+            _check_finite(counter, grid)
         except OutOfRange as exc:
             larger = f"declare a larger continual epsilon for {table.name}.{column.name}"
-            raise beyond_the_sampler("laplace", spec.epsilon, exc, larger) from None
+            family = "laplace" if choice.mechanism == "binary" else "gaussian"
+            raise beyond_the_sampler(family, spec.epsilon, exc, larger) from None
         # the mechanism and its price are part of the identity: switching mechanism
         # is another stream, with its own charge, noise key and released steps. So is a
         # SUM's grid step: its released totals are stored in whole steps, which under
@@ -719,15 +723,78 @@ class _Stream:
         return rewrite(analysis, grids, dialect, seed, False, earliest_groups=True)
 
 
-def _counter(
-    spec: ContinualSpec, choice: _Choice, horizon: int, sensitivity: int
-) -> tuple[BinaryTree | Factorization, Cost]:
+def _rho(spec: ContinualSpec, choice: _Choice) -> float | None:
+    """The factorization's zCDP rho, the largest within (epsilon, delta); None for the tree.
+    OutOfRange when none converts to within them (a tiny epsilon and a tiny delta)."""
     if choice.mechanism == "binary":
-        return laplace_tree(horizon, spec.epsilon, sensitivity), Cost.of(spec.epsilon)
+        return None
     rho = zcdp_rho(spec.epsilon, choice.delta)
-    return Factorization(horizon, rho, sensitivity, _gaussian_sampler()), Cost.of(
-        spec.epsilon, choice.delta
-    )
+    if not rho:
+        raise OutOfRange(f"no zCDP rho converts to within delta {choice.delta:g}")
+    return rho
+
+
+def _sum_grid(
+    bounds: Interval, contributions: int, epsilon: float, rho: float | None, horizon: int
+) -> tuple[SumGrid, int]:
+    """A running SUM's grid step, and how far one unit moves the stream, in grid steps.
+
+    sum_grid makes the step about the noise scale / 2^20, reading the scale as
+    magnitude / epsilon: Laplace's, the tree's. The factorization's scale is its sigma,
+    magnitude * ||R|| / sqrt(2 rho), which stops growing as epsilon shrinks once the
+    conversion to (epsilon, delta) is limited by delta (epsilon about delta or below).
+    There epsilon's step outgrew sigma's without bound: beyond any row, so each row
+    was 0 or 1 step, and the noise, the same number of steps whatever epsilon, was
+    multiplied by a step of 2^986 at epsilon 1e-300 (magnitude 1200): releases of
+    1e308 or inf. So where epsilon's step is coarser than both a row's bound and
+    sigma / 2^20, the step is about sigma / 2^20. (A step beyond a row's bound still
+    inflates the noise by step / bound, as sum_grid does for Laplace at tiny
+    epsilons: no more than at the epsilon where the two steps meet.) Everywhere else
+    it is epsilon's, as it always was, and so are the releases, bit for bit.
+    """
+    grid, steps = _grid(bounds, contributions, epsilon)
+    # ||R|| >= 1: at epsilon >= sqrt(2 rho), epsilon's step is the finer
+    if rho is not None and grid.step > bounds.magnitude and epsilon < math.sqrt(2 * rho):
+        sigma_epsilon = math.sqrt(2 * rho / column_norm_squared(horizon))
+        if epsilon < sigma_epsilon:
+            grid, steps = _grid(bounds, contributions, sigma_epsilon)
+    return grid, steps
+
+
+def _grid(bounds: Interval, contributions: int, epsilon: float) -> tuple[SumGrid, int]:
+    """sum_grid for one stream, with a step of inf where it would overflow a float (bounds
+    near float's range over a tiny epsilon): `_check_finite` refuses it."""
+    try:
+        return sum_grid(bounds, contributions, 1, epsilon)
+    except OverflowError:
+        return SumGrid(math.inf, bounds), 1
+
+
+def _check_finite(counter: BinaryTree | Factorization, grid: SumGrid | None) -> None:
+    """OutOfRange when the noise, in the column's units, could overflow a float: a running
+    SUM of values near float's range at a small epsilon (it released inf)."""
+    if isinstance(counter, Factorization):
+        deviation = counter.sigma * counter.norm  # eta_T's, the largest
+    else:  # each eta_t sums at most one estimate per level, none noisier than a node
+        deviation = math.sqrt(counter.levels * counter.node_variance)
+    deviation *= grid.step if grid is not None else 1.0
+    # a release beyond 2^10 standard deviations has a probability below e^-700
+    if not deviation * 2.0**10 < math.inf:  # inf or NaN (0 noise on an infinite step)
+        raise OutOfRange(
+            f"noise of standard deviation {deviation:.4g} cannot be drawn exactly "
+            "(releases would be beyond float range)"
+        )
+
+
+def _counter(
+    spec: ContinualSpec, choice: _Choice, horizon: int, sensitivity: int, rho: float | None
+) -> tuple[BinaryTree | Factorization, Cost]:
+    """The stream's counter, its noise prepared (OutOfRange now, before the charge)."""
+    if rho is None:
+        return laplace_tree(horizon, spec.epsilon, sensitivity), Cost.of(spec.epsilon)
+    counter = Factorization(horizon, rho, sensitivity, _gaussian_sampler())
+    counter.prepare()
+    return counter, Cost.of(spec.epsilon, choice.delta)
 
 
 def _gaussian_sampler() -> Callable[[int, float, np.random.Generator], np.ndarray]:

@@ -37,6 +37,7 @@ from dpsql.accounting import Cost, zcdp_rho
 from dpsql.errors import ProgrammingError, QueryRefused
 from dpsql.lru import WeightedLru
 from dpsql.mechanisms.base import NoiseMechanism, OutOfRange
+from dpsql.mechanisms.gaussian import DiscreteGaussian
 from dpsql.mechanisms.tree import (
     HierarchicalHistogram,
     TreeShape,
@@ -140,7 +141,7 @@ class Domain:
             if self.gaussian:
                 if not self.rho:
                     raise OutOfRange(f"no zCDP rho converts to within delta {spec.delta:g}")
-                noise = gaussian_node_noise(self.shape, self.rho, self.contributions)
+                noise = self._gaussian_noise()
             else:
                 noise = laplace_node_noise(self.shape, spec.epsilon, self.contributions)
             noise.prepare()
@@ -149,6 +150,19 @@ class Domain:
             larger = f"declare a larger synopsis epsilon for {where} in the policy"
             raise beyond_the_sampler(spec.mechanism, spec.epsilon, exc, larger) from None
         return noise
+
+    def _gaussian_noise(self) -> DiscreteGaussian:
+        """The Gaussian variant's node noise; its sampler's refusal of a sigma above 2^40
+        (a tiny epsilon and delta) said to use GridGaussian, which no policy can."""
+        try:
+            return gaussian_node_noise(self.shape, self.rho, self.contributions)
+        except OutOfRange:
+            sensitivity = float(l2_sensitivity(self.shape.levels, self.contributions))
+            sigma = sensitivity / math.sqrt(2 * self.rho)
+            raise OutOfRange(
+                f"discrete Gaussian noise of sigma {sigma:.4g} cannot be drawn exactly "
+                "(its sampler draws sigmas up to 2^40)"
+            ) from None
 
     def noise_text(self) -> str:
         """The noise per node, for EXPLAIN."""
