@@ -243,8 +243,10 @@ def _in_dialect(query: exp.Select, dialect: str, table: Table | None = None) -> 
     backend = sqlglot_dialect(dialect)
     postgres = dialect == "postgres"
     # Deepest first, so that a replaced node (ROUND cast back to DOUBLE) has its insides
-    # done already; transform() would not look inside a node it has just replaced.
-    for node in reversed(list(query.walk())):
+    # done already; transform() would not look inside a node it has just replaced. Only
+    # the kinds _portable changes: find_all filters in sqlglot's code, not in Python.
+    kinds = _PORTABLE_KINDS + (_POSTGRES_KINDS if postgres else ())
+    for node in reversed(list(query.find_all(*kinds))):
         portable = _portable(node, postgres=postgres, table=table)
         if portable is not node:
             node.replace(portable)
@@ -261,6 +263,9 @@ def _in_dialect(query: exp.Select, dialect: str, table: Table | None = None) -> 
 # (DAY_OF_WEEK, DAY_OF_YEAR, QUARTER), and their EXTRACT fields. DOW counts from
 # Sunday = 0, as DuckDB's DAYOFWEEK does.
 _POSTGRES_PARTS = {exp.DayOfWeek: "DOW", exp.DayOfYear: "DOY", exp.Quarter: "QUARTER"}
+# The nodes _portable may change: for every backend, and for PostgreSQL besides.
+_PORTABLE_KINDS = (exp.Sub, exp.Is)
+_POSTGRES_KINDS = (*_POSTGRES_PARTS, exp.Round)
 
 
 def _portable(node: exp.Expression, *, postgres: bool, table: Table | None) -> exp.Expression:
