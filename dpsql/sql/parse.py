@@ -221,7 +221,25 @@ def _parse_one(sql: str, tokens: list, dialect: str) -> exp.Expression:
             f"it holds {len(trees)} statements and dpsql runs exactly one at a time",
             "send each statement in its own execute() call",
         )
-    return trees[0]
+    return _without_positions(trees[0])
+
+
+_POSITIONS = frozenset(("line", "col", "start", "end"))
+
+
+def _without_positions(tree: exp.Expression) -> exp.Expression:
+    """`tree` without the token positions sqlglot's parser notes on many nodes, and
+    without empty comment lists: nothing here reads them, and every copy of the tree
+    (each plan makes several) copied each such dict and list through copy.deepcopy."""
+    for node in tree.walk():
+        # `_meta` is sqlglot's own slot (the `meta` property would create an empty dict,
+        # which copies cost as much); sqlglot is pinned below 31 in pyproject.toml
+        meta = node._meta
+        if meta is not None and meta.keys() <= _POSITIONS:
+            node._meta = None
+        if node.comments is not None and not node.comments:
+            node.comments = None
+    return tree
 
 
 def _set_statement(tree: exp.Set) -> Statement:
