@@ -131,13 +131,16 @@ class Session:
     def execute(self, sql: str, parameters: Any = None) -> Release:
         """Run one statement and return its (noisy) release."""
         tokens = tokenize(sql, self.adapter.dialect)
+        key = fingerprint = None
         if not parameters:
             # A repeat is found by its tokens, before (and instead of) parsing: a
             # query without parameters has the key repeat_key reads off them.
-            cached = self.ledger.cached_release(self.analyst, self._fingerprint(repeat_key(tokens)))
+            key = repeat_key(tokens)
+            fingerprint = self._fingerprint(key)
+            cached = self.ledger.cached_release(self.analyst, fingerprint)
             if cached is not None:
                 return _decode(cached)
-        statement = parse_statement(sql, self.adapter.dialect, parameters, tokens=tokens)
+        statement = parse_statement(sql, self.adapter.dialect, parameters, tokens=tokens, key=key)
         if statement.kind == "set":
             return self._set(statement)
         if statement.kind == "show":
@@ -147,7 +150,7 @@ class Session:
         if statement.kind == "explain":
             plan = self.plan(statement.tree)
             return Release(["item", "detail"], plan.explain())
-        return self._answer(statement, looked_up=not parameters)
+        return self._answer(statement, fingerprint=fingerprint)
 
     def plan(self, tree: Any) -> Plan:
         with self._rng_lock:
@@ -164,13 +167,15 @@ class Session:
         return plan_query(tree, context)
 
     def _answer(
-        self, statement: Statement, *, stream: bool = False, looked_up: bool = False
+        self, statement: Statement, *, stream: bool = False, fingerprint: str | None = None
     ) -> Release:
         # A repeat is answered from the release cache before any planning: the
         # fingerprint needs only the statement's key, the policy and the options.
-        # A `stream` (a watch's tick) is never in the cache, and a statement
-        # `looked_up` by its tokens already was not: no lookup.
-        fingerprint = self._fingerprint(statement.key)
+        # A `stream` (a watch's tick) is never in the cache, and a statement whose
+        # `fingerprint` was looked up by its tokens already was not: no lookup.
+        looked_up = fingerprint is not None
+        if fingerprint is None:
+            fingerprint = self._fingerprint(statement.key)
         cached = (
             None if stream or looked_up else self.ledger.cached_release(self.analyst, fingerprint)
         )

@@ -117,10 +117,12 @@ def parse_statement(
     parameters: Sequence[Any] | Mapping[str, Any] | None = None,
     *,
     tokens: list | None = None,
+    key: str | None = None,
 ) -> Statement:
     """Parse `sql` (exactly one statement) and bind `parameters` into it.
 
-    `tokens` are `tokenize(sql, dialect)` when the caller has them already.
+    `tokens` are `tokenize(sql, dialect)` and `key` their `repeat_key` when the caller
+    has them already.
     """
     if tokens is None:
         tokens = tokenize(sql, dialect)
@@ -146,7 +148,7 @@ def parse_statement(
     if isinstance(tree, exp.Set):
         return _set_statement(tree)
     if isinstance(tree, exp.Select):
-        return Statement("query", tree, key=_key(tree, tokens, bound, dialect))
+        return Statement("query", tree, key=_key(tree, tokens, bound, dialect, key))
     return Statement("other", tree)
 
 
@@ -174,7 +176,9 @@ def nested_too_deeply() -> QueryRefused:
     )
 
 
-def _key(tree: exp.Expression, tokens: list, bound: list[Any], dialect: str) -> str:
+def _key(
+    tree: exp.Expression, tokens: list, bound: list[Any], dialect: str, repeat: str | None
+) -> str:
     """The release cache's name for a statement.
 
     Without parameters it is read off the tokens (`repeat_key`), which costs
@@ -190,7 +194,7 @@ def _key(tree: exp.Expression, tokens: list, bound: list[Any], dialect: str) -> 
     """
     if bound:
         return "bound:" + tree.sql(dialect=dialect, normalize=True)
-    return repeat_key(tokens)
+    return repeat if repeat is not None else repeat_key(tokens)
 
 
 # Tokens whose case is part of their meaning.
