@@ -11,7 +11,10 @@ The same figures per tenth of the run show whether anything drifts, and
 `--plot` draws throughput, latency and memory over time into a PNG.
 
     python benchmarks/bench_load.py [--seconds 600] [--clients 32] [--backend duckdb]
-        [--plot docs/img/load-{backend}.png]
+        [--plot docs/img/load-{backend}.png] [--processes 1]
+
+`--processes N` runs `dpsql serve --processes N`; memory is then the sum over
+its server processes.
 
 PostgreSQL uses DPSQL_TEST_POSTGRES_URL (a scratch schema, dropped afterwards).
 Not a timed test: it prints figures, and exits non-zero only if a check fails.
@@ -52,16 +55,24 @@ def _policy(folder: Path) -> tuple[Path, Path]:
 
 
 def _serve(
-    database: str, policy: Path, ledger: Path, clients: int, source: Path | None = None
+    database: str,
+    policy: Path,
+    ledger: Path,
+    clients: int,
+    source: Path | None = None,
+    processes: int = 1,
 ) -> tuple[subprocess.Popen, int]:
-    """`dpsql serve` in a process of its own, and its port; `source` is a folder holding
-    another version's dpsql package to serve with instead of this one."""
+    """`dpsql serve` in a process of its own (with `processes` > 1, a parent and that many
+    server processes), and its port; `source` is a folder holding another version's dpsql
+    package to serve with instead of this one."""
     # run from `source` too: `python -m` puts the working directory first on the path
     env = dict(os.environ, PYTHONPATH=str(source)) if source else None
+    # the option only when asked for: a baseline from before it existed still starts
+    several = ["--processes", str(processes)] if processes > 1 else []
     server = subprocess.Popen(
         [sys.executable, "-m", "dpsql.cli", "serve", "--database", database, "--policy",
          str(policy), "--ledger", str(ledger), "--trust", "--port", "0",
-         "--max-connections-per-analyst", str(clients)],
+         "--max-connections-per-analyst", str(clients), *several],
         stdout=subprocess.PIPE, text=True, env=env, cwd=source,
     )  # fmt: skip
     line = server.stdout.readline()
@@ -71,11 +82,20 @@ def _serve(
     return server, int(line.rsplit(":", 1)[1])
 
 
+def server_processes(pid: int) -> list[int]:
+    """The processes that serve: `pid` itself, or its children under --processes."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(child) for child in children] or [pid]
+
+
 def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    """Resident memory of the server, summed over its server processes."""
+    total = 0.0
+    for served in server_processes(pid):
+        for line in Path(f"/proc/{served}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) / 1024
+    return total
 
 
 class Load:
@@ -160,9 +180,10 @@ def run(
     seconds: float,
     clients: int,
     plot: str | None = None,
+    processes: int = 1,
 ) -> bool:
     ledger = folder / f"{name}-ledger.sqlite"
-    server, port = _serve(database, policy, ledger, clients)
+    server, port = _serve(database, policy, ledger, clients, processes=processes)
     load, memory = Load(), []
     start = time.monotonic()
     until = start + seconds
@@ -186,7 +207,8 @@ def run(
     with Ledger(ledger) as book:
         total = sum((book.spent(a).epsilon for a in ANALYSTS), Fraction(0))
     exact = total == cost * answered
-    print(f"\n{name}: {clients} clients for {elapsed:.0f} s")
+    several = f", {processes} server processes" if processes > 1 else ""
+    print(f"\n{name}: {clients} clients for {elapsed:.0f} s{several}")
     print(f"  answered {answered} queries: {answered / elapsed:.1f} queries/s")
     if answered:
         p50, p99 = _percentiles([latency for _, latency in load.answers])
@@ -226,17 +248,36 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--backend", choices=["duckdb", "postgres", "both"], default="both")
     parser.add_argument("--plot", help="PNG path; {backend} is replaced, e.g. load-{backend}.png")
+    parser.add_argument("--processes", type=int, default=1, help="dpsql serve --processes")
     args = parser.parse_args()
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         census, policy = _policy(folder)
         if args.backend in ("duckdb", "both"):
-            ok &= run("duckdb", str(census), policy, folder, args.seconds, args.clients, args.plot)
+            ok &= run(
+                "duckdb",
+                str(census),
+                policy,
+                folder,
+                args.seconds,
+                args.clients,
+                args.plot,
+                args.processes,
+            )
         if args.backend in ("postgres", "both") and (pg := _postgres_database(folder, census)):
             url, schema = pg
             try:
-                ok &= run("postgres", url, policy, folder, args.seconds, args.clients, args.plot)
+                ok &= run(
+                    "postgres",
+                    url,
+                    policy,
+                    folder,
+                    args.seconds,
+                    args.clients,
+                    args.plot,
+                    args.processes,
+                )
             finally:
                 admin_url = os.environ["DPSQL_TEST_POSTGRES_URL"]
                 with psycopg.connect(admin_url, autocommit=True) as admin:

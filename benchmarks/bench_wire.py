@@ -42,7 +42,10 @@ each is shown. CPU times come from /proc in clock ticks (10 ms): keep
 --queries in the hundreds. Prints ratios; not a timed test.
 
     python benchmarks/bench_wire.py [--queries 300] [--rounds 3]
-        [--kinds repeats first-seen charged] [--baseline FOLDER]
+        [--kinds repeats first-seen charged] [--baseline FOLDER] [--processes 1]
+
+`--processes N` serves with `dpsql serve --processes N`: the server's CPU is
+then summed over its processes, and its event loop's over theirs.
 
 `--baseline` runs a second server from another version's dpsql package in the
 same rounds, so a change is measured against what it replaces under one load.
@@ -58,7 +61,7 @@ import time
 from pathlib import Path
 
 import psycopg
-from bench_load import ANALYSTS, _policy, _serve  # the sibling benchmark's server process
+from bench_load import ANALYSTS, _policy, _serve, server_processes  # the sibling's server
 from machine import describe
 
 import dpsql
@@ -93,8 +96,11 @@ def _cpu_seconds(pid: int, thread: int | None = None) -> float:
 
 
 def _server_cpu(pid: int) -> tuple[float, float]:
-    """CPU seconds of the server process, and of its event loop (its main thread)."""
-    return _cpu_seconds(pid), _cpu_seconds(pid, pid)
+    """CPU seconds of the server, and of its event loops (each server process's main
+    thread); with --processes, the parent's own (a few system calls) counts in the first."""
+    served = server_processes(pid)
+    total = sum(_cpu_seconds(p) for p in served) + (_cpu_seconds(pid) if served != [pid] else 0)
+    return total, sum(_cpu_seconds(p, p) for p in served)
 
 
 def _in_process(
@@ -209,6 +215,8 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, metavar="FOLDER",
                         help="also time a server of another version: FOLDER holds its dpsql "
                         "package (e.g. git archive HEAD~1 dpsql | tar -x -C FOLDER)")  # fmt: skip
+    parser.add_argument("--processes", type=int, default=1,
+                        help="server processes (dpsql serve --processes; default: 1)")  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dpsql-bench-wire-") as name:
         folder = Path(name)
@@ -217,7 +225,7 @@ def main() -> None:
         servers = {}
         for i, (label, source) in enumerate(sources.items()):
             ledger = folder / f"served{i}.sqlite"
-            server = _serve(str(database), policy, ledger, max(CLIENTS), source)
+            server = _serve(str(database), policy, ledger, max(CLIENTS), source, args.processes)
             # releases first-seen queries on the server's ledger, as its first client
             released = dpsql.connect(
                 str(database), policy=str(policy), analyst=ANALYSTS[0], ledger=str(ledger)
@@ -228,7 +236,7 @@ def main() -> None:
             str(database), policy=str(policy), analyst=ANALYSTS[0], ledger=str(ledger)
         )
         print(f"{args.queries} queries per client, fastest of {args.rounds} rounds; demo census "
-              f"(50,000 rows)\n{describe()}")  # fmt: skip
+              f"(50,000 rows); {args.processes} server process(es)\n{describe()}")  # fmt: skip
         try:
             for kind in args.kinds:
                 _measure(local, servers, kind, args.queries, args.rounds)

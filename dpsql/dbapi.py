@@ -94,7 +94,7 @@ def connect(
             "connect() needs a policy: dpsql.connect(database, policy='policy.yaml')"
         )
     loaded = policy if isinstance(policy, Policy) else load_policy(policy)
-    path = None if isinstance(ledger, Ledger) else _ledger_path(ledger, loaded, database)
+    path = None if isinstance(ledger, Ledger) else ledger_path(ledger, loaded, database)
     adapter = open_adapter(database, loaded.sources)
     try:
         columns = {key: adapter.table_columns(key) for key in loaded.tables}
@@ -110,7 +110,9 @@ def connect(
     return Connection(session)
 
 
-def _ledger_path(ledger: str | os.PathLike | None, policy: Policy, database: Any) -> str:
+def ledger_path(ledger: str | os.PathLike | None, policy: Policy, database: Any) -> str:
+    """Where `connect` keeps the ledger: `ledger` if given, else the policy's, else a file
+    beside a DuckDB database (dpsql serve checks that several processes can share it)."""
     if ledger is not None:
         return os.fspath(ledger)
     if policy.ledger and is_url(policy.ledger):

@@ -49,9 +49,15 @@ def serve_process(
     database: Path | str, policy: Path, ledger: Path, *options: str
 ) -> tuple[subprocess.Popen, int]:
     """`dpsql serve --trust` as a process on a free port, with more command-line `options`."""
+    return start_serve(
+        "--database", str(database), "--policy", str(policy), "--ledger", str(ledger), *options
+    )
+
+
+def start_serve(*options: str) -> tuple[subprocess.Popen, int]:
+    """`dpsql serve --trust --port 0` with `options`, once it listens, and its port."""
     server = subprocess.Popen(
-        [sys.executable, "-m", "dpsql.cli", "serve", "--database", str(database),
-         "--policy", str(policy), "--ledger", str(ledger), "--trust", "--port", "0", *options],
+        [sys.executable, "-m", "dpsql.cli", "serve", "--trust", "--port", "0", *options],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     line = server.stdout.readline()

@@ -5,7 +5,8 @@ protocol.py speaks the protocol (on pg-mimic), auth.py decides who gets in,
 statements.py runs each statement through the analyst's Session, memo.py
 answers repeats from memory, values.py maps values to PostgreSQL types,
 introspection.py answers what clients ask about the server, sqlstate.py maps
-errors, runner.py starts it.
+errors, runner.py starts it, processes.py supervises `--processes N` server
+processes and cancels.py routes cancel requests between them.
 """
 
 from dpsql.server.runner import BackgroundServer, build, serve_forever

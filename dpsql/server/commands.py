@@ -5,9 +5,18 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
-from dpsql.errors import InterfaceError
+from dpsql.errors import Error, InterfaceError
+from dpsql.server.cancels import MAX_PROCESSES
 from dpsql.server.limits import Limits
+
+if TYPE_CHECKING:
+    import ssl
+
+    from dpsql.dbapi import Connection
+    from dpsql.policy import Policy
 
 SERVE_EPILOG = """examples:
   dpsql serve --demo --trust                  # then: psql -h 127.0.0.1 -p 5433 -U default
@@ -53,7 +62,11 @@ def register(commands: argparse._SubParsersAction) -> None:
                          help="no passwords (any analyst of the policy may connect); only "
                          "allowed on a loopback --host")  # fmt: skip
     network.add_argument("--workers", type=number_in(int, 1), default=8,
-                         help="threads running queries (default: %(default)s)")  # fmt: skip
+                         help="threads running queries, in each process (default: "
+                         "%(default)s)")  # fmt: skip
+    network.add_argument("--processes", type=number_in(int, 1, MAX_PROCESSES), default=1,
+                         help="server processes sharing the port; about one per core "
+                         "(default: %(default)s)")  # fmt: skip
     network.add_argument("--require-tls", action="store_true",
                          help="refuse clients that do not use TLS (needs --tls-cert)")  # fmt: skip
     limits = serve.add_argument_group("limits")
@@ -82,7 +95,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--max-connections-per-analyst",
         type=number_in(int, 1),
         default=defaults.connections_per_analyst,
-        help="connections one analyst may hold at once (default: %(default)s)",
+        help="connections one analyst may hold at once, in each server process (default: "
+        "%(default)s)",
     )
     serve.set_defaults(run=_run_serve)
 
@@ -115,15 +129,17 @@ def _run_serve(args: argparse.Namespace) -> int:
             f"{exc.strerror or exc}; give a PEM certificate and its private key"
         ) from None
     users = read_users(args.users) if args.users else None
-    connection = _open(args)
+    limits = Limits(
+        auth_timeout=args.auth_timeout,
+        query_timeout=args.query_timeout,
+        max_groups=args.max_groups,
+        connections_per_analyst=args.max_connections_per_analyst,
+        require_tls=args.require_tls,
+    )
+    if args.processes > 1:
+        return _serve_processes(args, tls, users, limits)
+    connection = _open(*_source(args))
     try:
-        limits = Limits(
-            auth_timeout=args.auth_timeout,
-            query_timeout=args.query_timeout,
-            max_groups=args.max_groups,
-            connections_per_analyst=args.max_connections_per_analyst,
-            require_tls=args.require_tls,
-        )
         server = build(connection, host=args.host, users=users, trust=args.trust, tls=tls,
                        workers=args.workers, limits=limits)  # fmt: skip
     except Exception:
@@ -131,29 +147,126 @@ def _run_serve(args: argparse.Namespace) -> int:
         raise
     try:
         serve_forever(server, args.host, args.port, ready=lambda line: print(line, flush=True))
-    except OSError as exc:  # the address: in use, not this machine's, or not a name at all
-        raise SystemExit(
-            f"dpsql serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; "
-            "pick another --port, or a --host this machine has (127.0.0.1, 0.0.0.0)"
-        ) from None
+    except OSError as exc:
+        raise _cannot_listen(args, exc) from None
     return 0
 
 
-def _open(args: argparse.Namespace):
-    import dpsql
+def _serve_processes(
+    args: argparse.Namespace,
+    tls: ssl.SSLContext | None,
+    users: Mapping[str, str] | None,
+    limits: Limits,
+) -> int:
+    """`--processes N`: bind here, then serve in N forked processes (processes.py).
+
+    Only the policy is read before the fork: each process opens its own database
+    connection and ledger, which must never cross fork().
+    """
+    from dpsql.server.cancels import CancelRoutes
+    from dpsql.server.processes import supervise
+    from dpsql.server.runner import bind, build, serve_inherited
+
+    policy, database, ledger = _source(args)
+    _refuse_unshared(args.processes, policy, database, ledger)
+    try:
+        sockets = bind(args.host, args.port)
+    except OSError as exc:
+        raise _cannot_listen(args, exc) from None
+    routes = CancelRoutes(args.processes)
+
+    def serve(index: int, ready: Callable[[], None]) -> int:
+        try:
+            connection = _open(policy, database, ledger)
+            try:
+                server = build(connection, host=args.host, users=users, trust=args.trust,
+                               tls=tls, workers=args.workers, limits=limits)  # fmt: skip
+            except Exception:
+                connection.close()
+                raise
+        except Error as exc:  # as `dpsql` reports it (cli.main), from this process
+            from rich.console import Console
+
+            Console(stderr=True).print(f"[bold red]{type(exc).__name__}:[/] {exc}", highlight=False)
+            return 1
+        serve_inherited(server, sockets, routes.take(index), ready)
+        return 0
+
+    port = sockets[0].getsockname()[1]
+    return supervise(
+        args.processes, serve, shared=[*sockets, *routes.sockets],
+        announce=lambda: print(f"dpsql serve: listening on {args.host}:{port}", flush=True),
+    )  # fmt: skip
+
+
+def _cannot_listen(args: argparse.Namespace, exc: OSError) -> SystemExit:
+    # the address: in use, not this machine's, or not a name at all
+    return SystemExit(
+        f"dpsql serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; "
+        "pick another --port, or a --host this machine has (127.0.0.1, 0.0.0.0)"
+    )
+
+
+def _refuse_unshared(
+    processes: int, policy: Policy, database: str | None, ledger: str | None
+) -> None:
+    """Refuse what several processes cannot share: a ledger in memory (each process would
+    keep a budget of its own, and together they could overspend it) and a Spark driver."""
+    from dpsql.dbapi import ledger_path  # where connect() will put the ledger
+
+    if isinstance(database, str) and database.split("://", 1)[0].lower() == "spark":
+        raise SystemExit(
+            f"dpsql serve: --processes {processes} would start a Spark driver in every process "
+            f"for {database}; serve it through Spark Connect (--database sc://host:15002, each "
+            "process a client), or use --processes 1"
+        )
+    location = ledger_path(ledger, policy, database or ":memory:")
+    if _in_memory(location):
+        raise SystemExit(
+            f"dpsql serve: --processes {processes} needs a ledger every process shares, but "
+            f"{location!r} is in memory, so each process would keep a budget of its own and "
+            "together they could overspend it; give --ledger budget.sqlite (or a "
+            "postgresql:// ledger), or --processes 1"
+        )
+
+
+def _in_memory(location: str) -> bool:
+    """Whether an SQLite ledger location is private to the process that opens it: ':memory:',
+    '' (SQLite's temporary database) or a `file:` URI with mode=memory."""
+    if location.startswith("sqlite:///"):
+        location = location[len("sqlite:///") :]
+    elif "://" in location:
+        return False  # postgresql://: one server, shared
+    if location in ("", ":memory:"):
+        return True
+    if location.startswith("file:"):
+        from urllib.parse import parse_qs
+
+        path, _, query = location[len("file:") :].partition("?")
+        return path == ":memory:" or "memory" in parse_qs(query).get("mode", [])
+    return False
+
+
+def _source(args: argparse.Namespace) -> tuple[Policy, str | None, str | None]:
+    """(policy, database, ledger) to serve; database None: the demo's, built where served."""
     from dpsql.policy import load_policy
 
     if args.demo:
         from dpsql import demo
 
-        policy, database = load_policy(demo.DEMO_POLICY), demo.demo_connection()
-        ledger = args.ledger or demo.demo_ledger_path()
-    elif args.database and args.policy:
-        policy, database, ledger = load_policy(args.policy), args.database, args.ledger
-    else:
-        raise SystemExit(
-            "dpsql serve: give --database and --policy, or --demo for the built-in data"
-        )
+        return load_policy(demo.DEMO_POLICY), None, args.ledger or str(demo.demo_ledger_path())
+    if args.database and args.policy:
+        return load_policy(args.policy), args.database, args.ledger
+    raise SystemExit("dpsql serve: give --database and --policy, or --demo for the built-in data")
+
+
+def _open(policy: Policy, database: str | None, ledger: str | None) -> Connection:
+    import dpsql
+
+    if database is None:
+        from dpsql import demo
+
+        database = demo.demo_connection()
     # the connection's own analyst only opens the session; each client logs in as its own
     return dpsql.connect(database, policy=policy, analyst=next(iter(policy.analysts)),
                          ledger=ledger)  # fmt: skip

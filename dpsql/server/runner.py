@@ -1,21 +1,26 @@
 """Starting and stopping a wire server: in the foreground (`dpsql serve`) or on a thread.
 
-`start()` builds the server from a DB-API connection (one adapter, policy and
-ledger for all clients) and binds it; `BackgroundServer` runs it on its own
-event loop in a daemon thread, for tests, benchmarks and notebooks.
+`build()` makes the server from a DB-API connection (one adapter, policy and
+ledger for all clients); `serve_forever` binds it and serves until SIGINT or
+SIGTERM; `bind` and `serve_inherited` split that for `dpsql serve --processes`,
+whose parent binds the sockets and whose every server process serves them;
+`BackgroundServer` runs one on its own event loop in a daemon thread, for
+tests, benchmarks and notebooks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import ssl
 import threading
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from dpsql.dbapi import Connection
 from dpsql.errors import InterfaceError
 from dpsql.server.auth import Authenticator, is_loopback
+from dpsql.server.cancels import ProcessRoutes
 from dpsql.server.limits import Limits
 from dpsql.server.protocol import WireServer
 from dpsql.server.statements import Backend
@@ -65,16 +70,71 @@ async def shutdown(server: WireServer) -> None:
         await asyncio.wait(tasks, timeout=5)
 
 
-def serve_forever(server: WireServer, host: str, port: int, ready: callable = print) -> None:
+def serve_forever(
+    server: WireServer, host: str, port: int, ready: Callable[[str], object] = print
+) -> None:
     """Listen until interrupted (Ctrl-C or SIGTERM), then close connections and the backend."""
 
-    async def main() -> None:
+    async def start() -> None:
         bound = await listen(server, host, port)
         ready(f"dpsql serve: listening on {host}:{bound}")
+
+    _serve_until_stopped(server, start)
+
+
+def bind(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets on `host`:`port`, made as asyncio's `start_server` makes them (one
+    per address the name has, SO_REUSEADDR, IPv6 sockets IPv6-only); with port 0 every
+    socket takes the port the first was given. For `dpsql serve --processes`, whose
+    server processes inherit them."""
+    infos = socket.getaddrinfo(
+        host or None, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE
+    )
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, protocol, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, protocol)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+            sock.listen(100)  # asyncio's default backlog
+            sock.setblocking(False)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def serve_inherited(
+    server: WireServer,
+    sockets: list[socket.socket],
+    routes: ProcessRoutes | None,
+    ready: Callable[[], object],
+) -> None:
+    """Serve sockets bound by the parent process until SIGINT or SIGTERM, as serve_forever
+    does; `ready()` once accepting."""
+
+    async def start() -> None:
+        await server.serve_sockets(sockets, routes)
+        ready()
+
+    _serve_until_stopped(server, start)
+
+
+def _serve_until_stopped(server: WireServer, start: Callable[[], Awaitable[None]]) -> None:
+    async def main() -> None:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
+        # before start(): a SIGTERM right after the server says it is ready shuts it down
+        # cleanly rather than killing it
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
+        await start()
         await stop.wait()
         await shutdown(server)
 

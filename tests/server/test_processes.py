@@ -1,0 +1,295 @@
+"""`dpsql serve --processes 2`: real server processes, real clients, no mocks.
+
+* psycopg and `psql -c` are answered; a process's backend pids carry its index.
+* Two analysts charging distinct queries from many connections spread over both
+  processes spend exactly their budget and are refused exactly the rest: the
+  budget is one, in the ledger file, whichever process charges.
+* A cancel request reaches its statement whichever process accepts it: a
+  single cancel per statement, sent once the statement is running (the server's
+  CPU says so), over eight statements; a cancel lost by a process that does not
+  own the statement would leave it running until the query timeout.
+* A ledger in memory and a spark:// database are refused with what to write.
+* SIGTERM to the parent ends every server process; a server process killed
+  with SIGKILL makes the parent stop the other one and exit non-zero; a server
+  that cannot start says why once, and the parent exits with its code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+
+import duckdb
+import psycopg
+import pytest
+import yaml
+from test_faults import start_serve
+
+from dpsql import demo
+from dpsql.ledger import Ledger
+from dpsql.server.cancels import PID_BITS
+
+ANALYSTS = ("ann", "ben")
+BUDGET = 10  # queries' worth each (1.0 epsilon a query)
+SLOW = "SELECT COUNT(*) FROM slow WHERE v > 3"  # minutes, unless cancelled
+
+
+def _serve(*options: str) -> tuple[subprocess.Popen, int]:
+    """`dpsql serve --trust --processes 2` on a free port, and that port."""
+    return start_serve("--processes", "2", *options)
+
+
+def _stop(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def _children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _cpu(pids: list[int]) -> float:
+    """CPU seconds the processes have used (all their threads)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _gone(pids: list[int], timeout: float = 30.0) -> bool:
+    """Whether every process has ended (and was reaped) within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(Path(f"/proc/{pid}").exists() for pid in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _policy() -> dict:
+    policy = dict(demo.DEMO_POLICY)
+    policy["analysts"] = {
+        "default": {"epsilon": 1e6, "delta": 1e-3},
+        **{name: {"epsilon": float(BUDGET), "delta": 1e-3} for name in ANALYSTS},
+    }
+    columns = {"id": {"type": "int"}, "v": {"type": "int", "lower": 0, "upper": 100}}
+    policy["tables"] = {**policy["tables"], "slow": {"columns": columns}}
+    return policy
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """The demo census in a DuckDB file, with a view `slow` that takes minutes to scan; the
+    policy; where the ledger goes."""
+    folder = tmp_path_factory.mktemp("processes")
+    database, _ = demo.write_demo(folder)
+    with duckdb.connect(str(database)) as connection:
+        connection.execute(
+            "CREATE VIEW slow AS SELECT range AS id, range % 101 AS v FROM range(1000000000000)"
+        )
+    policy = folder / "policy.yaml"
+    policy.write_text(yaml.safe_dump(_policy()))
+    return database, policy, folder / "ledger.sqlite"
+
+
+@pytest.fixture(scope="module")
+def served(files: tuple[Path, Path, Path]) -> Iterator[tuple[subprocess.Popen, int, Path]]:
+    database, policy, ledger = files
+    server, port = _serve(
+        "--database", str(database), "--policy", str(policy), "--ledger", str(ledger),
+        "--query-timeout", "60", "--max-connections-per-analyst", "64",
+    )  # fmt: skip
+    try:
+        yield server, port, ledger
+    finally:
+        _stop(server)
+
+
+def _connect(port: int, analyst: str = "default") -> psycopg.Connection:
+    return psycopg.connect(f"host=127.0.0.1 port={port} user={analyst}", autocommit=True)
+
+
+def test_psycopg_and_psql_are_answered(served) -> None:
+    _, port, _ = served
+    with _connect(port) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM census").fetchone()[0] > 40_000
+        assert conn.info.backend_pid >> PID_BITS in (0, 1)
+    result = subprocess.run(
+        ["psql", "-X", "-h", "127.0.0.1", "-p", str(port), "-U", "default", "census",
+         "-c", "SELECT sex, COUNT(*) FROM census GROUP BY sex ORDER BY sex"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PGCONNECT_TIMEOUT": "10"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "(2 rows)" in result.stdout and "NOTICE:  dpsql accuracy" in result.stderr
+
+
+def _spread_connections(port: int, analyst: str, least: int) -> list[psycopg.Connection]:
+    """At least `least` connections of `analyst`, more until both processes hold some (the
+    kernel picks the process; a hundred tries are plenty)."""
+    connections: list[psycopg.Connection] = []
+    while (
+        len(connections) < least or len({c.info.backend_pid >> PID_BITS for c in connections}) < 2
+    ):
+        assert len(connections) < 100, "every connection went to one server process"
+        connections.append(_connect(port, analyst))
+    return connections
+
+
+def test_one_budget_across_processes(served) -> None:
+    """24 distinct charged queries per analyst at once against a budget of 10: exactly 10
+    answered and 14 refused (53000), and the ledger holds exactly 10 charges."""
+    _, port, ledger = served
+    outcomes: dict[str, list[str]] = {name: [] for name in ANALYSTS}
+    lock = threading.Lock()
+
+    def client(analyst: str, conn: psycopg.Connection, number: int) -> None:
+        for q in range(3):
+            sql = f"SELECT COUNT(*) FROM census WHERE income > {number * 10 + q}"
+            try:
+                conn.execute(sql).fetchall()
+                outcome = "answered"
+            except psycopg.errors.InsufficientResources:
+                outcome = "refused"
+            with lock:
+                outcomes[analyst].append(outcome)
+
+    connections = {name: _spread_connections(port, name, 8) for name in ANALYSTS}
+    threads = [
+        threading.Thread(target=client, args=(name, conn, number))
+        for name, conns in connections.items()
+        for number, conn in enumerate(conns)
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+    finally:
+        for conns in connections.values():
+            for conn in conns:
+                conn.close()
+    with Ledger(ledger) as book:
+        for name in ANALYSTS:
+            sent = 3 * len(connections[name])
+            assert outcomes[name].count("answered") == BUDGET, outcomes[name]
+            assert outcomes[name].count("refused") == sent - BUDGET
+            assert book.spent(name).epsilon == Fraction(BUDGET)
+
+
+def test_a_cancel_reaches_its_statement_in_any_process(served) -> None:
+    """Each statement gets one cancel request, sent once it runs; eight statements on new
+    connections, each cancel on a connection of its own: with the kernel choosing the
+    process each time, broken routing would leave one running with probability 1 - 2^-8."""
+    server, port, _ = served
+    children = _children(server.pid)
+    for _ in range(8):
+        with _connect(port) as conn:
+            outcome: list[BaseException] = []
+
+            def run(conn: psycopg.Connection = conn, outcome: list = outcome) -> None:
+                try:
+                    conn.execute(SLOW)
+                except psycopg.Error as exc:
+                    outcome.append(exc)
+
+            before = _cpu(children)
+            runner = threading.Thread(target=run)
+            runner.start()
+            # the scan has used half a second of CPU: the statement is running, not
+            # on its way (a cancel between statements is ignored, as in PostgreSQL)
+            deadline = time.monotonic() + 60
+            while _cpu(children) - before < 0.5 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            conn.cancel()
+            runner.join(timeout=90)
+            assert not runner.is_alive()
+            assert isinstance(outcome[0], psycopg.errors.QueryCanceled)
+            assert "due to user request" in str(outcome[0])  # not the query timeout
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--demo", "--ledger", ":memory:"], "':memory:' is in memory"),
+        (["--demo", "--ledger", "file:budget?mode=memory"], "is in memory"),
+        (["--demo", "--ledger", "sqlite:///:memory:"], "is in memory"),
+        (["--database", ":memory:", "--policy", "POLICY"], "':memory:' is in memory"),
+        (["--database", "spark://local[2]", "--policy", "POLICY", "--ledger", "l.sqlite"],
+         "Spark Connect (--database sc://"),
+    ],
+)  # fmt: skip
+def test_unshareable_setups_are_refused(options, message, files, capsys) -> None:
+    from dpsql.cli import main
+
+    options = [str(files[1]) if option == "POLICY" else option for option in options]
+    with pytest.raises(SystemExit, match=r"--processes 2 .*; .*--processes 1") as refused:
+        main(["serve", "--processes", "2", *options])
+    assert message in str(refused.value.code)
+
+
+@pytest.mark.parametrize("count", ["0", "65", "two"])
+def test_processes_is_checked_like_the_other_options(count, capsys) -> None:
+    from dpsql.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--demo", "--processes", count])
+    assert exited.value.code == 2
+    assert "argument --processes:" in capsys.readouterr().err
+
+
+def test_sigterm_to_the_parent_ends_every_process(tmp_path: Path) -> None:
+    server, port = _serve("--demo", "--ledger", str(tmp_path / "ledger.sqlite"))
+    try:
+        children = _children(server.pid)
+        assert len(children) == 2
+        with _connect(port) as conn:  # each process built the demo table itself
+            assert conn.execute("SELECT COUNT(*) FROM census").fetchone()[0] > 40_000
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) == 0
+        assert _gone(children)
+        out, err = server.communicate(timeout=10)
+        assert "listening on" not in out  # said once, before: the first line
+        assert err == ""
+    finally:
+        _stop(server)
+
+
+def test_a_killed_process_stops_the_server(tmp_path: Path) -> None:
+    server, _ = _serve("--demo", "--ledger", str(tmp_path / "ledger.sqlite"))
+    try:
+        children = _children(server.pid)
+        os.kill(children[0], signal.SIGKILL)
+        assert server.wait(timeout=60) != 0
+        assert _gone(children)
+        err = server.stderr.read()
+        assert re.search(rf"server process [01] \(pid {children[0]}\) was killed by signal 9", err)
+    finally:
+        _stop(server)
+
+
+def test_a_server_that_cannot_start_says_why_once(files, tmp_path: Path) -> None:
+    _, policy, _ = files
+    result = subprocess.run(
+        [sys.executable, "-m", "dpsql.cli", "serve", "--trust", "--port", "0",
+         "--processes", "2", "--database", str(tmp_path / "absent.duckdb"), "--policy",
+         str(policy), "--ledger", str(tmp_path / "ledger.sqlite")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.count("cannot open DuckDB database") == 1, result.stderr
