@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,23 @@ def sqlglot_dialect(name: str) -> sqlglot.Dialect:
     return sqlglot.Dialect.get_or_raise(name)
 
 
+# Each thread's tokenizer and parser per dialect: building them cost 8 and 3 us a
+# statement (tokenizing itself 10 us), and each resets its state when it starts, but
+# holds it while it runs, so threads (the server's workers) do not share them.
+_THREAD = threading.local()
+
+
+def _tools(dialect: str) -> tuple[Any, Any]:
+    tools = getattr(_THREAD, "tools", None)
+    if tools is None:
+        tools = _THREAD.tools = {}
+    pair = tools.get(dialect)
+    if pair is None:
+        backend = sqlglot_dialect(dialect)
+        pair = tools[dialect] = (backend.tokenizer(), backend.parser())
+    return pair
+
+
 def tokenize(sql: str, dialect: str) -> list:
     """The tokens of `sql`, refusing a text that is not a string, too long, or unreadable."""
     if not isinstance(sql, str):
@@ -65,7 +83,7 @@ def tokenize(sql: str, dialect: str) -> list:
         )
     _require_storable(sql, "the statement")
     try:
-        return sqlglot_dialect(dialect).tokenize(sql)
+        return _tools(dialect)[0].tokenize(sql)
     except TokenError as exc:
         raise QueryRefused(
             "malformed SQL", f"it could not be read: {exc}", "check the quoting"
@@ -208,7 +226,7 @@ _EXACT_TOKENS = frozenset(
 
 def _parse_one(sql: str, tokens: list, dialect: str) -> exp.Expression:
     try:
-        parser = sqlglot_dialect(dialect).parser()
+        parser = _tools(dialect)[1]
         trees = [tree for tree in parser.parse(tokens, sql) if tree is not None]
     except (ParseError, TokenError) as exc:
         message = str(exc).splitlines()[0]
