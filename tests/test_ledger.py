@@ -580,6 +580,34 @@ def test_a_query_is_released_only_once_its_charge_is_on_disk(tmp_path: Path) -> 
         assert len(answers) == 1
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/self/fd")
+def test_a_failed_sync_releases_nothing_and_keeps_failing(tmp_path: Path) -> None:
+    # A disk that fails fsync (EIO): the answer must not be released on a charge the
+    # disk may not hold, and after one failure no later charge is taken as durable
+    # (the kernel may have dropped the pages that failed: PostgreSQL stops too).
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger(path)
+    wal = os.path.realpath(path) + "-wal"
+    real_fsync = os.fsync
+
+    def failing(descriptor: int) -> None:
+        if os.path.realpath(f"/proc/self/fd/{descriptor}") == wal:
+            raise OSError(5, "Input/output error")
+        real_fsync(descriptor)
+
+    with dpsql.connect(demo.demo_connection(), policy=demo.DEMO_POLICY, ledger=ledger) as con:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(os, "fsync", failing)
+            with pytest.raises(OperationalError, match="cannot sync to disk"):
+                con.cursor().execute("SELECT COUNT(*) FROM census").fetchall()
+            assert ledger.cached_release("default", "x") is None  # reads still work
+        with pytest.raises(OperationalError, match="cannot sync to disk"):
+            ledger.charge("default", TENTH, Cost.of(10.0), "later")  # failed once: no more
+    ledger.close()
+    with Ledger(path) as reopened:  # a new connection starts afresh
+        reopened.charge("default", TENTH, Cost.of(10.0), "after")
+
+
 def test_concurrent_deferred_charges_share_syncs_and_never_overspend(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite"
     charged: list[int] = []
