@@ -269,7 +269,11 @@ class _WalSync:
             while self._done < ticket and self._error is None:
                 self._changed.wait()
             if self._done < ticket:
-                raise OperationalError(f"ledger {self._path}: cannot sync to disk: {self._error}")
+                raise OperationalError(
+                    f"ledger {self._path}: cannot sync to disk: {self._error}. Nothing was "
+                    "released; the disk may have lost recent charges, so this ledger takes "
+                    "no more: check the disk, then restart dpsql (or open the ledger again)"
+                )
 
     def close(self) -> None:
         with self._changed:
@@ -290,7 +294,7 @@ class _WalSync:
                 with self._changed:
                     self._error = exc
                     self._changed.notify_all()
-                return
+                break
             with self._changed:
                 self._done = target
                 self._changed.notify_all()

@@ -128,3 +128,24 @@ def test_gaussian_without_delta_left_says_to_use_noise_that_needs_none():
         with pytest.raises(dpsql.OperationalError, match=r"SET dpsql\.mechanism = 'laplace'"):
             connection.execute("SELECT COUNT(*) FROM census")
         assert connection.budget().epsilon_spent == 0
+
+
+def test_plans_sharing_prepared_noise_are_each_calibrated_to_their_own_options():
+    """Plans reuse prepared mechanisms (a cache keyed by mechanism, sensitivity, epsilon
+    and delta): switching back and forth, each count gets exactly its own noise."""
+    with _connect(delta=1e-3) as connection:
+        for run, (mechanism, epsilon) in enumerate(
+            [("laplace", 0.5), ("laplace", 2.0), ("staircase", 0.5), ("gaussian", 0.5)] * 3
+        ):
+            connection.execute(f"SET dpsql.mechanism = '{mechanism}'")
+            connection.execute(f"SET dpsql.epsilon = {epsilon}")
+            cursor = connection.execute(f"SELECT COUNT(*) AS n FROM census AS run{run}")
+            accuracy = cursor.accuracy["n"]
+            assert accuracy.mechanism == mechanism
+            if mechanism == "laplace":  # sensitivity 1: scale 1 / epsilon
+                assert accuracy.scale == pytest.approx(1 / epsilon)
+            if mechanism == "gaussian":  # sigma = 1 / sqrt(2 rho), rho within (epsilon, delta)
+                rho = zcdp_rho(epsilon, connection.session.options.delta)
+                assert accuracy.scale == pytest.approx(1 / math.sqrt(2 * rho), rel=1e-6)
+        explained = dict(connection.execute("EXPLAIN SELECT COUNT(*) FROM census").fetchall())
+        assert explained["measure count(*)"].startswith("gaussian")

@@ -137,7 +137,9 @@ class _Measure:
     reason: str = ""  # why 'auto' chose this mechanism
 
 
-@functools.lru_cache(maxsize=256)  # the same few recur query after query; each costs ~30 us
+# The same few recur query after query, and each costs ~30 us to build; as many as the
+# samplers' own caches keep, since a cached mechanism keeps its sampler's tables alive.
+@functools.lru_cache(maxsize=32)
 def _prepared_noise(name: str, l1: int, l2: float, epsilon: float, delta: float) -> NoiseMechanism:
     """The noise mechanism `name` for these sensitivities and (epsilon, delta), prepared: a
     draw that cannot be made fails here (OutOfRange), before the charge. Shared by every
