@@ -30,17 +30,22 @@
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
 
-from dpsql._ledger_store import Store, check_meta
+from dpsql._ledger_claims import Claims
+from dpsql._ledger_store import Store, check_meta, keep_inherited
 from dpsql.errors import OperationalError
 
 DEFAULT_SCHEMA = "dpsql"
+CLAIM_POLL = 0.005  # seconds between tries of a claim's advisory lock (see PostgresClaims)
 
 _DDL = (
     "CREATE TABLE {s}.meta (key text PRIMARY KEY, value text NOT NULL)",
@@ -172,6 +177,9 @@ class PostgresStore(Store):
             (f"dpsql.ledger:{self._schema}:{name}",),
         )
 
+    def claims(self) -> PostgresClaims:
+        return PostgresClaims(self._conninfo, self._schema, self.location)
+
     def _lock_analyst(self, conn: psycopg.Connection, analyst: str) -> None:
         self._advisory_lock(conn, f"analyst:{analyst}")
 
@@ -194,3 +202,53 @@ class PostgresStore(Store):
                 "proxy's charge to finish; try again, or look for a stuck session in "
                 "pg_stat_activity"
             ) from exc
+
+
+class PostgresClaims(Claims):
+    """Claims as session advisory locks of PostgreSQL, on a connection of their own."""
+
+    def __init__(self, conninfo: str, schema: str, location: str) -> None:
+        super().__init__()
+        self._conninfo, self._schema, self._location = conninfo, schema, location
+        self._conn: psycopg.Connection | None = None
+        self._pid = os.getpid()
+        self._opening = threading.Lock()
+
+    def _connection(self) -> psycopg.Connection:
+        with self._opening:
+            if self._conn is not None and self._pid == os.getpid() and not self._conn.broken:
+                return self._conn
+            if self._conn is not None and self._pid != os.getpid():
+                keep_inherited(self._conn)  # the parent's session: not ours to end
+            try:
+                self._conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=10)
+            except psycopg.Error as exc:
+                raise OperationalError(
+                    f"cannot connect to the ledger at {self._location} to claim a statement: {exc}"
+                ) from exc
+            self._pid = os.getpid()
+            return self._conn
+
+    @contextmanager
+    def _across_processes(self, slot: int) -> Iterator[None]:
+        name = f"dpsql.claim:{self._schema}:{slot}"
+        conn = self._connection()
+        try:
+            while not conn.execute(
+                "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (name,)
+            ).fetchone()[0]:
+                time.sleep(CLAIM_POLL)
+        except psycopg.Error as exc:
+            raise OperationalError(f"ledger {self._location}: {exc}") from exc
+        try:
+            yield
+        finally:
+            # a broken session holds no lock any more: the next claim reconnects
+            with suppress(psycopg.Error):
+                conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (name,))
+
+    def close(self) -> None:
+        with self._opening:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn = None

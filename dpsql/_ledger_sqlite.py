@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from dpsql._ledger_claims import Claims, FileClaims
 from dpsql._ledger_store import Store, check_meta
 from dpsql.errors import OperationalError
 
@@ -152,6 +153,7 @@ class SQLiteStore(Store):
             conn.execute(f"PRAGMA synchronous={'NORMAL' if in_wal else 'FULL'}")
             conn.execute(f"PRAGMA busy_timeout={int(self._timeout * 1000)}")
             self._wal, self._pending = _WalSync(path + "-wal" if in_wal else None), 0
+            self._file = path
             self._retry_locked(lambda: self._create_schema(conn))
         except BaseException:
             conn.close()
@@ -198,6 +200,11 @@ class SQLiteStore(Store):
                 "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 self._meta.items(),
             )
+
+    def claims(self) -> Claims:
+        with self._lock:
+            self._connection()  # knows the file once open
+            return FileClaims(self._file + "-claims") if self._file else Claims()
 
     def _lock_analyst(self, conn: sqlite3.Connection, analyst: str) -> None:
         pass  # BEGIN IMMEDIATE already holds the whole file's write lock

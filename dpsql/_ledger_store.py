@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, NamedTuple
 
+from dpsql._ledger_claims import Claims
 from dpsql.errors import InterfaceError, OperationalError
 
 
@@ -112,6 +113,10 @@ class Store(ABC):
     def _execute(self, conn: Any, sql: str, params: tuple[object, ...] = ()) -> Any:
         return conn.execute(sql, params)
 
+    def claims(self) -> Claims:
+        """Claims on statements among everyone sharing this store (see dpsql._ledger_claims)."""
+        return Claims()
+
     # -- connection ----------------------------------------------------------------
 
     def _connection(self) -> Any:
@@ -122,7 +127,7 @@ class Store(ABC):
         # Keep the inherited one referenced, so garbage collection does not
         # close it (checkpoint, or send Terminate) from the child.
         if self._conn is not None and self._pid != os.getpid():
-            _INHERITED_CONNECTIONS.append(self._conn)
+            keep_inherited(self._conn)
             self._conn = None
         if self._conn is not None and not self._usable(self._conn):
             self._conn = None  # a broken connection: reconnect
@@ -264,6 +269,12 @@ class Store(ABC):
                 self._conn.close()
             self._conn = None
             self._closed = True
+
+
+def keep_inherited(connection: Any) -> None:
+    """Keep a connection a forked child inherited referenced for the child's life, so that
+    garbage collection does not close it (checkpoint, or send Terminate) from the child."""
+    _INHERITED_CONNECTIONS.append(connection)
 
 
 def _starting(prefix: str) -> str:

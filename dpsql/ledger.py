@@ -51,6 +51,7 @@ import functools
 import math
 import os
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from fractions import Fraction
@@ -232,6 +233,7 @@ class Ledger:
 
     def __init__(self, location: str | os.PathLike[str], *, timeout: float = DEFAULT_TIMEOUT):
         self._store = _open_store(os.fspath(location), timeout)
+        self._claims = self._store.claims()
 
     @property
     def location(self) -> str:
@@ -292,6 +294,16 @@ class Ledger:
             accounts.append((DATASET_ACCOUNT, f"{analyst}:{fingerprint}", shared))
         totals = self._store.append(accounts, _now(), units, sync=sync)
         return _left(totals[0], rounded)
+
+    def exclusive(self, key: str) -> AbstractContextManager[None]:
+        """Hold `key` (a statement and whose it is, say) until the block ends, waiting while
+        anyone else sharing this ledger holds it: any thread, process or proxy.
+
+        For answering identical statements one at a time, so that the second finds
+        the first's release in the cache instead of being charged again. Distinct
+        keys rarely wait for each other (one chance in 65,536 per pair).
+        """
+        return self._claims.hold(key)
 
     def durable(self) -> None:
         """Wait until every charge made with `sync=False` is on disk."""
@@ -374,6 +386,7 @@ class Ledger:
     # -- lifecycle --------------------------------------------------------------
 
     def close(self) -> None:
+        self._claims.close()
         self._store.close()
 
     def __enter__(self) -> Ledger:

@@ -76,10 +76,12 @@ class Shape(NamedTuple):
 
 @dataclass(eq=False)
 class Job:
-    """One statement handed to the pool: the worker thread running it, while it runs."""
+    """One statement handed to the pool: the worker thread running it, while it runs;
+    whether it ended; whether it was stopped (cancelled or timed out) at any point."""
 
     thread: int | None = None
     ended: bool = False
+    stopped: bool = False
 
 
 class Backend:
@@ -107,8 +109,7 @@ class Backend:
         self.memo = ReleaseMemo()
         self.shapes = WeightedLru(SHAPE_BYTES, largest=SHAPE_BYTES // 16)
         self.pool = WorkerPool(workers)
-        self._stripes = [threading.Lock() for _ in range(256)]
-        self._jobs = threading.Lock()  # guards every Job's thread and ended
+        self._jobs = threading.Lock()  # guards every Job's thread, ended and stopped
         self._stopping: set[asyncio.Task] = set()
 
     def shape(self, sql: str, declared: list[int | None]) -> Shape:
@@ -137,15 +138,17 @@ class Backend:
     def execute(
         self, session: Session, sql: str, parameters: list[Any] | None, job: Job | None = None
     ) -> Release:
-        """Session.execute, one at a time per (analyst, statement, parameters).
+        """Session.execute, one at a time per (analyst, statement, parameters) among every
+        thread, server process and proxy that shares the ledger.
 
         The Session looks up its release cache and then charges; two identical
         queries racing through that gap would both be charged. A client that
-        retries after a dropped connection does exactly that, so identical
-        statements of one analyst wait for each other and the second finds the
-        first's release in the cache.
+        retries after a dropped connection does exactly that, often through
+        another process, so identical statements of one analyst wait for each
+        other (Ledger.exclusive) and the second finds the first's release in
+        the cache. One stopped while it waited never runs.
         """
-        key = hash((session.analyst, sql, repr(parameters)))
+        key = "\0".join((session.analyst, sql, repr(parameters)))
         job = job or Job()
         with self._jobs:
             if job.ended:  # stopped before a worker took it: it never runs
@@ -156,7 +159,15 @@ class Backend:
                 )
             job.thread = threading.get_ident()
         try:
-            with self._stripes[key % len(self._stripes)]:
+            with self.ledger.exclusive(key):
+                with self._jobs:
+                    if job.stopped:
+                        raise PgError(
+                            QUERY_CANCELED,
+                            "canceling statement before it started (cancelled, or over the "
+                            "query timeout while an identical statement ran): nothing was "
+                            "charged; send it again",
+                        )
                 return session.execute(sql, parameters)
         finally:
             with self._jobs:
@@ -176,6 +187,7 @@ class Backend:
         one's statement in between: the interrupt reaches this job's only.
         """
         with self._jobs:
+            job.stopped = True
             if job.thread is None:
                 job.ended = True  # not started: the worker will skip it
                 return False

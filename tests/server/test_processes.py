@@ -4,6 +4,9 @@
 * Two analysts charging distinct queries from many connections spread over both
   processes spend exactly their budget and are refused exactly the rest: the
   budget is one, in the ledger file, whichever process charges.
+* An identical statement sent through another process while the first runs
+  waits for it instead of being charged again; stopped while it waits, it is
+  never charged.
 * A cancel request reaches its statement whichever process accepts it: a
   single cancel per statement, sent once the statement is running (the server's
   CPU says so), over eight statements; a cancel lost by a process that does not
@@ -149,6 +152,34 @@ def _spread_connections(port: int, analyst: str, least: int) -> list[psycopg.Con
     return connections
 
 
+def _charges(ledger: Path, analyst: str = "default") -> int:
+    with Ledger(ledger) as book:
+        return len(book.charges(analyst))
+
+
+def _running(children: list[int], before: float) -> None:
+    """Wait until the server processes have used half a second of CPU since `before`: a
+    slow statement is running, not on its way."""
+    deadline = time.monotonic() + 60
+    while _cpu(children) - before < 0.5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _in_thread(conn: psycopg.Connection, sql: str) -> tuple[threading.Thread, list]:
+    """Send `sql` on `conn` from a thread: the thread, and a list that gets its error."""
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            conn.execute(sql)
+        except psycopg.Error as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
 def test_one_budget_across_processes(served) -> None:
     """24 distinct charged queries per analyst at once against a budget of 10: exactly 10
     answered and 14 refused (53000), and the ledger holds exactly 10 charges."""
@@ -198,28 +229,55 @@ def test_a_cancel_reaches_its_statement_in_any_process(served) -> None:
     children = _children(server.pid)
     for _ in range(8):
         with _connect(port) as conn:
-            outcome: list[BaseException] = []
-
-            def run(conn: psycopg.Connection = conn, outcome: list = outcome) -> None:
-                try:
-                    conn.execute(SLOW)
-                except psycopg.Error as exc:
-                    outcome.append(exc)
-
             before = _cpu(children)
-            runner = threading.Thread(target=run)
-            runner.start()
-            # the scan has used half a second of CPU: the statement is running, not
-            # on its way (a cancel between statements is ignored, as in PostgreSQL)
-            deadline = time.monotonic() + 60
-            while _cpu(children) - before < 0.5 and time.monotonic() < deadline:
-                time.sleep(0.02)
+            runner, outcome = _in_thread(conn, SLOW)
+            # a cancel between statements is ignored, as in PostgreSQL
+            _running(children, before)
             conn.cancel()
             runner.join(timeout=90)
             assert not runner.is_alive()
             assert isinstance(outcome[0], psycopg.errors.QueryCanceled)
             assert "due to user request" in str(outcome[0])  # not the query timeout
             assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_an_identical_statement_in_another_process_waits_uncharged(served) -> None:
+    """A client retrying a statement through another process while the first still runs
+    (a dropped connection, say) is not charged a second time: it waits for the first.
+    Stopped while it waits, it never runs and is never charged."""
+    server, port, ledger = served
+    children = _children(server.pid)
+    sql = "SELECT COUNT(*) FROM slow WHERE v > 7"  # minutes, unless cancelled
+    connections = _spread_connections(port, "default", 2)
+    try:
+        first = connections[0]
+        second = next(
+            c
+            for c in connections
+            if c.info.backend_pid >> PID_BITS != first.info.backend_pid >> PID_BITS
+        )
+        charged = _charges(ledger)
+        before = _cpu(children)
+        first_thread, first_outcome = _in_thread(first, sql)
+        _running(children, before)
+        assert _charges(ledger) == charged + 1
+        second_thread, second_outcome = _in_thread(second, sql)
+        time.sleep(1.0)  # far longer than a charge takes
+        assert _charges(ledger) == charged + 1, "charged again while the first one ran"
+        second.cancel()
+        second_thread.join(timeout=60)
+        assert isinstance(second_outcome[0], psycopg.errors.QueryCanceled)
+        first.cancel()
+        first_thread.join(timeout=60)
+        assert isinstance(first_outcome[0], psycopg.errors.QueryCanceled)
+        # the second's worker now gets the claim, and must give up without a charge
+        time.sleep(1.0)
+        assert _charges(ledger) == charged + 1, "a statement stopped while it waited was charged"
+        for conn in (first, second):
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        for conn in connections:
+            conn.close()
 
 
 @pytest.mark.parametrize(
