@@ -405,6 +405,15 @@ class Ledger:
 
 
 def _open_store(location: str, timeout: float) -> Store:
+    if not location.strip():
+        # SQLite would open a temporary database, deleted on close: a budget that
+        # silently resets whenever the process restarts.
+        raise NotSupportedError(
+            "the ledger location is empty, which SQLite takes as a temporary database that "
+            "is deleted on close, so the budget would reset with every restart; give a file "
+            "path (budget.sqlite), sqlite:///path or postgresql://user@host/db (':memory:' "
+            "for a budget that is meant to last only as long as the process)"
+        )
     scheme = location.split("://", 1)[0].lower() if "://" in location else ""
     if scheme in ("postgresql", "postgres"):
         # Imported here: psycopg costs ~0.1 s to import, and SQLite users never need it.

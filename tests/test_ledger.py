@@ -663,6 +663,9 @@ def test_open_ledger_and_closing(tmp_path: Path) -> None:
         open_ledger("mysql://localhost/db")
     with pytest.raises(NotSupportedError, match="sqlite:///path"):
         open_ledger("sqlite://relative.sqlite")
+    for empty in ("", "  "):  # SQLite's temporary database: a budget reset at every restart
+        with pytest.raises(NotSupportedError, match=r"location is empty.*budget would reset"):
+            open_ledger(empty)
     with pytest.raises(InterfaceError):
         led.spent("alice")
 
