@@ -66,17 +66,49 @@ def date_parts(select: exp.Select) -> exp.Select:
     return select.transform(rewrite)
 
 
+# Date parts whose argument sqlglot's Spark reader wraps in TS_OR_DS_TO_DATE.
+_DATE_PART_FUNCTIONS = (exp.Year, exp.Month, exp.Day, exp.DayOfWeek, exp.DayOfYear)
+
+
+def _is_implicit_date(node: exp.Expression) -> bool:
+    return (
+        isinstance(node, exp.TsOrDsToDate)
+        and isinstance(node.parent, _DATE_PART_FUNCTIONS)
+        and set(node.args) - {"this"} == set()  # not TO_DATE(x[, format]): that is "safe"
+    )
+
+
+def implicit_dates(select: exp.Select) -> exp.Select:
+    """Spark's `YEAR(d)`, `MONTH(d)`, `DAY(d)`, `DAYOFWEEK(d)` and `DAYOFYEAR(d)` as the
+    same call on `d` itself.
+
+    sqlglot reads Spark's conversion of the argument to a date as a TS_OR_DS_TO_DATE
+    around it, which the checker does not know (and writes it back as the bare call).
+    Without it the analysis sees the column: a date or timestamp passes, a string
+    (which Spark would convert row by row, failing on some rows only) is refused.
+    """
+
+    def rewrite(node: exp.Expression) -> exp.Expression:
+        return node.this if _is_implicit_date(node) else node
+
+    return select.transform(rewrite)
+
+
 def normalize(select: exp.Select) -> exp.Select:
     """`select` after each pass above that applies to it, found in one walk (most queries
     need none, and then this is the query itself, not a copy)."""
-    filters = date_part = False
+    filters = date_part = implicit = False
     for node in select.walk():
         if isinstance(node, exp.Filter):
             filters = True
         elif isinstance(node, exp.Anonymous) and _is_date_part(node):
             date_part = True
+        elif _is_implicit_date(node):
+            implicit = True
     if filters:
         select = aggregate_filters(select)
     if date_part:
         select = date_parts(select)
+    if implicit:
+        select = implicit_dates(select)
     return select

@@ -28,6 +28,8 @@ from dpsql.sql.analyze import (
     where_range,
 )
 from dpsql.sql.parse import sqlglot_dialect
+from dpsql.sql.spellings import kinds as spelled_kinds
+from dpsql.sql.spellings import spell
 
 MEASURE_PREFIX = "__dpsql_m"
 UNITS_COLUMN = "__dpsql_units"
@@ -241,13 +243,12 @@ def _in_dialect(query: exp.Select, dialect: str, table: Table | None = None) -> 
     in Snowflake) and then quoted, so a name that is also a keyword still works.
     """
     backend = sqlglot_dialect(dialect)
-    postgres = dialect == "postgres"
     # Deepest first, so that a replaced node (ROUND cast back to DOUBLE) has its insides
     # done already; transform() would not look inside a node it has just replaced. Only
     # the kinds _portable changes: find_all filters in sqlglot's code, not in Python.
-    kinds = _PORTABLE_KINDS + (_POSTGRES_KINDS if postgres else ())
+    kinds = _PORTABLE_KINDS + spelled_kinds(dialect)
     for node in reversed(list(query.find_all(*kinds))):
-        portable = _portable(node, postgres=postgres, table=table)
+        portable = _portable(node, dialect=dialect, table=table)
         if portable is not node:
             node.replace(portable)
     # One walk that unquotes and folds each name (sqlglot's normalize_identifiers
@@ -259,18 +260,14 @@ def _in_dialect(query: exp.Select, dialect: str, table: Table | None = None) -> 
     return query.sql(dialect=backend, identify=True, copy=False)
 
 
-# Parts of a date sqlglot writes for PostgreSQL as functions PostgreSQL lacks
-# (DAY_OF_WEEK, DAY_OF_YEAR, QUARTER), and their EXTRACT fields. DOW counts from
-# Sunday = 0, as DuckDB's DAYOFWEEK does.
-_POSTGRES_PARTS = {exp.DayOfWeek: "DOW", exp.DayOfYear: "DOY", exp.Quarter: "QUARTER"}
-# The nodes _portable may change: for every backend, and for PostgreSQL besides.
+# The nodes _portable may change for every backend (spellings.kinds: per backend).
 _PORTABLE_KINDS = (exp.Sub, exp.Is)
-_POSTGRES_KINDS = (*_POSTGRES_PARTS, exp.Round)
 
 
-def _portable(node: exp.Expression, *, postgres: bool, table: Table | None) -> exp.Expression:
-    """`node` as every backend (or PostgreSQL, where it differs) runs it: a failure there
-    comes after the charge, and one that depends on the rows is a noiseless answer.
+def _portable(node: exp.Expression, *, dialect: str, table: Table | None) -> exp.Expression:
+    """`node` as every backend runs it, meaning what DuckDB means (spellings.spell): a
+    failure there comes after the charge, and one that depends on the rows is a
+    noiseless answer.
 
     - A date minus a date is widened to BIGINT: PostgreSQL and Spark count the days
       in a 32-bit integer, so `(day - DATE '0001-01-01') * 1000000` overflowed for
@@ -286,20 +283,7 @@ def _portable(node: exp.Expression, *, postgres: bool, table: Table | None) -> e
     ):
         node.set("this", exp.paren(node.this, copy=False))
         return node
-    return _postgres_spelling(node) if postgres else node
-
-
-def _postgres_spelling(node: exp.Expression) -> exp.Expression:
-    """`node` with the spellings sqlglot writes for PostgreSQL that PostgreSQL lacks."""
-    part = _POSTGRES_PARTS.get(type(node))
-    if part is not None:
-        extract = exp.Extract(this=exp.var(part), expression=node.this)
-        return exp.cast(extract, exp.DataType.Type.BIGINT)  # NUMERIC there, BIGINT in DuckDB
-    if isinstance(node, exp.Round) and node.args.get("decimals") is not None:
-        # PostgreSQL rounds to decimals only in NUMERIC; the result goes back to DOUBLE
-        node.set("this", exp.cast(node.this, exp.DataType.Type.DECIMAL))
-        return exp.cast(node, exp.DataType.Type.DOUBLE)
-    return node
+    return spell(node, dialect)
 
 
 def _temporal_or_null(value: exp.Expression, kind: str, dialect: str) -> exp.Expression:

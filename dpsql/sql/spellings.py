@@ -1,0 +1,115 @@
+"""What sqlglot writes that a backend cannot run: spelled as it can, or refused before the
+charge.
+
+An analyst's query is read in the backend's own dialect and means what it means
+there; the rewritten query must run there and mean the same:
+
+* PostgreSQL has no DAYOFWEEK, DAYOFYEAR or QUARTER functions (sqlglot writes
+  them anyway): they become EXTRACT(DOW|DOY|QUARTER ...) cast to BIGINT, Sunday
+  being 0 as in DuckDB. PostgreSQL rounds to decimals only in NUMERIC:
+  ROUND(x, n) rounds x::numeric and casts back to DOUBLE.
+* Spark has no MICROSECOND(S), MILLISECOND(S), DECADE, CENTURY, MILLENNIUM,
+  ISODOW, ISOYEAR or EPOCH field in EXTRACT (an error, after the charge), and
+  its DATE_TRUNC returns NULL for every row for the units it lacks (plural
+  MILLISECONDS and MICROSECONDS, DECADE, CENTURY, MILLENNIUM), though DuckDB
+  and PostgreSQL know each: they are refused on Spark, saying what Spark has.
+* Truncated to a decade, century or millennium, the first years of the
+  calendar fall before the year 1 (DuckDB's century of the year 50 is the year
+  0, PostgreSQL's decade of the year 5 is 1 BC), which Python cannot hold:
+  fetching such a key failed, for some rows only, after the charge. Those
+  years give NULL instead, on every backend.
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from dpsql.errors import QueryRefused
+
+# Parts of a date sqlglot writes for PostgreSQL as functions PostgreSQL lacks
+# (DAY_OF_WEEK, DAY_OF_YEAR, QUARTER), and their EXTRACT fields. DOW counts from
+# Sunday = 0, as DuckDB's DAYOFWEEK does.
+_POSTGRES_PARTS = {exp.DayOfWeek: "DOW", exp.DayOfYear: "DOY", exp.Quarter: "QUARTER"}
+# Units DuckDB and PostgreSQL know that Spark does not, in EXTRACT and in DATE_TRUNC.
+_SPARK_LACKS_TRUNC = frozenset(("microseconds", "milliseconds", "decade", "century", "millennium"))
+_SPARK_LACKS_FIELDS = _SPARK_LACKS_TRUNC | {
+    "microsecond",
+    "millisecond",
+    "isodow",
+    "isoyear",
+    "epoch",
+}
+_SPARK_FIELDS = "year, quarter, month, week, day, dow (Sunday is 1), doy, hour, minute, second"
+_SPARK_TRUNC = "year, quarter, month, week, day, hour, minute, second, millisecond, microsecond"
+
+# Truncations that fall before the year 1 for the first years (DuckDB's decade and
+# century of the year 5 are the year 0, PostgreSQL's decade too; neither PostgreSQL's
+# "1 BC" nor DuckDB's can be held by Python), and the first year that does not.
+_FIRST_YEAR_KEPT = {"decade": 10, "century": 100, "millennium": 1000}
+_TRUNCATIONS = (exp.DateTrunc, exp.TimestampTrunc)
+# The node kinds spell() may change or refuse, per dialect.
+_KINDS: dict[str, tuple[type[exp.Expression], ...]] = {
+    "postgres": (*_POSTGRES_PARTS, exp.Round, *_TRUNCATIONS),
+    "spark": (exp.Extract, *_TRUNCATIONS),
+}
+
+
+def kinds(dialect: str) -> tuple[type[exp.Expression], ...]:
+    """The node kinds `spell` may change or refuse in `dialect`."""
+    return _KINDS.get(dialect, _TRUNCATIONS)
+
+
+def spell(node: exp.Expression, dialect: str) -> exp.Expression:
+    """`node` as `dialect` can run it (itself if it can as it is); QueryRefused if it cannot."""
+    if dialect == "spark":
+        _refuse_on_spark(node)
+    if isinstance(node, _TRUNCATIONS):
+        return _early_years_null(node)
+    if dialect == "postgres":
+        return _postgres(node)
+    return node
+
+
+def _unit(node: exp.Expression) -> str:
+    unit = node.this if isinstance(node, exp.Extract) else node.args.get("unit")
+    return unit.name.lower() if isinstance(unit, exp.Var | exp.Literal) else ""
+
+
+def _early_years_null(truncation: exp.Expression) -> exp.Expression:
+    """A truncation to a decade, century or millennium, NULL for the years it would take
+    before the year 1: that key made the database driver or Python fail, for some rows
+    only, after the charge (a failure that reveals such a row)."""
+    first = _FIRST_YEAR_KEPT.get(_unit(truncation))
+    if first is None:
+        return truncation
+    year = exp.Extract(this=exp.var("YEAR"), expression=truncation.this.copy())
+    kept = exp.GTE(this=year, expression=exp.Literal.number(first))
+    return exp.Case(ifs=[exp.If(this=kept, true=truncation.copy())])
+
+
+def _postgres(node: exp.Expression) -> exp.Expression:
+    part = _POSTGRES_PARTS.get(type(node))
+    if part is not None:
+        extract = exp.Extract(this=exp.var(part), expression=node.this)
+        return exp.cast(extract, exp.DataType.Type.BIGINT)  # NUMERIC there, BIGINT in DuckDB
+    if isinstance(node, exp.Round) and node.args.get("decimals") is not None:
+        # PostgreSQL rounds to decimals only in NUMERIC; the result goes back to DOUBLE
+        node.set("this", exp.cast(node.this, exp.DataType.Type.DECIMAL))
+        return exp.cast(node, exp.DataType.Type.DOUBLE)
+    return node
+
+
+def _refuse_on_spark(node: exp.Expression) -> None:
+    extract, name = isinstance(node, exp.Extract), _unit(node)
+    if name not in (_SPARK_LACKS_FIELDS if extract else _SPARK_LACKS_TRUNC):
+        return
+    call, fails = (
+        (f"EXTRACT({name} FROM ...)", "an error, after the charge")
+        if extract
+        else (f"DATE_TRUNC('{name}', ...)", "NULL for every row")
+    )
+    raise QueryRefused(
+        f"{call} on Spark",
+        f"Spark has no '{name}' unit there ({fails}); DuckDB and PostgreSQL have it",
+        f"use one Spark has: {_SPARK_FIELDS if extract else _SPARK_TRUNC}",
+    )
