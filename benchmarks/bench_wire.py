@@ -97,7 +97,8 @@ def _cpu_seconds(pid: int, thread: int | None = None) -> float:
 
 def _server_cpu(pid: int) -> tuple[float, float]:
     """CPU seconds of the server, and of its event loops (each server process's main
-    thread); with --processes, the parent's own (a few system calls) counts in the first."""
+    thread); with --processes, the parent's own (accepting connections and handing them
+    over) counts in the first."""
     served = server_processes(pid)
     total = sum(_cpu_seconds(p) for p in served) + (_cpu_seconds(pid) if served != [pid] else 0)
     return total, sum(_cpu_seconds(p, p) for p in served)

@@ -6,7 +6,8 @@ statements.py runs each statement through the analyst's Session, memo.py
 answers repeats from memory, values.py maps values to PostgreSQL types,
 introspection.py answers what clients ask about the server, sqlstate.py maps
 errors, runner.py starts it, processes.py supervises `--processes N` server
-processes and cancels.py routes cancel requests between them.
+processes, dispatch.py hands them the connections the parent accepts, and
+cancels.py routes cancel requests between them.
 """
 
 from dpsql.server.runner import BackgroundServer, build, serve_forever

@@ -2,13 +2,14 @@
 
 A client cancels a statement by opening a NEW connection and sending a
 CancelRequest with the backend pid and secret that BackendKeyData gave it;
-the kernel hands that connection to whichever server process accepts first,
-usually not the one running the statement. So pids say where they belong:
-process i hands out pids with i in the bits above `PID_BITS` (process 0's
-are pg-mimic's own 10000, 10001, ...), and a process that receives a cancel
-for another's pid forwards its 8 bytes over that process's Unix datagram
-socket. The owner applies it exactly as a cancel that reached it directly,
-secret check included; nothing is trusted because it was forwarded.
+the parent hands that connection to the server process holding the fewest
+(`dpsql.server.dispatch`), often not the one running the statement. So pids
+say where they belong: process i hands out pids with i in the bits above
+`PID_BITS` (process 0's are pg-mimic's own 10000, 10001, ...), and a process
+that receives a cancel for another's pid forwards its 8 bytes over that
+process's Unix datagram socket. The owner applies it exactly as a cancel that
+reached it directly, secret check included; nothing is trusted because it
+was forwarded.
 
 The parent makes one datagram socketpair per process before forking: a
 datagram is one whole request (no framing, no partial reads), and a send

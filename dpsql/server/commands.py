@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from dpsql.dbapi import Connection
     from dpsql.policy import Policy
+    from dpsql.server.dispatch import Inbox
 
 SERVE_EPILOG = """examples:
   dpsql serve --demo --trust                  # then: psql -h 127.0.0.1 -p 5433 -U default
@@ -158,14 +159,15 @@ def _serve_processes(
     users: Mapping[str, str] | None,
     limits: Limits,
 ) -> int:
-    """`--processes N`: bind here, then serve in N forked processes (processes.py).
+    """`--processes N`: bind here, then serve in N forked processes (processes.py), to
+    which this process hands the connections it accepts.
 
     Only the policy is read before the fork: each process opens its own database
     connection and ledger, which must never cross fork().
     """
     from dpsql.server.cancels import CancelRoutes
     from dpsql.server.processes import supervise
-    from dpsql.server.runner import bind, build, serve_inherited
+    from dpsql.server.runner import bind, build, serve_handed
 
     policy, database, ledger = _source(args)
     _refuse_unshared(args.processes, policy, database, ledger)
@@ -175,7 +177,7 @@ def _serve_processes(
         raise _cannot_listen(args, exc) from None
     routes = CancelRoutes(args.processes)
 
-    def serve(index: int, ready: Callable[[], None]) -> int:
+    def serve(index: int, inbox: Inbox, ready: Callable[[], None]) -> int:
         try:
             connection = _open(policy, database, ledger)
             try:
@@ -189,12 +191,12 @@ def _serve_processes(
 
             Console(stderr=True).print(f"[bold red]{type(exc).__name__}:[/] {exc}", highlight=False)
             return 1
-        serve_inherited(server, sockets, routes.take(index), ready)
+        serve_handed(server, inbox, routes.take(index), ready)
         return 0
 
     port = sockets[0].getsockname()[1]
     return supervise(
-        args.processes, serve, shared=[*sockets, *routes.sockets],
+        args.processes, serve, listening=sockets, shared=routes.sockets,
         announce=lambda: print(f"dpsql serve: listening on {args.host}:{port}", flush=True),
     )  # fmt: skip
 

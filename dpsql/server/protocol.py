@@ -24,9 +24,10 @@ lacks is added here, by subclassing rather than forking:
   only its own connection, and the analyst's Session opened before the client
   is told it may send queries (so its first query is read at once, and a
   cancel of it finds it running);
-- several server processes (`dpsql serve --processes`): accepting on sockets
-  the parent bound, and backend pids that name their process, so a cancel
-  request reaching another process is forwarded to it (`dpsql.server.cancels`);
+- several server processes (`dpsql serve --processes`): serving connections
+  the parent accepted and handed over (`dpsql.server.dispatch`), and backend
+  pids that name their process, so a cancel request reaching another process
+  is forwarded to it (`dpsql.server.cancels`);
 - the limits of `dpsql.server.limits`: a deadline for the whole login, a
   per-address back-off before each login after failures, TLS required when
   configured, connections per analyst, and statements and parameters per
@@ -42,7 +43,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
 import ssl
 import struct
 
@@ -56,6 +56,7 @@ from pg_mimic.types import pack_int32, unpack_int32
 
 from dpsql.server.auth import Authenticator, is_loopback
 from dpsql.server.cancels import ProcessRoutes
+from dpsql.server.dispatch import Inbox
 from dpsql.server.introspection import SERVER_VERSION, CatalogPortal
 from dpsql.server.limits import Backoff, Limits
 from dpsql.server.sqlstate import (
@@ -377,27 +378,21 @@ class WireServer(PgServer):
         self.backoff = Backoff(limits.backoff_base, limits.backoff_max)
         self._analysts: dict[str, int] = {}  # analyst -> connections logged in now
         self.routes: ProcessRoutes | None = None  # set when one of several processes
-        self._more_servers: list[asyncio.Server] = []
+        self.inbox: Inbox | None = None  # set when one of several processes
 
-    async def serve_sockets(
-        self, sockets: list[socket.socket], routes: ProcessRoutes | None = None
-    ) -> None:
-        """Accept on listening sockets bound by another process (`dpsql serve --processes`:
-        the parent binds, every server process accepts); `routes` take this process's
-        share of backend pids and its forwarded cancel requests."""
-        servers = [
-            await asyncio.start_server(self._client_connected_cb, sock=sock) for sock in sockets
-        ]
-        # pg-mimic keeps one asyncio server; an address with several sockets has more
-        self._server, self._more_servers = servers[0], servers[1:]
-        if routes is not None:
-            self.routes = routes
-            routes.receive(super().cancel)
+    def serve_handed(self, inbox: Inbox, routes: ProcessRoutes) -> None:
+        """Serve the connections the parent process accepts and hands over (`dpsql serve
+        --processes`), from now on the running event loop; `routes` take this
+        process's share of backend pids and its forwarded cancel requests."""
+        self.inbox = inbox
+        inbox.receive(self._client_connected_cb)
+        self.routes = routes
+        routes.receive(super().cancel)
 
     def close(self) -> None:
         super().close()
-        for server in self._more_servers:
-            server.close()
+        if self.inbox is not None:
+            self.inbox.close()
         if self.routes is not None:
             self.routes.close()
 

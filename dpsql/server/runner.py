@@ -2,8 +2,9 @@
 
 `build()` makes the server from a DB-API connection (one adapter, policy and
 ledger for all clients); `serve_forever` binds it and serves until SIGINT or
-SIGTERM; `bind` and `serve_inherited` split that for `dpsql serve --processes`,
-whose parent binds the sockets and whose every server process serves them;
+SIGTERM; `bind` and `serve_handed` split that for `dpsql serve --processes`,
+whose parent binds the sockets and accepts, and whose every server process
+serves the connections it is handed;
 `BackgroundServer` runs one on its own event loop in a daemon thread, for
 tests, benchmarks and notebooks.
 """
@@ -21,6 +22,7 @@ from dpsql.dbapi import Connection
 from dpsql.errors import InterfaceError
 from dpsql.server.auth import Authenticator, is_loopback
 from dpsql.server.cancels import ProcessRoutes
+from dpsql.server.dispatch import Inbox
 from dpsql.server.limits import Limits
 from dpsql.server.protocol import WireServer
 from dpsql.server.statements import Backend
@@ -86,7 +88,7 @@ def bind(host: str, port: int) -> list[socket.socket]:
     """Listening sockets on `host`:`port`, made as asyncio's `start_server` makes them (one
     per address the name has, SO_REUSEADDR, IPv6 sockets IPv6-only); with port 0 every
     socket takes the port the first was given. For `dpsql serve --processes`, whose
-    server processes inherit them."""
+    parent accepts on them."""
     infos = socket.getaddrinfo(
         host or None, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE
     )
@@ -110,17 +112,14 @@ def bind(host: str, port: int) -> list[socket.socket]:
     return sockets
 
 
-def serve_inherited(
-    server: WireServer,
-    sockets: list[socket.socket],
-    routes: ProcessRoutes | None,
-    ready: Callable[[], object],
+def serve_handed(
+    server: WireServer, inbox: Inbox, routes: ProcessRoutes, ready: Callable[[], object]
 ) -> None:
-    """Serve sockets bound by the parent process until SIGINT or SIGTERM, as serve_forever
-    does; `ready()` once accepting."""
+    """Serve the connections the parent process hands over until SIGINT or SIGTERM, as
+    serve_forever does; `ready()` once taking them."""
 
     async def start() -> None:
-        await server.serve_sockets(sockets, routes)
+        server.serve_handed(inbox, routes)
         ready()
 
     _serve_until_stopped(server, start)

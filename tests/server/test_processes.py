@@ -7,10 +7,15 @@
 * An identical statement sent through another process while the first runs
   waits for it instead of being charged again; stopped while it waits, it is
   never charged.
-* A cancel request reaches its statement whichever process accepts it: a
+* Connections are balanced: 4 opened one after another land 2 and 2, every
+  time; a new connection goes to the process holding the fewest, so after
+  closes it goes where they were; a client that disconnects before its
+  startup message, and a cancel request, are uncounted once they end.
+* A cancel request reaches its statement whichever process it is handed to: a
   single cancel per statement, sent once the statement is running (the server's
   CPU says so), over eight statements; a cancel lost by a process that does not
   own the statement would leave it running until the query timeout.
+* A connection the parent accepted is upgraded to TLS by its server process.
 * A ledger in memory and a spark:// database are refused with what to write.
 * SIGTERM to the parent ends every server process; a server process killed
   with SIGKILL makes the parent stop the other one and exit non-zero; a server
@@ -22,6 +27,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -39,6 +45,8 @@ from test_faults import start_serve
 from dpsql import demo
 from dpsql.ledger import Ledger
 from dpsql.server.cancels import PID_BITS
+
+from .conftest import self_signed
 
 ANALYSTS = ("ann", "ben")
 BUDGET = 10  # queries' worth each (1.0 epsilon a query)
@@ -142,7 +150,7 @@ def test_psycopg_and_psql_are_answered(served) -> None:
 
 def _spread_connections(port: int, analyst: str, least: int) -> list[psycopg.Connection]:
     """At least `least` connections of `analyst`, more until both processes hold some (the
-    kernel picks the process; a hundred tries are plenty)."""
+    parent hands each to the process holding fewer)."""
     connections: list[psycopg.Connection] = []
     while (
         len(connections) < least or len({c.info.backend_pid >> PID_BITS for c in connections}) < 2
@@ -150,6 +158,105 @@ def _spread_connections(port: int, analyst: str, least: int) -> list[psycopg.Con
         assert len(connections) < 100, "every connection went to one server process"
         connections.append(_connect(port, analyst))
     return connections
+
+
+def _process(conn: psycopg.Connection) -> int:
+    """The index of the server process serving `conn`."""
+    return conn.info.backend_pid >> PID_BITS
+
+
+def _held(port: int) -> int:
+    """Connections the server has not closed on `port`: its ends, with `port` as their local
+    port, in /proc/net/tcp that are connecting (SYN_RECV), established or closed by the
+    client only (CLOSE_WAIT). A server process reports a connection ended to the parent
+    before it closes it."""
+    held = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            _, local, _, state = line.split()[:4]
+            held += int(local.rsplit(":", 1)[1], 16) == port and state in ("01", "03", "08")
+    return held
+
+
+def _settle(port: int, held: int) -> None:
+    """Wait until the server holds exactly `held` connections on `port`."""
+    deadline = time.monotonic() + 30
+    while _held(port) != held:
+        assert time.monotonic() < deadline, f"the server holds {_held(port)}, not {held}"
+        time.sleep(0.01)
+
+
+def _assert_balanced(port: int) -> None:
+    """With no connection open, 4 opened one after another land 2 and 2."""
+    _settle(port, 0)
+    connections = [_connect(port) for _ in range(4)]
+    try:
+        assert sorted(_process(c) for c in connections) == [0, 0, 1, 1]
+    finally:
+        for conn in connections:
+            conn.close()
+
+
+def test_connections_one_after_another_land_two_and_two(served) -> None:
+    _, port, _ = served
+    for _ in range(5):
+        _assert_balanced(port)
+
+
+def test_a_new_connection_goes_where_connections_closed(served) -> None:
+    """Of 4 connections (2 and 2), both of one process's are closed: the next 2 go there."""
+    _, port, _ = served
+    for process in (0, 1, 0, 1):
+        _settle(port, 0)
+        connections = [_connect(port) for _ in range(4)]
+        try:
+            closing = [c for c in connections if _process(c) == process]
+            assert len(closing) == 2
+            for conn in closing:
+                conn.close()
+            _settle(port, 2)
+            connections += [_connect(port) for _ in range(2)]
+            assert [_process(c) for c in connections[4:]] == [process, process]
+        finally:
+            for conn in connections:
+                conn.close()
+
+
+def test_vanished_clients_and_cancel_requests_are_uncounted(served) -> None:
+    """While one connection is open in process 0, every short connection goes to process 1:
+    three that close before their startup message and two cancel requests. Were any
+    left counted, 4 new connections would not land 2 and 2."""
+    _, port, _ = served
+    _settle(port, 0)
+    with _connect(port) as kept:
+        assert _process(kept) == 0
+        for _ in range(3):
+            socket.create_connection(("127.0.0.1", port), timeout=10).close()
+            _settle(port, 1)
+        for _ in range(2):
+            kept.cancel()  # nothing runs: the request is applied to nothing
+            _settle(port, 1)
+        assert kept.execute("SELECT 1").fetchone() == (1,)
+    _assert_balanced(port)
+
+
+def test_a_handed_over_connection_is_upgraded_to_tls(tmp_path: Path) -> None:
+    """The server processes take the server's side of a TLS handshake on connections the
+    parent accepted."""
+    cert, key = self_signed(tmp_path)
+    server, port = _serve(
+        "--demo", "--ledger", str(tmp_path / "ledger.sqlite"),
+        "--tls-cert", cert, "--tls-key", key, "--require-tls",
+    )  # fmt: skip
+    dsn = f"host=127.0.0.1 port={port} user=default sslmode=require"
+    try:
+        with psycopg.connect(dsn) as first, psycopg.connect(dsn) as second:
+            assert {_process(first), _process(second)} == {0, 1}
+            for conn in (first, second):
+                assert conn.info.pgconn.ssl_in_use
+                assert conn.execute("SELECT COUNT(*) FROM census").fetchone()[0] > 40_000
+    finally:
+        _stop(server)
 
 
 def _charges(ledger: Path, analyst: str = "default") -> int:
@@ -223,8 +330,8 @@ def test_one_budget_across_processes(served) -> None:
 
 def test_a_cancel_reaches_its_statement_in_any_process(served) -> None:
     """Each statement gets one cancel request, sent once it runs; eight statements on new
-    connections, each cancel on a connection of its own: with the kernel choosing the
-    process each time, broken routing would leave one running with probability 1 - 2^-8."""
+    connections, each cancel on a connection of its own, which the parent hands to the
+    process holding fewer: not the statement's, so broken routing would leave it running."""
     server, port, _ = served
     children = _children(server.pid)
     for _ in range(8):
