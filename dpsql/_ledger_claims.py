@@ -78,9 +78,10 @@ class Claims:
 class FileClaims(Claims):
     """Claims on byte locks of a file beside an SQLite ledger."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, mode: int = 0o600) -> None:
         super().__init__()
         self.path = path
+        self._mode = mode  # the file's permissions (the ledger's)
         self._fd: int | None = None
         self._pid = os.getpid()
         self._opening = threading.Lock()
@@ -91,7 +92,9 @@ class FileClaims(Claims):
             # the parent's OFD locks: it opens its own.
             if self._fd is None or self._pid != os.getpid():
                 try:
-                    self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                    self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, self._mode)
+                    if os.fstat(self._fd).st_uid == os.getuid():  # as SQLite does, past the umask
+                        os.fchmod(self._fd, self._mode)
                 except OSError as exc:
                     raise OperationalError(
                         f"cannot open {self.path}, the file that keeps identical statements "

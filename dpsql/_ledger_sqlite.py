@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -204,7 +205,12 @@ class SQLiteStore(Store):
     def claims(self) -> Claims:
         with self._lock:
             self._connection()  # knows the file once open
-            return FileClaims(self._file + "-claims") if self._file else Claims()
+            if not self._file:
+                return Claims()
+            # with the ledger's own permissions, as SQLite creates its -wal and -shm: every
+            # account that may write the ledger may claim statements on it
+            mode = stat.S_IMODE(os.stat(self._file).st_mode)
+            return FileClaims(self._file + "-claims", mode)
 
     def _lock_analyst(self, conn: sqlite3.Connection, analyst: str) -> None:
         pass  # BEGIN IMMEDIATE already holds the whole file's write lock

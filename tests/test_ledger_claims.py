@@ -139,3 +139,14 @@ def test_threads_sharing_a_ledger_in_memory_exclude_each_other() -> None:
         holding.let_go()
         assert waiting.held.wait(PASSED_ON)
         waiting.let_go()
+
+
+def test_the_claims_file_has_the_ledger_s_permissions(tmp_path: Path) -> None:
+    """Every account that may write the ledger may claim statements on it: the claims file
+    is made with the ledger's permissions, as SQLite makes its -wal and -shm, whatever the
+    umask (a 0600 file left a group-writable ledger's other accounts unable to query)."""
+    location = tmp_path / "shared.sqlite"
+    Ledger(location).close()
+    location.chmod(0o660)
+    with Ledger(location) as ledger, ledger.exclusive(KEY):
+        assert (tmp_path / "shared.sqlite-claims").stat().st_mode & 0o777 == 0o660
