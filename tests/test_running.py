@@ -385,6 +385,10 @@ def test_a_row_level_step_query_is_its_template_with_the_bounds_written_in(diale
     assert stream.templates[dialect] is not None  # the ticks above were written into it
 
 
+# the text standing for a date-ordered step query's first bound in its template
+MARKER = running._DATE_MARKERS[0][0]
+
+
 def _ticks() -> duckdb.DuckDBPyConnection:
     db = duckdb.connect()
     db.execute(
@@ -393,12 +397,12 @@ def _ticks() -> duckdb.DuckDBPyConnection:
     db.execute(
         "INSERT INTO ticks SELECT DATE '2024-01-01' + (i % 40)::INT, DATE '2024-01-01', "
         "TIMESTAMP '2024-01-01' + to_hours(i % 100), i % 100 - 50, (i % 21) / 2, "
-        "CASE WHEN i % 3 = 0 THEN '__dpsql_first_step__' ELSE 'b' END FROM range(3000) t(i)"
+        f"CASE WHEN i % 3 = 0 THEN '{MARKER}' ELSE 'b' END FROM range(3000) t(i)"
     )
     return db
 
 
-@pytest.mark.parametrize("tag", ["b", "__dpsql_first_step__"])
+@pytest.mark.parametrize("tag", ["b", MARKER])
 def test_row_level_ticks_release_the_exact_running_counts(tmp_path, monkeypatch, tag):
     """Tick after tick over a table without a privacy unit (the step query's template;
     with a marker's text in the analyst's WHERE, the query built afresh), late rows ignored."""
@@ -418,7 +422,7 @@ def test_row_level_ticks_release_the_exact_running_counts(tmp_path, monkeypatch,
         db.execute(f"INSERT INTO ticks SELECT DATE '2024-01-01', NULL, NULL, 0, 0, '{tag}'")  # late
     assert [d for d, _ in released] == [DAY0 + dt.timedelta(days=i) for i in range(40)]
     stream = con.session.plan(parse_statement(query, "duckdb").tree).stream
-    assert (stream.templates["duckdb"] is None) == (tag == "__dpsql_first_step__")
+    assert (stream.templates["duckdb"] is None) == (tag == MARKER)
 
 
 def _day_query(bound: str) -> str:

@@ -564,7 +564,7 @@ def _count_literal(node: exp.Expression | None, clause: str) -> int | None:
 def _ranges(where: exp.Expression | None, table: Table) -> dict[str, Interval]:
     """Bounds implied by range predicates in the top-level conjunction of WHERE."""
     ranges: dict[str, Interval] = {}
-    for condition in _conjuncts(where):
+    for condition in conjuncts(where):
         found = _range_of(condition)
         if found is None:
             continue
@@ -594,7 +594,7 @@ def where_range(where: exp.Expression | None, column: Column) -> tuple[float, fl
     column's bounds are whole, since the rewrite reads it as BIGINT.
     """
     lower, upper = -math.inf, math.inf
-    for condition in _conjuncts(where):
+    for condition in conjuncts(where):
         found = _range_of(condition)
         if found is None or found[0].lower() != column.name.lower():
             continue
@@ -606,13 +606,14 @@ def where_range(where: exp.Expression | None, column: Column) -> tuple[float, fl
     return lower, upper
 
 
-def _conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
+def conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
+    """The conditions of a top-level AND (parentheses removed); [] for no condition."""
     if node is None:
         return []
     if isinstance(node, exp.Paren):
-        return _conjuncts(node.this)
+        return conjuncts(node.this)
     if isinstance(node, exp.And):
-        return _conjuncts(node.this) + _conjuncts(node.expression)
+        return conjuncts(node.this) + conjuncts(node.expression)
     return [node]
 
 

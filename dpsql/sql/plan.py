@@ -31,7 +31,7 @@ from dpsql.mechanisms.laplace import DiscreteLaplace
 from dpsql.mechanisms.selection import PartitionSelection
 from dpsql.mechanisms.staircase import Staircase
 from dpsql.policy import MAX_PUBLIC_KEYS
-from dpsql.sql.analyze import KEY_PREFIX, VALUE_PREFIX, Aggregate, Analysis, Interval, _conjuncts
+from dpsql.sql.analyze import KEY_PREFIX, VALUE_PREFIX, Aggregate, Analysis, Interval, conjuncts
 from dpsql.sql.postprocess import RELEASED, project, query_released
 from dpsql.sql.rewrite import SumGrid, rewrite
 
@@ -504,7 +504,7 @@ def _keys_passing_where(analysis: Analysis, keys: list[tuple]) -> list[tuple]:
     }
     conditions = [
         condition
-        for condition in _conjuncts(analysis.where)
+        for condition in conjuncts(analysis.where)
         if {column.name for column in condition.find_all(exp.Column)} <= set(names)
     ]
     if not conditions or not keys:

@@ -30,6 +30,7 @@ from dpsql.sql.analyze import (
 from dpsql.sql.parse import sqlglot_dialect
 from dpsql.sql.spellings import kinds as spelled_kinds
 from dpsql.sql.spellings import spell
+from dpsql.sql.temporal import YEARS_PYTHON_HOLDS, held_by, prefilter, temporal_or_null
 
 MEASURE_PREFIX = "__dpsql_m"
 UNITS_COLUMN = "__dpsql_units"
@@ -47,16 +48,6 @@ _TEXT = exp.DataType.build("TEXT")
 # out. Spark's cast truncates, so it keeps ROUND; any rounding keeps each value in
 # [floor(lower/step), ceil(upper/step)], so this is about accuracy, not privacy.
 _CASTS_ROUND = frozenset({"duckdb", "postgres"})
-# Dates and timestamps the backends store but cannot compute with, or that Python
-# cannot hold: infinities (PostgreSQL fails a date difference or a cast of EXTRACT's
-# result to BIGINT on them, DuckDB a cast to TIME) and, on PostgreSQL, years before 1
-# or after 9999, which psycopg cannot load as a group key. Each failed only once such
-# a row was read, so where the query computes with such a column or groups by it,
-# those values read as NULL. (DuckDB returns other years as text; Spark stores none.)
-_YEARS_PYTHON_HOLDS = {
-    "date": ("0001-01-01", "9999-12-31"),
-    "timestamp": ("0001-01-01 00:00:00", "9999-12-31 23:59:59.999999"),
-}
 _SEEDED_HASHES = {"duckdb": "hash", "spark": "xxhash64"}  # hash(secret, values...)
 
 
@@ -87,7 +78,7 @@ def rewrite(
     table = analysis.table
     keys = [key.expression for key in analysis.keys]
     where = _where(analysis)
-    source = _clamped_source(table, *_columns_read(analysis), dialect)
+    source = _clamped_source(table, *_columns_read(analysis), dialect, analysis.where)
     unit = (
         exp.column(table.column(table.privacy_unit).name, quoted=True)
         if table.privacy_unit
@@ -179,7 +170,12 @@ def _columns_read(analysis: Analysis) -> tuple[set[str], set[str], set[str]]:
 
 
 def _clamped_source(
-    table: Table, read: set[str], computed: set[str], bare: set[str], dialect: str
+    table: Table,
+    read: set[str],
+    computed: set[str],
+    bare: set[str],
+    dialect: str,
+    where: exp.Expression | None = None,
 ) -> exp.Expression:
     """The columns the query reads (and the unit), each bounded numeric one widened to
     BIGINT or DOUBLE and clamped to its declared bounds when the query computes with
@@ -196,13 +192,17 @@ def _clamped_source(
     a comparison cannot fail either, and a cast in the way keeps the database
     from filtering as it scans (a COUNT with a WHERE cost 1.3x the raw query).
     A date or timestamp computed with or read bare is NULL where the database could
-    not compute with it or Python could not hold it (_YEARS_PYTHON_HOLDS).
+    not compute with it or Python could not hold it (YEARS_PYTHON_HOLDS); the
+    comparisons of such a column with constants in `where` (the analyst's WHERE)
+    are also made here, on the stored value (temporal.prefilter). One read bare only
+    (grouped by, compared) is read as stored when `where` holds it between two
+    dates Python holds (temporal.held_by): then no other value reaches a group key.
     """
     stored = exp.Table(
         this=exp.to_identifier(table.name.split(".")[-1], quoted=True),
         db=exp.to_identifier(table.name.split(".")[-2], quoted=True) if "." in table.name else None,
     )
-    items, identity = [], True
+    items, identity, guarded = [], True, set()
     for column in table.columns.values():
         name = column.name.lower()
         if name not in read and name != table.privacy_unit:
@@ -220,19 +220,23 @@ def _clamped_source(
             value = exp.Cast(this=value, to=widened.copy())
             identity = False
         elif (
-            column.type in _YEARS_PYTHON_HOLDS
+            column.type in YEARS_PYTHON_HOLDS
             and dialect in ("duckdb", "postgres")
-            and (name in computed or name in bare)
+            and (name in computed or (name in bare and not held_by(where, name)))
         ):
-            value = _temporal_or_null(value, column.type, dialect)
-            identity = False
+            value = temporal_or_null(value, column.type, dialect)
+            identity, guarded = False, guarded | {name}
         items.append(exp.alias_(value, column.name, quoted=True, copy=False))
     if identity:
         # Every column read as stored: the table itself, since a subquery of plain
         # columns costs DuckDB a projection per row that passes WHERE (a COUNT with
         # a WHERE took 1.10x the raw query's time with it, 1.04x without).
         return exp.alias_(stored, _SOURCE, table=True, copy=False)
-    return exp.select(*items, copy=False).from_(stored, copy=False).subquery(_SOURCE, copy=False)
+    select = exp.select(*items, copy=False).from_(stored, copy=False)
+    conditions = prefilter(where, guarded)
+    if conditions:
+        select = select.where(*conditions, copy=False)
+    return select.subquery(_SOURCE, copy=False)
 
 
 def _in_dialect(query: exp.Select, dialect: str, table: Table | None = None) -> str:
@@ -284,19 +288,6 @@ def _portable(node: exp.Expression, *, dialect: str, table: Table | None) -> exp
         node.set("this", exp.paren(node.this, copy=False))
         return node
     return spell(node, dialect)
-
-
-def _temporal_or_null(value: exp.Expression, kind: str, dialect: str) -> exp.Expression:
-    """`value` (a date or timestamp), or NULL where it is infinite (or, on PostgreSQL,
-    outside the years 1 to 9999)."""
-    if dialect == "duckdb":
-        # DuckDB computes with every finite year; a test of finiteness needs no literal
-        # of the column's type (DuckDB has several timestamp types)
-        keep: exp.Expression = exp.Anonymous(this="ISFINITE", expressions=[value.copy()])
-    else:
-        low, high = (exp.cast(exp.Literal.string(end), kind) for end in _YEARS_PYTHON_HOLDS[kind])
-        keep = exp.Between(this=value.copy(), low=low, high=high)
-    return exp.Case(ifs=[exp.If(this=keep, true=value)])
 
 
 def _where(analysis: Analysis) -> exp.Expression | None:

@@ -46,7 +46,7 @@ from dpsql.mechanisms.tree import (
     laplace_node_noise,
 )
 from dpsql.policy import Column, Policy, Table
-from dpsql.sql.analyze import VALUE_PREFIX, Analysis, Interval, _conjuncts, analyze, clamp
+from dpsql.sql.analyze import VALUE_PREFIX, Analysis, Interval, analyze, clamp, conjuncts
 from dpsql.sql.plan import Accuracy, DirectPlan, Release, beyond_the_sampler
 from dpsql.sql.postprocess import project
 from dpsql.sql.rewrite import _in_dialect, _keyed_hash
@@ -356,7 +356,7 @@ def _check_measurement(analysis: Analysis, column: Column) -> None:
 def _where_bins(where: exp.Expression | None, domain: Domain) -> tuple[int, int, bool]:
     """The run of bins the WHERE selects, and whether it constrains the column at all."""
     low, high = Fraction(-1) + domain.lower, domain.upper + domain.width
-    for condition in _conjuncts(where):
+    for condition in conjuncts(where):
         for is_low, boundary in _bounds(condition, domain):
             low, high = (max(low, boundary), high) if is_low else (low, min(high, boundary))
     start, stop = domain.bin_edge(low), domain.bin_edge(high)

@@ -150,7 +150,7 @@ def _assert_sums_clamped(tree: exp.Select, plan: DirectPlan, text: str) -> None:
     summed row passes (a top-level conjunct of a WHERE) already keeps its bare
     column on."""
     measured = {item.alias: item.this for item in tree.expressions}
-    conditions = [c for where in tree.find_all(exp.Where) for c in _conjuncts(where.this)]
+    conditions = [c for where in tree.find_all(exp.Where) for c in conjuncts(where.this)]
     for index, measurement in enumerate(plan.analysis.measurements):
         if measurement.kind != "sum":
             continue
@@ -174,11 +174,11 @@ def _assert_sums_clamped(tree: exp.Select, plan: DirectPlan, text: str) -> None:
             ), f"SUM without its {side} clamp, which no WHERE implies, in {text}"
 
 
-def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
+def conjuncts(node: exp.Expression) -> list[exp.Expression]:
     if isinstance(node, exp.Paren):
-        return _conjuncts(node.this)
+        return conjuncts(node.this)
     if isinstance(node, exp.And):
-        return _conjuncts(node.this) + _conjuncts(node.expression)
+        return conjuncts(node.this) + conjuncts(node.expression)
     return [node]
 
 

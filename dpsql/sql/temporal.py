@@ -1,0 +1,141 @@
+"""Dates and timestamps a backend stores that it cannot compute with, or Python cannot hold.
+
+Infinities (PostgreSQL fails a date difference or a cast of EXTRACT's result to
+BIGINT on them, DuckDB a cast to TIME) and, on PostgreSQL, years before 1 or
+after 9999, which psycopg cannot load as a group key, made a query fail once
+such a row was read: a failure that reveals the row, without noise. Where a
+query computes with such a column or groups by it, the rewrite's source reads
+it through `temporal_or_null` (DuckDB returns other years as text; Spark stores
+none). Two things keep that guard from costing more than it must: the
+comparisons of a guarded column with constants are made again on the stored
+value (`prefilter`), and a column read bare only that WHERE holds between two
+dates Python holds needs no guard (`held_by`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlglot import exp
+
+from dpsql.sql.analyze import conjuncts
+
+YEARS_PYTHON_HOLDS = {
+    "date": ("0001-01-01", "9999-12-31"),
+    "timestamp": ("0001-01-01 00:00:00", "9999-12-31 23:59:59.999999"),
+}
+
+
+def temporal_or_null(value: exp.Expression, kind: str, dialect: str) -> exp.Expression:
+    """`value` (a date or timestamp), or NULL where it is infinite (or, on PostgreSQL,
+    outside the years 1 to 9999)."""
+    if dialect == "duckdb":
+        # DuckDB computes with every finite year; a test of finiteness needs no literal
+        # of the column's type (DuckDB has several timestamp types)
+        keep: exp.Expression = exp.Anonymous(this="ISFINITE", expressions=[value.copy()])
+    else:
+        low, high = (exp.cast(exp.Literal.string(end), kind) for end in YEARS_PYTHON_HOLDS[kind])
+        keep = exp.Between(this=value.copy(), low=low, high=high)
+    return exp.Case(ifs=[exp.If(this=keep, true=value)])
+
+
+_CONSTANT_COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Between, exp.In)
+
+
+def prefilter(where: exp.Expression | None, guarded: set[str]) -> list[exp.Expression]:
+    """The conjuncts of `where` that compare one `guarded` column as stored with constants,
+    to be made again on the stored values, inside the source.
+
+    A guarded column reads as NULL where it is infinite or out of range, and a
+    filter on that reading is not pushed into the scan: every row is read and
+    guarded first. The same comparison on the stored value keeps no row the outer
+    WHERE would drop: a row passing it on the guarded value is finite and in
+    range, so the stored value is that value. A comparison cannot fail, whatever
+    the value (the analysis made sure its sides are of one kind).
+    """
+    if not guarded:
+        return []
+    return [
+        condition.copy() for condition in conjuncts(where) if _compares_bare(condition, guarded)
+    ]
+
+
+def _compares_bare(condition: exp.Expression, names: set[str]) -> bool:
+    """Whether `condition` compares one of the columns `names`, as stored (no arithmetic or
+    function on it: `(day - DATE '0001-01-01') * 2 > 0` fails on an infinite day), with
+    constants."""
+    if not isinstance(condition, _CONSTANT_COMPARISONS):
+        return False
+    if isinstance(condition, exp.Between | exp.In):
+        subject, others = (
+            condition.this,
+            [condition.args.get("low"), condition.args.get("high"), *condition.expressions],
+        )
+    else:
+        subject, other = condition.this, condition.expression
+        if isinstance(other, exp.Column):
+            subject, other = other, subject
+        others = [other]
+    return (
+        isinstance(subject, exp.Column)
+        and subject.name.lower() in names
+        and all(o is None or not any(True for _ in o.find_all(exp.Column)) for o in others)
+    )
+
+
+def held_by(where: exp.Expression | None, name: str) -> bool:
+    """Whether the top-level conjuncts of `where` keep column `name` between two dates or
+    timestamps that Python holds, by comparisons with constants (so no infinity, and no
+    year psycopg cannot load, passes them).
+
+    The column is read bare only: the only value Python then loads is a group key,
+    from a row that passed all of WHERE. A tick of a running count groups by its
+    day within its window: the guard's CASE cost DuckDB its hash aggregation on the
+    stored column (2.3x the raw incremental query, against 1.4x before the guard).
+    """
+    below = above = False
+    for condition in conjuncts(where):
+        low, high = _date_bounds(condition, name)
+        below, above = below or low, above or high
+    return below and above
+
+
+def _date_bounds(condition: exp.Expression, name: str) -> tuple[bool, bool]:
+    """Whether `condition` bounds column `name` from below and from above by constants
+    Python reads as dates or timestamps of the years 2 to 9998 (a margin for zones)."""
+    if isinstance(condition, exp.Between | exp.In | exp.EQ):
+        if not (isinstance(condition.this, exp.Column) and condition.this.name.lower() == name):
+            return False, False
+        ends = (
+            [condition.args.get("low"), condition.args.get("high")]
+            if isinstance(condition, exp.Between)
+            else condition.expressions
+            if isinstance(condition, exp.In)
+            else [condition.expression]
+        )
+        held = bool(ends) and all(_held_date(end) for end in ends)
+        return held, held
+    if isinstance(condition, exp.GT | exp.GTE | exp.LT | exp.LTE):
+        left, right = condition.this, condition.expression
+        from_below = isinstance(condition, exp.GT | exp.GTE)
+        if isinstance(right, exp.Column) and not isinstance(left, exp.Column):
+            left, right, from_below = right, left, not from_below
+        if isinstance(left, exp.Column) and left.name.lower() == name and _held_date(right):
+            return from_below, not from_below
+    return False, False
+
+
+def _held_date(node: exp.Expression | None) -> bool:
+    if isinstance(node, exp.Cast):
+        node = node.this
+    return isinstance(node, exp.Literal) and node.is_string and holds_date(node.this)
+
+
+def holds_date(text: str) -> bool:
+    """Whether `text` reads as a date or timestamp of the years 2 to 9998 (a margin: a
+    zone could move a time of the year 1 or 9999 out of what Python holds)."""
+    try:
+        year = dt.datetime.fromisoformat(text).year
+    except ValueError:
+        return False
+    return 2 <= year <= 9998
