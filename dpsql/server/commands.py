@@ -166,6 +166,7 @@ def _serve_processes(
     connection and ledger, which must never cross fork().
     """
     from dpsql.server.cancels import CancelRoutes
+    from dpsql.server.limits import SharedAnalystConnections
     from dpsql.server.processes import supervise
     from dpsql.server.runner import bind, build, serve_handed
 
@@ -176,13 +177,16 @@ def _serve_processes(
     except OSError as exc:
         raise _cannot_listen(args, exc) from None
     routes = CancelRoutes(args.processes)
+    # one count of each analyst's connections for all processes: their limit is the server's
+    connections = SharedAnalystConnections(policy.analysts)
 
     def serve(index: int, inbox: Inbox, ready: Callable[[], None]) -> int:
         try:
             connection = _open(policy, database, ledger)
             try:
                 server = build(connection, host=args.host, users=users, trust=args.trust,
-                               tls=tls, workers=args.workers, limits=limits)  # fmt: skip
+                               tls=tls, workers=args.workers, limits=limits,
+                               connections=connections)  # fmt: skip
             except Exception:
                 connection.close()
                 raise

@@ -2,7 +2,9 @@
 
 `Limits` is what one `dpsql serve` allows a client: time to log in, statements
 and parameters per connection, connections per analyst, time per query,
-groups per released result, and whether TLS is required. `Backoff` slows
+groups per released result, and whether TLS is required. `AnalystConnections`
+counts each analyst's connections against their limit, in one process or, made
+before the fork, across the processes of `--processes N`. `Backoff` slows
 password guessing: each failed login from an address makes the next login
 from it wait longer, whichever user name it tries, so unknown users and wrong
 passwords still look alike.
@@ -11,8 +13,10 @@ passwords still look alike.
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dpsql.sql.plan import MAX_GROUPS
@@ -43,6 +47,61 @@ class Limits:
     backoff_base: float = 0.25
     #: The longest delay before a login from an address with failures.
     backoff_max: float = 10.0
+
+
+class AnalystConnections:
+    """The connections each analyst holds now, in this server process."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+
+    def admit(self, analyst: str, most: int) -> bool:
+        """Count one more connection of `analyst`, unless they hold `most` already."""
+        count = self._counts.get(analyst, 0)
+        if count >= most:
+            return False
+        self._counts[analyst] = count + 1
+        return True
+
+    def leave(self, analyst: str) -> None:
+        """Count one connection of `analyst` fewer."""
+        count = self._counts.pop(analyst) - 1
+        if count:
+            self._counts[analyst] = count
+
+
+class SharedAnalystConnections(AnalystConnections):
+    """The connections each analyst of the policy holds now, in every process forked after
+    this was made: one counter per analyst in shared memory, under one lock.
+
+    A process that dies leaves its connections counted, but then the parent stops
+    every process (dpsql/server/processes.py). An analyst outside the list (none
+    logs in: the policy names every analyst) is counted in this process only.
+    """
+
+    def __init__(self, analysts: Iterable[str]):
+        super().__init__()
+        self._index = {analyst: i for i, analyst in enumerate(sorted(set(analysts)))}
+        # fork: the children inherit the shared memory and its lock (a semaphore)
+        self._shared = multiprocessing.get_context("fork").Array("q", max(len(self._index), 1))
+
+    def admit(self, analyst: str, most: int) -> bool:
+        index = self._index.get(analyst)
+        if index is None:
+            return super().admit(analyst, most)
+        with self._shared.get_lock():
+            if self._shared[index] >= most:
+                return False
+            self._shared[index] += 1
+            return True
+
+    def leave(self, analyst: str) -> None:
+        index = self._index.get(analyst)
+        if index is None:
+            super().leave(analyst)
+            return
+        with self._shared.get_lock():
+            self._shared[index] -= 1
 
 
 class Backoff:

@@ -58,7 +58,7 @@ from dpsql.server.auth import Authenticator, is_loopback
 from dpsql.server.cancels import ProcessRoutes
 from dpsql.server.dispatch import Inbox
 from dpsql.server.introspection import SERVER_VERSION, CatalogPortal
-from dpsql.server.limits import Backoff, Limits
+from dpsql.server.limits import AnalystConnections, Backoff, Limits
 from dpsql.server.sqlstate import (
     FEATURE_NOT_SUPPORTED,
     INVALID_AUTHORIZATION,
@@ -366,6 +366,7 @@ class WireServer(PgServer):
         authenticator: Authenticator,
         tls: ssl.SSLContext | None = None,
         limits: Limits | None = None,
+        connections: AnalystConnections | None = None,
     ):
         super().__init__(
             lambda: WireSession(backend),
@@ -376,7 +377,8 @@ class WireServer(PgServer):
         self.tls = tls
         self.limits = limits = limits or Limits()
         self.backoff = Backoff(limits.backoff_base, limits.backoff_max)
-        self._analysts: dict[str, int] = {}  # analyst -> connections logged in now
+        # each analyst's logged-in connections: in this process, or in all of them
+        self._analysts = connections or AnalystConnections()
         self.routes: ProcessRoutes | None = None  # set when one of several processes
         self.inbox: Inbox | None = None  # set when one of several processes
 
@@ -411,16 +413,10 @@ class WireServer(PgServer):
 
     def admit(self, analyst: str) -> bool:
         """Count a logged-in connection of `analyst`, unless they are at the limit."""
-        count = self._analysts.get(analyst, 0)
-        if count >= self.limits.connections_per_analyst:
-            return False
-        self._analysts[analyst] = count + 1
-        return True
+        return self._analysts.admit(analyst, self.limits.connections_per_analyst)
 
     def leave(self, analyst: str) -> None:
-        count = self._analysts.pop(analyst) - 1
-        if count:
-            self._analysts[analyst] = count
+        self._analysts.leave(analyst)
 
     async def _handle_client(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

@@ -251,7 +251,7 @@ def test_nothing_is_left_behind(fuzzed, bystander) -> None:
             break
         time.sleep(0.05)
     assert len(server._connections) == 1 and len(server._tasks) == 1
-    assert server._analysts == {"carol": 1}
+    assert server._analysts._counts == {"carol": 1}
     assert len(server.backoff._failures) <= 1  # startups without a user are not logins
 
 

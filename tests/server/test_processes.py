@@ -259,6 +259,25 @@ def test_a_handed_over_connection_is_upgraded_to_tls(tmp_path: Path) -> None:
         _stop(server)
 
 
+def test_an_analyst_s_connection_limit_holds_across_processes(tmp_path: Path) -> None:
+    """--max-connections-per-analyst is the server's limit, not each process's: with a limit
+    of 2, two connections on two processes leave no room for a third on either (each
+    process counted its own, so an analyst could hold N times the limit)."""
+    server, port = _serve(
+        "--demo", "--ledger", str(tmp_path / "ledger.sqlite"),
+        "--max-connections-per-analyst", "2",
+    )  # fmt: skip
+    try:
+        with _connect(port) as first, _connect(port) as second:
+            assert {_process(first), _process(second)} == {0, 1}
+            with pytest.raises(psycopg.OperationalError, match="too many connections"):
+                _connect(port).close()
+        with _connect(port) as again, _connect(port) as more:  # both were counted out
+            assert again.execute("SELECT 1").fetchone() == more.execute("SELECT 1").fetchone()
+    finally:
+        _stop(server)
+
+
 def _charges(ledger: Path, analyst: str = "default") -> int:
     with Ledger(ledger) as book:
         return len(book.charges(analyst))
