@@ -166,7 +166,7 @@ def _serve_processes(
     connection and ledger, which must never cross fork().
     """
     from dpsql.server.cancels import CancelRoutes
-    from dpsql.server.limits import SharedAnalystConnections
+    from dpsql.server.limits import SharedAnalystConnections, SharedBackoff
     from dpsql.server.processes import supervise
     from dpsql.server.runner import bind, build, serve_handed
 
@@ -177,8 +177,10 @@ def _serve_processes(
     except OSError as exc:
         raise _cannot_listen(args, exc) from None
     routes = CancelRoutes(args.processes)
-    # one count of each analyst's connections for all processes: their limit is the server's
+    # one count of each analyst's connections, and of each address's failed logins, for
+    # all processes: their limits are the server's
     connections = SharedAnalystConnections(policy.analysts)
+    backoff = SharedBackoff(limits.backoff_base, limits.backoff_max)
 
     def serve(index: int, inbox: Inbox, ready: Callable[[], None]) -> int:
         try:
@@ -186,7 +188,7 @@ def _serve_processes(
             try:
                 server = build(connection, host=args.host, users=users, trust=args.trust,
                                tls=tls, workers=args.workers, limits=limits,
-                               connections=connections)  # fmt: skip
+                               connections=connections, backoff=backoff)  # fmt: skip
             except Exception:
                 connection.close()
                 raise

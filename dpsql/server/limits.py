@@ -13,10 +13,13 @@ passwords still look alike.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import multiprocessing
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 from dpsql.sql.plan import MAX_GROUPS
@@ -123,33 +126,100 @@ class Backoff:
 
     def delay(self, address: str) -> float:
         """How long an attempt from `address` starting now would wait."""
-        failures = self._failures.get(address, 0)
+        with self._locked():
+            return self._step(self._entry(address)[0])
+
+    def _step(self, failures: int) -> float:
         if not failures or not self.base:
             return 0.0
         return min(self.most, self.base * 2 ** min(failures - 1, 64))
 
     async def wait(self, address: str) -> None:
         """Wait for this address's next login slot (none for an address without failures)."""
-        step = self.delay(address)
-        if not step:
-            return
         now = time.monotonic()
-        start = max(now, self._next_slot.get(address, now))
-        self._next_slot[address] = start + step
+        with self._locked():
+            failures, next_slot = self._entry(address)
+            step = self._step(failures)
+            if not step:
+                return
+            start = max(now, next_slot)
+            self._store(address, failures, start + step, touched=False)
         await asyncio.sleep(start + step - now)
 
     def record(self, address: str, succeeded: bool) -> None:
         # A success halves the count rather than clearing it: someone with an
         # account of their own could otherwise reset the delay between guesses.
-        failures = self._failures.pop(address, 0)
-        failures = failures // 2 if succeeded else failures + 1
+        with self._locked():
+            failures, next_slot = self._entry(address)
+            failures = failures // 2 if succeeded else failures + 1
+            self._store(address, failures, next_slot, touched=True)
+
+    # -- where the counts are kept: this process's memory ------------------------------
+
+    def _locked(self) -> AbstractContextManager[object]:
+        return nullcontext()  # one event loop: nothing runs in between
+
+    def _entry(self, address: str) -> tuple[int, float]:
+        """The address's failures and the time its next attempt may start."""
+        return self._failures.get(address, 0), self._next_slot.get(address, 0.0)
+
+    def _store(self, address: str, failures: int, next_slot: float, *, touched: bool) -> None:
+        """Keep the address's counts (`touched`: a login ended, which makes it the most
+        recent address, remembered longest; else only its next slot moved)."""
         if not failures:
+            self._failures.pop(address, None)
             self._next_slot.pop(address, None)
             return
+        if touched:
+            self._failures.pop(address, None)
         self._failures[address] = failures
+        self._next_slot[address] = next_slot
         while len(self._failures) > self.remember:
             forgotten, _ = self._failures.popitem(last=False)
             self._next_slot.pop(forgotten, None)
 
 
-__all__ = ["Backoff", "Limits"]
+class SharedBackoff(Backoff):
+    """The back-off of every process forked after this was made: a guesser whose
+    connections the parent spreads over N processes waited 1/N of the delay.
+
+    The counts live in shared memory (every process reads the same monotonic
+    clock): a table of `remember` entries under one lock, an address in the
+    entry its keyed hash picks (the key is secret, so no one picks addresses
+    that share an entry). A failing address takes over an entry another one
+    held, forgetting it, as the local back-off forgets the least recent address.
+    """
+
+    def __init__(self, base: float, most: float, remember: int = 16_384):
+        super().__init__(base, most, remember)
+        context = multiprocessing.get_context("fork")
+        self._tags = context.RawArray("q", remember)  # the address's hash; 0: empty
+        self._counts = context.RawArray("q", remember)
+        self._slots = context.RawArray("d", remember)
+        self._lock = context.Lock()
+        self._key = os.urandom(16)
+
+    def _locked(self) -> AbstractContextManager[object]:
+        return self._lock
+
+    def _place(self, address: str) -> tuple[int, int]:
+        digest = hashlib.blake2b(address.encode(), digest_size=8, key=self._key).digest()
+        tag = int.from_bytes(digest, "big", signed=True) or 1
+        return tag % self.remember, tag
+
+    def _entry(self, address: str) -> tuple[int, float]:
+        index, tag = self._place(address)
+        if self._tags[index] != tag:
+            return 0, 0.0
+        return self._counts[index], self._slots[index]
+
+    def _store(self, address: str, failures: int, next_slot: float, *, touched: bool) -> None:
+        index, tag = self._place(address)
+        if self._tags[index] != tag and not (touched and failures):
+            return  # another address's entry, and nothing of this one's to remember
+        self._tags[index] = tag if failures else 0
+        self._counts[index] = failures
+        self._slots[index] = next_slot
+
+
+__all__ = ["AnalystConnections", "Backoff", "Limits", "SharedAnalystConnections", "SharedBackoff"]

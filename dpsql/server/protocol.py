@@ -367,6 +367,7 @@ class WireServer(PgServer):
         tls: ssl.SSLContext | None = None,
         limits: Limits | None = None,
         connections: AnalystConnections | None = None,
+        backoff: Backoff | None = None,
     ):
         super().__init__(
             lambda: WireSession(backend),
@@ -376,7 +377,7 @@ class WireServer(PgServer):
         self.backend = backend
         self.tls = tls
         self.limits = limits = limits or Limits()
-        self.backoff = Backoff(limits.backoff_base, limits.backoff_max)
+        self.backoff = backoff or Backoff(limits.backoff_base, limits.backoff_max)
         # each analyst's logged-in connections: in this process, or in all of them
         self._analysts = connections or AnalystConnections()
         self.routes: ProcessRoutes | None = None  # set when one of several processes

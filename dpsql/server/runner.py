@@ -23,7 +23,7 @@ from dpsql.errors import InterfaceError
 from dpsql.server.auth import Authenticator, is_loopback
 from dpsql.server.cancels import ProcessRoutes
 from dpsql.server.dispatch import Inbox
-from dpsql.server.limits import AnalystConnections, Limits
+from dpsql.server.limits import AnalystConnections, Backoff, Limits
 from dpsql.server.protocol import WireServer
 from dpsql.server.statements import Backend
 
@@ -38,14 +38,15 @@ def build(
     workers: int = 8,
     limits: Limits | None = None,
     connections: AnalystConnections | None = None,
+    backoff: Backoff | None = None,
 ) -> WireServer:
     """A wire server over `connection`'s database, policy and ledger (not yet listening).
 
     `users` (analyst -> SCRAM verifier) adds to and overrides the policy's
     `password` entries; `trust` lets analysts in without a password and is
     refused unless `host` is a loopback address; `limits` defaults to `Limits()`;
-    `connections` counts analysts' connections (shared by `--processes`; default:
-    this server's own).
+    `connections` counts analysts' connections and `backoff` failed logins (shared by
+    `--processes`; default: this server's own, from `limits`).
     """
     limits = limits or Limits()
     if limits.require_tls and tls is None:
@@ -59,7 +60,7 @@ def build(
     policy = backend.policy
     verifiers = {**policy.credentials, **(users or {})}
     authenticator = Authenticator(policy.analysts, verifiers, trust)
-    return WireServer(backend, authenticator, tls, limits, connections)
+    return WireServer(backend, authenticator, tls, limits, connections, backoff)
 
 
 async def listen(server: WireServer, host: str, port: int) -> int:

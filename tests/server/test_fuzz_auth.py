@@ -22,7 +22,7 @@ import dpsql
 from dpsql.errors import InterfaceError
 from dpsql.server import BackgroundServer, build
 from dpsql.server.auth import Authenticator
-from dpsql.server.limits import Backoff, Limits
+from dpsql.server.limits import Backoff, Limits, SharedBackoff
 from dpsql.server.protocol import WireServer, tls_context
 from dpsql.server.statements import Backend
 
@@ -70,8 +70,9 @@ def _login_seconds(dsn: str) -> tuple[float, str]:
 # -- password guessing --------------------------------------------------------
 
 
-def test_backoff_doubles_per_failure_and_queues_concurrent_attempts() -> None:
-    backoff = Backoff(0.05, 0.2)
+@pytest.mark.parametrize("kind", [Backoff, SharedBackoff])
+def test_backoff_doubles_per_failure_and_queues_concurrent_attempts(kind) -> None:
+    backoff = kind(0.05, 0.2)
     assert backoff.delay("a") == 0
     for expected in (0.05, 0.1, 0.2, 0.2):  # doubling, then capped
         backoff.record("a", succeeded=False)
@@ -93,6 +94,22 @@ def test_backoff_doubles_per_failure_and_queues_concurrent_attempts() -> None:
         assert 0.2 * slot - 0.01 <= seconds < 0.2 * slot + 1.0
     backoff.record("a", succeeded=True)  # 4 failures halved, not forgotten
     assert backoff.delay("a") == 0.1
+    backoff.record("b", succeeded=True)  # an address without failures leaves "a" alone
+    assert backoff.delay("a") == 0.1 and backoff.delay("b") == 0
+
+
+def test_a_shared_backoff_entry_is_taken_over_only_by_a_failing_address() -> None:
+    """SharedBackoff keeps an address in the entry its keyed hash picks; with one entry,
+    every address shares it."""
+    one = SharedBackoff(1.0, 1.0, remember=1)
+    one.record("a", succeeded=False)
+    one.record("b", succeeded=True)  # no failures of its own: "a" stays
+    assert one.delay("a") == 1.0 and one.delay("b") == 0
+    one.record("b", succeeded=False)  # a failing address takes the entry over
+    assert one.delay("b") == 1.0 and one.delay("a") == 0
+
+
+def test_backoff_remembers_a_bounded_number_of_addresses() -> None:
     small = Backoff(1.0, 1.0, remember=3)
     for address in "abcd":
         small.record(address, succeeded=False)

@@ -278,6 +278,42 @@ def test_an_analyst_s_connection_limit_holds_across_processes(tmp_path: Path) ->
         _stop(server)
 
 
+def test_failed_logins_slow_an_address_in_every_process(tmp_path: Path) -> None:
+    """The back-off after failed passwords is the server's: failures seen by one process
+    delay the address's next attempt in the other (each kept its own, so a guesser
+    spread over N processes got N tries per delay)."""
+    users = tmp_path / "users.txt"
+    subprocess.run(
+        [sys.executable, "-m", "dpsql.cli", "passwd", "default", "--users", str(users),
+         "--password-stdin"], input="right\n", text=True, check=True, timeout=60,
+    )  # fmt: skip
+    server = subprocess.Popen(
+        [sys.executable, "-m", "dpsql.cli", "serve", "--demo", "--processes", "2", "--port", "0",
+         "--users", str(users), "--ledger", str(tmp_path / "ledger.sqlite")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = server.stdout.readline()
+        assert "listening on" in line, line + server.stderr.read()
+        dsn = f"host=127.0.0.1 port={int(line.rsplit(':', 1)[1])} user=default password="
+
+        def guess() -> float:
+            start = time.monotonic()
+            with pytest.raises(psycopg.OperationalError, match="password authentication"):
+                psycopg.connect(dsn + "wrong")
+            return time.monotonic() - start
+
+        with psycopg.connect(dsn + "right") as first:  # process 0: the next go to 1
+            assert _process(first) == 0
+            guess(), guess()  # both on process 1: the address has 2 failures
+            with psycopg.connect(dsn + "right") as second:  # waits its turn; 2 -> 1 failure
+                assert _process(second) == 1
+                # a tie: process 0, which has seen no failure of this address itself
+                assert guess() >= 0.25  # the 0.25 s a first failure costs (0.0 before)
+    finally:
+        _stop(server)
+
+
 def _charges(ledger: Path, analyst: str = "default") -> int:
     with Ledger(ledger) as book:
         return len(book.charges(analyst))
