@@ -543,7 +543,7 @@ class _Stream:
     choice: _Choice
     # the step query without its bounds on the ordered column, analysed once
     base: Analysis
-    # per dialect: the unranked step query's text around its two bounds (see step_sql)
+    # per dialect: the unranked step query's text cut where its bounds go (see step_sql)
     templates: dict[str, list[str] | None] = field(default_factory=dict)
     # the labels of the steps released so far (each release lists every step)
     known_labels: list[Any] = field(default_factory=list)
