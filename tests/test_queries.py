@@ -128,6 +128,19 @@ def test_group_by_all_groups_by_the_select_items_without_aggregates(connect):
 
 
 @on_every_backend
+def test_constant_group_keys_are_answered(connect):
+    """`SELECT 5 AS k ... GROUP BY 1`: a bare integer in the SQL sent's GROUP BY is a
+    position to every backend (and PostgreSQL refuses other bare constants), so these
+    failed after their charge; the rewrite groups by COALESCE(key, key)."""
+    for constant in ("5", "'all'", "2.5"):
+        rows = _rows_charged_once(
+            connect, f"SELECT {constant} AS k, sex, COUNT(*) AS n FROM pums GROUP BY 1, 2", 1.0
+        )
+        assert sorted(sex for _, sex, _ in rows) == [0, 1], constant
+        assert all(str(k).strip("'") == constant.strip("'") for k, _, _ in rows), constant
+
+
+@on_every_backend
 def test_windows_over_the_release_are_post_processing(connect):
     """SUM(COUNT(*)) OVER () adds up the released counts: shares of the total, free,
     computed after the release (the database is never sent the window)."""

@@ -122,9 +122,19 @@ def rewrite(
     if filters is not None:
         query = query.where(filters, copy=False)
     if keys:
-        query = query.group_by(*[key.copy() for key in keys], copy=False)
+        query = query.group_by(*[_groupable(key) for key in keys], copy=False)
     _require_declared(query, table)
     return _in_dialect(query, dialect, table)
+
+
+def _groupable(key: exp.Expression) -> exp.Expression:
+    """A GROUP BY element meaning `key`. A constant one (`SELECT 5 AS k ... GROUP BY 1`) is
+    written COALESCE(key, key): a bare integer there is a select-list position to DuckDB,
+    PostgreSQL and Spark, and PostgreSQL refuses other bare constants, each after the
+    charge."""
+    if any(True for _ in key.find_all(exp.Column)):
+        return key.copy()
+    return exp.Coalesce(this=key.copy(), expressions=[key.copy()])
 
 
 def _require_declared(query: exp.Select, table: Table) -> None:
