@@ -142,3 +142,23 @@ def test_date_parts_mean_what_the_backend_means(backend, duckdb_dates) -> None:
         assert found == native, f"{part} on {name}"
     assert (refused == []) == (name != "spark"), refused
     assert session.ledger.spent("default").epsilon == 0  # nothing was charged
+
+
+@pytest.mark.spark
+def test_parts_of_an_interval_are_refused_on_spark_before_the_charge(spark_session) -> None:
+    """Spark truncates no interval and extracts only the fields an interval type holds:
+    these failed after their charge, for every row alike."""
+    spark_session.sql(
+        f"CREATE OR REPLACE TEMP VIEW dates AS SELECT * FROM VALUES {VALUES} AS t(d, ts)"
+    )
+    session = _session(spark_session)
+    try:
+        for part in (
+            "DATE_TRUNC('quarter', INTERVAL '3' DAY)",
+            "EXTRACT(second FROM INTERVAL '3' DAY)",
+        ):
+            with pytest.raises(dpsql.QueryRefused, match="of an INTERVAL on Spark"):
+                session.execute(f"SELECT COUNT(*) FROM dates WHERE {part} IS NULL")
+        assert session.ledger.spent("default").epsilon == 0
+    finally:
+        spark_session.catalog.dropTempView("dates")

@@ -12,7 +12,9 @@ there; the rewritten query must run there and mean the same:
   ISODOW, ISOYEAR or EPOCH field in EXTRACT (an error, after the charge), and
   its DATE_TRUNC returns NULL for every row for the units it lacks (plural
   MILLISECONDS and MICROSECONDS, DECADE, CENTURY, MILLENNIUM), though DuckDB
-  and PostgreSQL know each: they are refused on Spark, saying what Spark has.
+  and PostgreSQL know each: they are refused on Spark, saying what Spark has,
+  as are both taken of an INTERVAL constant (Spark truncates no interval, and
+  extracts only the fields an interval type holds).
 * Truncated to a decade, century or millennium, the first years of the
   calendar fall before the year 1 (DuckDB's century of the year 50 is the year
   0, PostgreSQL's decade of the year 5 is 1 BC), which Python cannot hold:
@@ -101,6 +103,14 @@ def _postgres(node: exp.Expression) -> exp.Expression:
 
 def _refuse_on_spark(node: exp.Expression) -> None:
     extract, name = isinstance(node, exp.Extract), _unit(node)
+    value = node.expression if extract else node.this
+    if isinstance(value, exp.Interval):
+        raise QueryRefused(
+            f"{'EXTRACT' if extract else 'DATE_TRUNC'} of an INTERVAL on Spark",
+            "Spark truncates no interval and extracts only the fields an interval type "
+            "holds (an error, after the charge)",
+            "compute it from a date or timestamp column, or write the constant it gives",
+        )
     if name not in (_SPARK_LACKS_FIELDS if extract else _SPARK_LACKS_TRUNC):
         return
     call, fails = (
