@@ -272,6 +272,7 @@ def test_an_analyst_s_connection_limit_holds_across_processes(tmp_path: Path) ->
             assert {_process(first), _process(second)} == {0, 1}
             with pytest.raises(psycopg.OperationalError, match="too many connections"):
                 _connect(port).close()
+        _settle(port, 0)  # each process counts a connection out before it closes it
         with _connect(port) as again, _connect(port) as more:  # both were counted out
             assert again.execute("SELECT 1").fetchone() == more.execute("SELECT 1").fetchone()
     finally:
@@ -295,21 +296,26 @@ def test_failed_logins_slow_an_address_in_every_process(tmp_path: Path) -> None:
     try:
         line = server.stdout.readline()
         assert "listening on" in line, line + server.stderr.read()
-        dsn = f"host=127.0.0.1 port={int(line.rsplit(':', 1)[1])} user=default password="
+        port = int(line.rsplit(":", 1)[1])
+        dsn = f"host=127.0.0.1 port={port} user=default password="
 
-        def guess() -> float:
+        def guess(held: int) -> float:
+            """A wrong password's seconds, once the server is back to `held` connections
+            (so the parent has counted the failed one's end before the next comes)."""
             start = time.monotonic()
             with pytest.raises(psycopg.OperationalError, match="password authentication"):
                 psycopg.connect(dsn + "wrong")
-            return time.monotonic() - start
+            took = time.monotonic() - start
+            _settle(port, held)
+            return took
 
         with psycopg.connect(dsn + "right") as first:  # process 0: the next go to 1
             assert _process(first) == 0
-            guess(), guess()  # both on process 1: the address has 2 failures
+            guess(1), guess(1)  # both on process 1: the address has 2 failures
             with psycopg.connect(dsn + "right") as second:  # waits its turn; 2 -> 1 failure
                 assert _process(second) == 1
                 # a tie: process 0, which has seen no failure of this address itself
-                assert guess() >= 0.25  # the 0.25 s a first failure costs (0.0 before)
+                assert guess(2) >= 0.25  # the 0.25 s a first failure costs (0.0 before)
     finally:
         _stop(server)
 
