@@ -38,6 +38,7 @@ import struct
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
 
 from dpsql.errors import OperationalError
 
@@ -75,38 +76,74 @@ class Claims:
         """Give back what the claims hold open (a file, a connection)."""
 
 
-class FileClaims(Claims):
+class OwnHandleClaims(Claims):
+    """Claims across processes through a handle (a file, a connection) each process opens
+    for itself, on first use and again after a fork: a child must not share its
+    parent's (an OFD lock belongs to the open file description a fork shares; a
+    PostgreSQL session would carry two conversations)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._handle: Any = None
+        self._pid = os.getpid()
+        self._opening = threading.Lock()  # also orders a release after close()
+
+    def _open(self) -> Any:
+        raise NotImplementedError
+
+    def _usable(self, handle: Any) -> bool:
+        return True
+
+    def _inherited(self, handle: Any) -> None:
+        """What to do with the parent's handle in a forked child (left open by default)."""
+
+    def _close(self, handle: Any) -> None:
+        raise NotImplementedError
+
+    def _own(self) -> Any:
+        with self._opening:
+            mine = self._pid == os.getpid()
+            if self._handle is not None and not mine:
+                self._inherited(self._handle)
+            if self._handle is None or not mine or not self._usable(self._handle):
+                self._handle, self._pid = self._open(), os.getpid()
+            return self._handle
+
+    def close(self) -> None:
+        with self._opening:
+            if self._handle is not None and self._pid == os.getpid():
+                self._close(self._handle)
+            self._handle = None
+
+
+class FileClaims(OwnHandleClaims):
     """Claims on byte locks of a file beside an SQLite ledger."""
 
     def __init__(self, path: str, mode: int = 0o600) -> None:
         super().__init__()
         self.path = path
         self._mode = mode  # the file's permissions (the ledger's)
-        self._fd: int | None = None
-        self._pid = os.getpid()
-        self._opening = threading.Lock()
 
-    def _descriptor(self) -> int:
-        with self._opening:
-            # A forked child shares its parent's open file description, and with it
-            # the parent's OFD locks: it opens its own.
-            if self._fd is None or self._pid != os.getpid():
-                try:
-                    self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, self._mode)
-                    if os.fstat(self._fd).st_uid == os.getuid():  # as SQLite does, past the umask
-                        os.fchmod(self._fd, self._mode)
-                except OSError as exc:
-                    raise OperationalError(
-                        f"cannot open {self.path}, the file that keeps identical statements "
-                        f"from being charged twice at once: {exc}; dpsql needs to write "
-                        "beside the ledger"
-                    ) from exc
-                self._pid = os.getpid()
-            return self._fd
+    def _open(self) -> int:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, self._mode)
+            if os.fstat(fd).st_uid == os.getuid():  # as SQLite does, past the umask
+                os.fchmod(fd, self._mode)
+        except OSError as exc:
+            raise OperationalError(
+                f"cannot open {self.path}, the file that keeps identical statements "
+                f"from being charged twice at once: {exc}; dpsql needs to write "
+                "beside the ledger: give it write access to that folder (nothing was "
+                "charged)"
+            ) from exc
+        return fd
+
+    def _close(self, handle: int) -> None:
+        os.close(handle)
 
     @contextmanager
     def _across_processes(self, slot: int) -> Iterator[None]:
-        fd = self._descriptor()
+        fd = self._own()
         _lock_byte(fd, slot, fcntl.F_WRLCK)
         try:
             yield
@@ -114,14 +151,8 @@ class FileClaims(Claims):
             with self._opening:
                 # closed meanwhile (the ledger was): the lock went with the descriptor,
                 # whose number may now be another file's
-                if self._fd == fd:
+                if self._handle == fd:
                     _lock_byte(fd, slot, fcntl.F_UNLCK)
-
-    def close(self) -> None:
-        with self._opening:
-            if self._fd is not None and self._pid == os.getpid():
-                os.close(self._fd)
-            self._fd = None
 
 
 def _lock_byte(fd: int, offset: int, kind: int) -> None:

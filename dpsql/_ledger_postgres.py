@@ -30,8 +30,6 @@
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -40,7 +38,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from dpsql._ledger_claims import Claims
+from dpsql._ledger_claims import OwnHandleClaims
 from dpsql._ledger_store import Store, check_meta, keep_inherited
 from dpsql.errors import OperationalError
 
@@ -204,42 +202,39 @@ class PostgresStore(Store):
             ) from exc
 
 
-class PostgresClaims(Claims):
+class PostgresClaims(OwnHandleClaims):
     """Claims as session advisory locks of PostgreSQL, on a connection of their own."""
 
     def __init__(self, conninfo: str, schema: str, location: str) -> None:
         super().__init__()
         self._conninfo, self._schema, self._location = conninfo, schema, location
-        self._conn: psycopg.Connection | None = None
-        self._pid = os.getpid()
-        self._opening = threading.Lock()
 
-    def _connection(self) -> psycopg.Connection:
-        with self._opening:
-            if self._conn is not None and self._pid == os.getpid() and not self._conn.broken:
-                return self._conn
-            if self._conn is not None and self._pid != os.getpid():
-                keep_inherited(self._conn)  # the parent's session: not ours to end
-            try:
-                self._conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=10)
-            except psycopg.Error as exc:
-                raise OperationalError(
-                    f"cannot connect to the ledger at {self._location} to claim a statement: {exc}"
-                ) from exc
-            self._pid = os.getpid()
-            return self._conn
+    def _open(self) -> psycopg.Connection:
+        try:
+            return psycopg.connect(self._conninfo, autocommit=True, connect_timeout=10)
+        except psycopg.Error as exc:
+            raise _claim_failed(self._location, exc) from exc
+
+    def _usable(self, handle: psycopg.Connection) -> bool:
+        return not handle.broken
+
+    def _inherited(self, handle: psycopg.Connection) -> None:
+        keep_inherited(handle)  # the parent's session: not ours to end
+
+    def _close(self, handle: psycopg.Connection) -> None:
+        handle.close()
 
     @contextmanager
     def _across_processes(self, slot: int) -> Iterator[None]:
         name = f"dpsql.claim:{self._schema}:{slot}"
-        conn = self._connection()
+        conn = self._own()
         try:
             while not conn.execute(
                 "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (name,)
             ).fetchone()[0]:
                 time.sleep(CLAIM_POLL)
         except psycopg.Error as exc:
-            raise OperationalError(f"ledger {self._location}: {exc}") from exc
+            raise _claim_failed(self._location, exc) from exc
         try:
             yield
         finally:
@@ -247,8 +242,10 @@ class PostgresClaims(Claims):
             with suppress(psycopg.Error):
                 conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (name,))
 
-    def close(self) -> None:
-        with self._opening:
-            if self._conn is not None and self._pid == os.getpid():
-                self._conn.close()
-            self._conn = None
+
+def _claim_failed(location: str, exc: psycopg.Error) -> OperationalError:
+    return OperationalError(
+        f"ledger {location}: could not claim the statement (so that a retry is not charged "
+        f"twice): {exc}. Nothing was charged; check that PostgreSQL answers at the ledger URL "
+        "and send the statement again"
+    )

@@ -60,26 +60,37 @@ def prefilter(where: exp.Expression | None, guarded: set[str]) -> list[exp.Expre
     ]
 
 
+def _compared(condition: exp.Expression) -> tuple[exp.Column, list, bool, bool] | None:
+    """A comparison of a bare column with other operands, read as (the column, the other
+    operands, whether it bounds the column from below, from above); None for any other
+    condition (or one comparing two columns)."""
+    if isinstance(condition, exp.Between | exp.In):
+        subject = condition.this
+        others = [condition.args.get("low"), condition.args.get("high"), *condition.expressions]
+        below = above = True
+    elif isinstance(condition, _CONSTANT_COMPARISONS):
+        subject, other = condition.this, condition.expression
+        below = isinstance(condition, exp.EQ | exp.GT | exp.GTE)
+        above = isinstance(condition, exp.EQ | exp.LT | exp.LTE)
+        if isinstance(other, exp.Column) and not isinstance(subject, exp.Column):
+            subject, other, below, above = other, subject, above, below
+        others = [other]
+    else:
+        return None
+    if not isinstance(subject, exp.Column):
+        return None
+    return subject, [o for o in others if o is not None], below, above
+
+
 def _compares_bare(condition: exp.Expression, names: set[str]) -> bool:
     """Whether `condition` compares one of the columns `names`, as stored (no arithmetic or
     function on it: `(day - DATE '0001-01-01') * 2 > 0` fails on an infinite day), with
     constants."""
-    if not isinstance(condition, _CONSTANT_COMPARISONS):
-        return False
-    if isinstance(condition, exp.Between | exp.In):
-        subject, others = (
-            condition.this,
-            [condition.args.get("low"), condition.args.get("high"), *condition.expressions],
-        )
-    else:
-        subject, other = condition.this, condition.expression
-        if isinstance(other, exp.Column):
-            subject, other = other, subject
-        others = [other]
+    compared = _compared(condition)
     return (
-        isinstance(subject, exp.Column)
-        and subject.name.lower() in names
-        and all(o is None or not any(True for _ in o.find_all(exp.Column)) for o in others)
+        compared is not None
+        and compared[0].name.lower() in names
+        and not any(True for o in compared[1] for _ in o.find_all(exp.Column))
     )
 
 
@@ -103,26 +114,12 @@ def held_by(where: exp.Expression | None, name: str) -> bool:
 def _date_bounds(condition: exp.Expression, name: str) -> tuple[bool, bool]:
     """Whether `condition` bounds column `name` from below and from above by constants
     Python reads as dates or timestamps of the years 2 to 9998 (a margin for zones)."""
-    if isinstance(condition, exp.Between | exp.In | exp.EQ):
-        if not (isinstance(condition.this, exp.Column) and condition.this.name.lower() == name):
-            return False, False
-        ends = (
-            [condition.args.get("low"), condition.args.get("high")]
-            if isinstance(condition, exp.Between)
-            else condition.expressions
-            if isinstance(condition, exp.In)
-            else [condition.expression]
-        )
-        held = bool(ends) and all(_held_date(end) for end in ends)
-        return held, held
-    if isinstance(condition, exp.GT | exp.GTE | exp.LT | exp.LTE):
-        left, right = condition.this, condition.expression
-        from_below = isinstance(condition, exp.GT | exp.GTE)
-        if isinstance(right, exp.Column) and not isinstance(left, exp.Column):
-            left, right, from_below = right, left, not from_below
-        if isinstance(left, exp.Column) and left.name.lower() == name and _held_date(right):
-            return from_below, not from_below
-    return False, False
+    compared = _compared(condition)
+    if compared is None or compared[0].name.lower() != name:
+        return False, False
+    _, others, below, above = compared
+    held = bool(others) and all(_held_date(other) for other in others)
+    return below and held, above and held
 
 
 def _held_date(node: exp.Expression | None) -> bool:
