@@ -6,6 +6,8 @@ with row-level privacy and with user-level bounding (privacy unit pid). Every
 dpsql run is a fresh, charged release: its text differs from every earlier one
 (a new table alias), so neither the release cache nor a cleared cache's disk
 write is in the timing.
+Each query's bounded SQL (what dpsql sends, read from EXPLAIN) is also run raw,
+which splits the ratio into the engine's share and dpsql's own.
 Targets: <= 1.2x row-level, <= 2x user-level. Usage:
     python benchmarks/bench_e2e.py [--rows 10000000] [--repeat 5]
 """
@@ -57,29 +59,19 @@ def policy(user_level: bool) -> dict:
     return document
 
 
-def timed(run, repeat: int) -> float:
-    run()  # warm the database's caches
-    samples = []
+def paired(runs: list, repeat: int) -> list[tuple[float, float]]:
+    """Median wall and process-CPU seconds of each of `runs`, taken in turns so that a
+    change in the machine's load falls on all alike."""
+    for run in runs:
+        run()  # warm the database's caches
+    samples: list[tuple[list[float], list[float]]] = [([], []) for _ in runs]
     for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
-
-
-def paired(run_raw, run_private, repeat: int) -> tuple[float, float, float, float]:
-    """Median wall and process-CPU seconds of raw and private runs, taken in turns so
-    that a change in the machine's load falls on both alike."""
-    run_raw(), run_private()  # warm the database's caches
-    samples: list[list[float]] = [[], [], [], []]
-    for _ in range(repeat):
-        for offset, run in ((0, run_raw), (2, run_private)):
+        for run, (walls, cpus) in zip(runs, samples, strict=True):
             wall, cpu = time.perf_counter(), time.process_time()
             run()
-            samples[offset].append(time.perf_counter() - wall)
-            samples[offset + 1].append(time.process_time() - cpu)
-    raw_wall, raw_cpu, dp_wall, dp_cpu = (statistics.median(s) for s in samples)
-    return raw_wall, raw_cpu, dp_wall, dp_cpu
+            walls.append(time.perf_counter() - wall)
+            cpus.append(time.process_time() - cpu)
+    return [(statistics.median(walls), statistics.median(cpus)) for walls, cpus in samples]
 
 
 def main() -> None:
@@ -96,8 +88,12 @@ def main() -> None:
 def compare(run_raw, adapter, args: argparse.Namespace, *, cpu: bool = False) -> None:
     """Print raw and dpsql times of QUERIES on `adapter`, row-level then user-level.
 
-    With `cpu` (the database runs in this process) also the ratio of process CPU
-    time, which the load of other work on a shared machine disturbs far less.
+    Beside them, the time of the bounded SQL that dpsql sends (from EXPLAIN), run
+    raw: its ratio to the raw query is what the engine pays for the clamps and the
+    bounding, and dpsql's time minus it is what dpsql adds around the database
+    (parsing, planning, the charge, the noise, the release). With `cpu` (the
+    database runs in this process) also the ratio of process CPU time, which the
+    load of other work on a shared machine disturbs far less.
     """
     with tempfile.TemporaryDirectory() as folder:
         for user_level in (False, True):
@@ -105,25 +101,35 @@ def compare(run_raw, adapter, args: argparse.Namespace, *, cpu: bool = False) ->
             session = Session(adapter, load_policy(policy(user_level)), ledger)
             label = "user-level (pid, 1 row, 1 group)" if user_level else "row-level"
             print(f"\n{label}, {args.rows:,} rows, {adapter.dialect}")
-            print(f"{'query':<75} {'raw s':>8} {'dpsql s':>8} {'ratio':>6}"
-                  + (f" {'cpu ratio':>9}" if cpu else ""))  # fmt: skip
-            ratios, cpu_ratios, runs = [], [], itertools.count()
+            print(f"{'query':<62} {'raw s':>7} {'dpsql s':>7} {'ratio':>6}"
+                  + (f" {'cpu ratio':>9}" if cpu else "")
+                  + f" {'SQL/raw':>7} {'added ms':>8}")  # fmt: skip
+            ratios, cpu_ratios, sql_ratios, runs = [], [], [], itertools.count()
             for sql in QUERIES:
 
                 def private(sql: str = sql, session=session, runs=runs) -> None:
                     session.execute(sql.replace(" FROM census", f" FROM census AS r{next(runs)}"))
 
-                raw_time, raw_cpu, dp_time, dp_cpu = paired(
-                    lambda sql=sql: run_raw(sql), private, args.repeat
+                bounded = dict(session.execute(f"EXPLAIN {sql}").rows)["sql"]
+                (raw_time, raw_cpu), (dp_time, dp_cpu), (sql_time, _) = paired(
+                    [
+                        lambda sql=sql: run_raw(sql),
+                        private,
+                        lambda bounded=bounded: run_raw(bounded),
+                    ],
+                    args.repeat,
                 )
                 ratios.append(dp_time / raw_time)
                 cpu_ratios.append(dp_cpu / raw_cpu)
-                print(f"{sql[:73]:<75} {raw_time:>8.3f} {dp_time:>8.3f} {ratios[-1]:>6.2f}"
-                      + (f" {cpu_ratios[-1]:>9.2f}" if cpu else ""))  # fmt: skip
+                sql_ratios.append(sql_time / raw_time)
+                print(f"{sql[:60]:<62} {raw_time:>7.3f} {dp_time:>7.3f} {ratios[-1]:>6.2f}"
+                      + (f" {cpu_ratios[-1]:>9.2f}" if cpu else "")
+                      + f" {sql_ratios[-1]:>7.2f} {(dp_time - sql_time) * 1e3:>8.2f}")  # fmt: skip
             target = 2.0 if user_level else 1.2
             print(
                 f"median ratio {statistics.median(ratios):.2f}"
                 + (f", CPU time {statistics.median(cpu_ratios):.2f}" if cpu else "")
+                + f", the bounded SQL alone {statistics.median(sql_ratios):.2f}"
                 + f" (target <= {target}; load average {os.getloadavg()[0]:.2f})"
             )
 

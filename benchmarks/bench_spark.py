@@ -11,7 +11,9 @@ a fresh, charged release.
 
 Printed per size and engine: the summed median wall time over the queries and
 the CPU time it took (Spark: its JVM's plus this process's; DuckDB: this
-process's), DP/raw of each, and Spark's raw wall time over DuckDB's, which
+process's), DP/raw of each, SQL/raw (the bounded SQL dpsql sends, read from
+EXPLAIN and run raw: the engine's own cost of the bounding, without dpsql
+around it), and Spark's raw wall time over DuckDB's, which
 tells where Spark's fixed cost per query dominates. On a shared machine wall
 times swell with the load; CPU times much less. `--partitions 200` adds a run
 of Spark with its default shuffle partitions, in the same JVM, for comparison.
@@ -88,19 +90,22 @@ def timed(run: Callable[[], object], repeat: int, cpu: Callable[[], float]) -> t
 
 
 def measure(adapter, repeat: int, folder: str, cpu: Callable[[], float]) -> list[float]:
-    """[raw wall, raw CPU, dpsql wall, dpsql CPU] summed over QUERIES, user-level bounding."""
+    """[raw wall, raw CPU, dpsql wall, dpsql CPU, bounded SQL wall] summed over QUERIES,
+    user-level bounding; the bounded SQL is what dpsql sends (from EXPLAIN), run raw."""
     ledger = Ledger(Path(folder) / f"ledger-{adapter.dialect}.sqlite")
     session = Session(adapter, load_policy(policy(user_level=True)), ledger)
-    totals = [0.0] * 4
+    totals = [0.0] * 5
     for sql in QUERIES:
 
         def release(sql: str = sql) -> None:
             ledger.clear_cache()
             session.execute(sql)
 
+        bounded = dict(session.execute(f"EXPLAIN {sql}").rows)["sql"]
         raw = timed(lambda sql=sql: adapter.execute(sql), repeat, cpu)
         private = timed(release, repeat, cpu)
-        for index, seconds in enumerate((*raw, *private)):
+        alone = timed(lambda bounded=bounded: adapter.execute(bounded), repeat, cpu)
+        for index, seconds in enumerate((*raw, *private, alone[0])):
             totals[index] += seconds
     return totals
 
@@ -117,8 +122,8 @@ def main() -> None:
     spark_cpu = cpu_clock(_java_children())
     print(f"{len(QUERIES)} queries, median of {args.repeat}, 2 local cores, driver {args.memory}")
     print(f"{'rows':>11} {'engine':<10} {'raw s':>7} {'dpsql s':>8} {'DP/raw':>7} "
-          f"{'raw cpu':>8} {'dpsql cpu':>9} {'DP/raw cpu':>10} {'Spark/DuckDB raw':>16} "
-          f"{'load':>5}")  # fmt: skip
+          f"{'raw cpu':>8} {'dpsql cpu':>9} {'DP/raw cpu':>10} {'SQL/raw':>7} "
+          f"{'Spark/DuckDB raw':>16} {'load':>5}")  # fmt: skip
     with tempfile.TemporaryDirectory() as folder:
         for rows in args.sizes:
             path = parquet(rows)
@@ -136,11 +141,11 @@ def main() -> None:
                 runs["duckdb"] = measure(
                     DuckDBAdapter(local), args.repeat, folder, time.process_time
                 )
-            for engine, (raw, raw_cpu, private, private_cpu) in runs.items():
+            for engine, (raw, raw_cpu, private, private_cpu, alone) in runs.items():
                 relative = runs["spark/4"][0] / runs["duckdb"][0] if engine == "spark/4" else None
                 print(f"{rows:>11,} {engine:<10} {raw:>7.2f} {private:>8.2f} {private / raw:>7.2f} "
                       f"{raw_cpu:>8.2f} {private_cpu:>9.2f} {private_cpu / raw_cpu:>10.2f} "
-                      f"{f'{relative:.1f}' if relative else '':>16} "
+                      f"{alone / raw:>7.2f} {f'{relative:.1f}' if relative else '':>16} "
                       f"{os.getloadavg()[0]:>5.1f}", flush=True)  # fmt: skip
     on_spark.close()
 
