@@ -36,12 +36,13 @@ import itertools
 import logging
 import os
 import re
+import socket
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlsplit
 
 from dpsql.adapters.base import BATCH_ROWS, Batches, Running, fetch_all
 from dpsql.errors import BackendError
@@ -110,6 +111,7 @@ class SparkAdapter:
     def _connect(self, url: str) -> Any:
         from pyspark.sql import SparkSession
 
+        _check_reachable(url)
         try:
             session = SparkSession.builder.remote(url).create()
         except ImportError as exc:
@@ -123,6 +125,16 @@ class SparkAdapter:
                 "the Connect server runs there"
             ) from None
         self._on_close = session.stop
+        # In UTC, as the sessions dpsql opens on a master are: the server's JVM may keep
+        # another zone. (A Connect session takes runtime settings only: no partitions.)
+        for name, value in _session_conf(url).items():
+            try:
+                session.conf.set(name, value)
+            except self._errors as exc:
+                raise BackendError(
+                    f"the Spark Connect server {url} refused the setting {name}={value} "
+                    f"({_condition(exc)}), which dpsql needs to read dates and timestamps"
+                ) from None
         return session
 
     def _local_or_cluster(self, url: str) -> Any:
@@ -252,8 +264,31 @@ class SparkAdapter:
         stop()
 
 
+CONNECT_PORT = 15002  # Spark Connect's default
+
+
+def _check_reachable(url: str, seconds: float = 10.0) -> None:
+    """Refuse a Spark Connect URL whose server does not answer: the Connect client would
+    retry its first call for minutes before it gave up."""
+    address = urlsplit(url.split("/;", 1)[0])  # sc://host:port/;token=...
+    try:
+        host, port = address.hostname or "localhost", address.port or CONNECT_PORT
+    except ValueError as exc:  # a port that is not a number from 0 to 65535
+        raise BackendError(
+            f"{url} is not a Spark Connect URL ({exc}): write sc://host:port"
+        ) from None
+    try:
+        socket.create_connection((host, port), timeout=seconds).close()
+    except OSError as exc:
+        raise BackendError(
+            f"cannot reach the Spark Connect server at {host}:{port} ({exc.strerror or exc}); "
+            "check that the Connect server runs there"
+        ) from None
+
+
 def _session_conf(master: str) -> dict[str, str]:
-    """SQL settings for a session dpsql opens on `master` (a URL's query overrides them).
+    """SQL settings for a session dpsql opens on `master` or a Spark Connect URL (a master
+    URL's query overrides them).
 
     The session's time zone is UTC: dpsql bins dates and timestamps in UTC
     (synopses, running totals), as DuckDB reads them, and Spark would read a
