@@ -282,7 +282,8 @@ def test_units_patterns_and_positions_every_backend_accepts_for_every_row(visits
     for condition in (
         "DATE_TRUNC('foo', ts) = ts", "EXTRACT(foo FROM day) = 1", "SUBSTRING(state, 1, -1) = 'C'",
         "state LIKE 'C' ESCAPE 'ab'", "state ILIKE 'C' ESCAPE ''", "SUBSTRING(state, 1.5) = 'C'",
-        "EXTRACT(hour FROM day) = 0",
+        "EXTRACT(hour FROM day) = 0", "state LIKE 'C!' ESCAPE '!'", "LOWER(state) LIKE 'c\\'",
+        "state NOT LIKE 'C!a' ESCAPE '!'", "state LIKE 'C' || '%'",
     ):  # fmt: skip
         with pytest.raises(dpsql.QueryRefused, match=r"Instead: "):
             connection.execute(f"SELECT COUNT(*) FROM {table} WHERE age > 95 AND {condition}")
@@ -293,6 +294,8 @@ def test_units_patterns_and_positions_every_backend_accepts_for_every_row(visits
     conditions += [f"EXTRACT({unit} FROM day) IS NOT NULL" for unit in dated]
     conditions += [
         "state NOT LIKE 'C!%' ESCAPE '!'",
+        "state LIKE 'C!!' ESCAPE '!'",
+        "state LIKE 'C\\%'",
         "SUBSTRING(state, -3, 0) = ''",
         "(day - DATE '0001-01-01') * 1000000 > 0",  # int4 days in PostgreSQL
         "ROUND((day - DATE '0001-01-01') * 1000000, 2) > 0",  # ... inside a rewritten ROUND

@@ -1025,6 +1025,15 @@ def _require_fixed_operands(node: exp.Expression, clause: str) -> None:
         escape = node.expression
         if not (_is_string_literal(escape) and len(escape.this) == 1):
             raise _partial(node, clause, "its ESCAPE is not one character", _FIXED_HINT)
+    if isinstance(node, exp.Like | exp.ILike) and not _escapes_well(node):
+        raise _partial(
+            node,
+            clause,
+            "its pattern ends with its escape character, or escapes a character other than "
+            "%, _ or itself (PostgreSQL and Spark escape with \\ unless ESCAPE says "
+            "otherwise), which the database refuses only once a row reaches it",
+            _FIXED_HINT,
+        )
     for position in operands if isinstance(node, exp.Substring) else []:
         value = _number(position)
         lowest = 0 if position is node.args.get("length") else -_MAX_POSITION
@@ -1299,6 +1308,23 @@ _COMPUTE_HINT = (
     "compute on bounded columns with moderate constants, keep divisors away from zero "
     "(e.g. income / (age + 1)), or compare the column itself (age >= 40)"
 )
+
+
+def _escapes_well(node: exp.Like | exp.ILike) -> bool:
+    """Whether a LIKE pattern is a text constant whose escape character (its ESCAPE's, or
+    the backslash PostgreSQL and Spark default to; DuckDB has none, but the same rule
+    holds there) only ever escapes %, _ or itself."""
+    pattern = node.expression
+    if not _is_string_literal(pattern):
+        return False
+    escape = node.parent.expression.this if isinstance(node.parent, exp.Escape) else "\\"
+    characters = iter(pattern.this)
+    for character in characters:
+        if character == escape and next(characters, None) not in ("%", "_", escape):
+            return False
+    return True
+
+
 _FIXED_HINT = (
     "write the pattern as a constant with a one-character ESCAPE ('C!%' ESCAPE '!'), "
     "and SUBSTRING positions as whole numbers, its length 0 or more"

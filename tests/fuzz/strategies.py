@@ -343,7 +343,8 @@ def typed_expressions() -> st.SearchStrategy[str]:
             st.tuples(inner, positions, positions).map(
                 lambda p: f"SUBSTRING({p[0]}, {p[1]}, {p[2]})"
             ),
-            st.tuples(inner, st.sampled_from(["'C%'", "'x!%'"]), st.sampled_from(["'!'", "'ab'"]))
+            st.tuples(inner, st.sampled_from(["'C%'", "'x!%'", "'x!'", "'x!!'"]),
+                      st.sampled_from(["'!'", "'ab'"]))
             .map(lambda p: f"{p[0]} LIKE {p[1]} ESCAPE {p[2]}"),
             st.tuples(st.sampled_from(TYPED_FUNCTIONS),
                       st.lists(inner, min_size=1, max_size=2).map(", ".join))
