@@ -140,3 +140,26 @@ def test_unique_units_need_no_bounding_to_keep_their_sensitivity(database):
         "SELECT pid FROM base_pid ORDER BY income DESC, pid LIMIT 25"
     )]  # fmt: skip
     _assert_sensitivities(database, plans, "pums_pid", "base_pid", "pid", pids, 1)
+
+
+@on_every_backend
+def test_ranges_from_long_literals_keep_the_rows_the_database_keeps(database):
+    """Every backend compares `age < 19.00000000000000000001` exactly, so age 19 passes;
+    read as the float 19.0, the range left 19 out, the rewrite dropped the clamp's upper
+    side, and removing one person moved the SUM by 38 against a stated 36 (found by an
+    audit)."""
+    shapes = ["SELECT SUM(age) FROM {t} WHERE age >= 18 AND age < 19.00000000000000000001"]
+    plans = _plans(shapes, "pums_dup", load_policy(pums_policy()), database.dialect)
+    assert plans[0].measures[0].noise.sensitivity == 38  # 2 rows of 19
+    database.replace_table("pums_dup", "SELECT * FROM base_dup")
+    full = [database.rows(plan.sql)[0][0] for plan in plans]
+    # the persons with the most rows at the edges (18 or 19): each moves the sums most
+    heaviest = database.rows(
+        "SELECT pid FROM base_dup WHERE age IN (18, 19) GROUP BY pid "
+        "ORDER BY COUNT(*) DESC, pid LIMIT 6"
+    )
+    for (pid,) in heaviest:
+        database.replace_table("pums_dup", f"SELECT * FROM base_dup WHERE pid <> {pid}")
+        for plan, before in zip(plans, full, strict=True):
+            change = abs(before - database.rows(plan.sql)[0][0])
+            assert change <= plan.measures[0].noise.sensitivity, (plan.sql, pid, change)

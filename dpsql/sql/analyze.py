@@ -14,6 +14,8 @@ import datetime as dt
 import math
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from sqlglot import exp
@@ -633,19 +635,24 @@ def _number(node: exp.Expression) -> float | None:
 
 
 def _range_of(condition: exp.Expression) -> tuple[str, float, float] | None:
-    """(column, lower, upper) for `col op literal`, BETWEEN, IN and =; None otherwise."""
+    """(column, lower, upper) for `col op literal`, BETWEEN, IN and =; None otherwise.
+
+    The bounds are floats on the safe side of the literals as written: the databases
+    compare `x < 2.00000000000000000001` exactly, so a bound read as the nearest float
+    (2.0) would leave out rows of 2, whose clamp the rewrite then drops.
+    """
     inf = math.inf
     if isinstance(condition, exp.Between) and isinstance(condition.this, exp.Column):
-        low, high = _number(condition.args["low"]), _number(condition.args["high"])
+        low, high = _exact(condition.args["low"]), _exact(condition.args["high"])
         if low is not None and high is not None:
             if condition.args.get("symmetric"):  # BETWEEN SYMMETRIC 10 AND 0 is [0, 10]
                 low, high = min(low, high), max(low, high)
-            return condition.this.name, low, high
+            return condition.this.name, _float_below(low), _float_above(high)
         return None
     if isinstance(condition, exp.In) and isinstance(condition.this, exp.Column):
-        values = [_number(v) for v in condition.expressions]
+        values = [_exact(v) for v in condition.expressions]
         if values and all(v is not None for v in values) and not condition.args.get("query"):
-            return condition.this.name, min(values), max(values)
+            return condition.this.name, _float_below(min(values)), _float_above(max(values))
         return None
     comparisons = {exp.GT: (1, 0), exp.GTE: (1, None), exp.LT: (0, 1), exp.LTE: (0, None),
                    exp.EQ: (2, None)}  # fmt: skip
@@ -653,7 +660,7 @@ def _range_of(condition: exp.Expression) -> tuple[str, float, float] | None:
     if kind not in comparisons:
         return None
     left, right = condition.this, condition.expression
-    if isinstance(right, exp.Column) and _number(left) is not None:
+    if isinstance(right, exp.Column) and _exact(left) is not None:
         flipped = {
             exp.GT: exp.LT,
             exp.GTE: exp.LTE,
@@ -662,16 +669,40 @@ def _range_of(condition: exp.Expression) -> tuple[str, float, float] | None:
             exp.EQ: exp.EQ,
         }
         left, right, kind = right, left, flipped[kind]
-    value = _number(right)
+    value = _exact(right)
     if not isinstance(left, exp.Column) or value is None:
         return None
     if kind is exp.EQ:
-        return left.name, value, value
+        return left.name, _float_below(value), _float_above(value)
     if kind in (exp.GT, exp.GTE):
-        strict = kind is exp.GT
-        return left.name, (math.nextafter(value, inf) if strict else value), inf
-    strict = kind is exp.LT
-    return left.name, -inf, (math.nextafter(value, -inf) if strict else value)
+        lower = _float_below(value)
+        return left.name, (math.nextafter(lower, inf) if kind is exp.GT else lower), inf
+    upper = _float_above(value)
+    return left.name, -inf, (math.nextafter(upper, -inf) if kind is exp.LT else upper)
+
+
+def _exact(node: exp.Expression) -> Fraction | None:
+    """The exact value of a finite number written down (a literal, negated or in
+    parentheses), or None."""
+    if _number(node) is None:
+        return None  # not a number, or not a finite one
+    if isinstance(node, exp.Neg):
+        return -_exact(node.this)
+    if isinstance(node, exp.Paren):
+        return _exact(node.this)
+    return Fraction(Decimal(node.this))
+
+
+def _float_below(value: Fraction) -> float:
+    """The largest float at most `value`."""
+    nearest = float(value)
+    return math.nextafter(nearest, -math.inf) if Fraction(nearest) > value else nearest
+
+
+def _float_above(value: Fraction) -> float:
+    """The smallest float at least `value`."""
+    nearest = float(value)
+    return math.nextafter(nearest, math.inf) if Fraction(nearest) < value else nearest
 
 
 def column_interval(column: Column) -> Interval | None:
