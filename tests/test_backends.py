@@ -136,6 +136,37 @@ def test_a_unique_unit_in_postgres_needs_no_bounding(pg, postgres_backend, tmp_p
         assert cursor.accuracy["n"].sensitivity == 1
 
 
+def test_only_keys_postgresql_enforces_on_every_row_read_make_a_unit_unique(pg, postgres_url):
+    """A parent's PRIMARY KEY does not cover its inheritance children, which FROM parent
+    reads; a failed CREATE UNIQUE INDEX CONCURRENTLY leaves an invalid index over
+    duplicates. Either made a unit with 501 rows "unique" (sensitivity 1; found by an
+    audit). A partitioned table's key does cover its partitions. Both adapters."""
+    import psycopg
+
+    adapter, schema, admin = pg
+    admin.execute(f"CREATE TABLE {schema}.parent (pid int PRIMARY KEY, age int)")
+    admin.execute(f"CREATE TABLE {schema}.child () INHERITS ({schema}.parent)")
+    admin.execute(f"INSERT INTO {schema}.child SELECT 7, i FROM generate_series(1, 501) i")
+    admin.execute(f"CREATE TABLE {schema}.dups (pid int, age int)")
+    admin.execute(f"INSERT INTO {schema}.dups SELECT 7, i FROM generate_series(1, 501) i")
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        admin.execute(f"CREATE UNIQUE INDEX CONCURRENTLY dups_pid ON {schema}.dups (pid)")
+    admin.execute(
+        f"CREATE TABLE {schema}.parts (pid int PRIMARY KEY, age int) PARTITION BY RANGE (pid)"
+    )
+    admin.execute(f"CREATE TABLE {schema}.parts_low PARTITION OF {schema}.parts "
+                  "FOR VALUES FROM (0) TO (100)")  # fmt: skip
+    alchemy = SQLAlchemyAdapter(postgres_url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        for each in (adapter, alchemy):
+            assert each.unique_columns(f"{schema}.parent") == set()
+            assert each.unique_columns(f"{schema}.dups") == set()
+            assert each.unique_columns(f"{schema}.parts") == {"pid"}
+            assert each.unique_columns(f"{schema}.people") == {"pid", "email"}
+    finally:
+        alchemy.close()
+
+
 # -- which adapter a database argument opens ------------------------------------
 
 

@@ -283,6 +283,39 @@ def test_a_unit_the_database_keeps_unique_needs_no_bounding(tmp_path):
     assert "ROW_NUMBER" in plain["sql"] and "3 rows per group" in plain["privacy"]
 
 
+def test_a_key_on_a_same_named_table_elsewhere_does_not_make_a_unit_unique(tmp_path):
+    """DuckDB's catalog was searched by table name alone: a PRIMARY KEY on archive.census
+    made main.census's unit, with 501 rows for one person, "unique" (sensitivity 1;
+    found by an audit). A view of the name elsewhere may be what it reads, too."""
+    from dpsql.adapters.duckdb import DuckDBAdapter
+
+    database = tmp_path / "two.duckdb"
+    with duckdb.connect(str(database)) as connection:
+        connection.execute("CREATE TABLE census AS SELECT 7 AS pid, i AS age FROM range(501) t(i)")
+        connection.execute("CREATE SCHEMA archive")
+        connection.execute("CREATE TABLE archive.census (pid BIGINT PRIMARY KEY, age BIGINT)")
+        connection.execute("CREATE TABLE keyed (pid BIGINT PRIMARY KEY, age BIGINT)")
+        connection.execute("CREATE VIEW archive.keyed AS SELECT 7 AS pid, 1 AS age")
+        connection.execute("CREATE TABLE alone (pid BIGINT PRIMARY KEY, age BIGINT)")
+    adapter = DuckDBAdapter(str(database))
+    try:
+        assert adapter.unique_columns("census") == set()
+        assert adapter.unique_columns("archive.census") == {"pid"}
+        assert adapter.unique_columns("keyed") == set()
+        assert adapter.unique_columns("alone") == {"pid"}
+    finally:
+        adapter.close()
+    policy = {
+        "analysts": {"default": {"epsilon": 10.0}},
+        "tables": {"census": {"privacy_unit": "pid", "max_rows_per_unit": 1, "columns": {
+            "pid": {"type": "int", "private": True},
+            "age": {"type": "int", "lower": 0, "upper": 600}}}},
+    }  # fmt: skip
+    with dpsql.connect(str(database), policy=policy, ledger=tmp_path / "l.sqlite") as connection:
+        explained = dict(connection.execute("EXPLAIN SELECT COUNT(*) FROM census").fetchall())
+    assert "ROW_NUMBER" in explained["sql"]
+
+
 @on_every_backend
 def test_a_test_of_a_predicate_runs_on_every_backend(connect):
     """sqlglot wrote `(age IN (30, 40)) IS NULL` for Spark without its parentheses,

@@ -109,13 +109,31 @@ class DuckDBAdapter:
         return dict(rows) or None
 
     def unique_columns(self, name: str) -> set[str]:
-        rows = self._catalog(
-            "SELECT constraint_column_names FROM duckdb_constraints() WHERE constraint_type IN "
-            "('PRIMARY KEY', 'UNIQUE') AND len(constraint_column_names) = 1",
-            name,
-            ("table_name", "schema_name", "database_name"),
+        """Columns DuckDB keeps unique in what `name` reads: only if every table or view
+        the name could mean (in any schema or attached database) is a table with that
+        PRIMARY KEY or UNIQUE constraint. A key on a same-named table elsewhere made
+        a unit "unique" whose own table had duplicates."""
+        levels = ("table_name", "schema_name", "database_name")
+        tables = self._catalog(
+            "SELECT database_name, schema_name FROM duckdb_tables() WHERE true", name, levels
         )
-        return {row[0][0].lower() for row in rows}
+        views = self._catalog(
+            "SELECT database_name, schema_name FROM duckdb_views() WHERE NOT internal",
+            name,
+            ("view_name", "schema_name", "database_name"),
+        )
+        if views or not tables:
+            return set()
+        keyed: dict[tuple[str, str], set[str]] = {}
+        for database, schema, columns in self._catalog(
+            "SELECT database_name, schema_name, constraint_column_names FROM duckdb_constraints() "
+            "WHERE constraint_type IN ('PRIMARY KEY', 'UNIQUE') "
+            "AND len(constraint_column_names) = 1",
+            name,
+            levels,
+        ):
+            keyed.setdefault((database, schema), set()).add(columns[0].lower())
+        return set.intersection(*(keyed.get(tuple(table), set()) for table in tables))
 
     def close(self) -> None:
         if self._owned:

@@ -50,11 +50,19 @@ WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
 
 # Single-column unique indexes (PRIMARY KEY and UNIQUE constraints create one)
 # over all rows: a partial or expression index does not make the column unique.
-_UNIQUE = """
+# One-column unique indexes PostgreSQL enforces on every row the table's name reads:
+# valid ones (a failed CREATE UNIQUE INDEX CONCURRENTLY leaves an invalid one behind,
+# over duplicates), neither partial nor on an expression, and on a table without
+# inheritance children (a parent's key does not cover its children's rows, which a
+# plain FROM reads; a partitioned table's unique index does cover its partitions).
+UNIQUE_COLUMNS = """
 SELECT lower(a.attname) FROM pg_index i
+JOIN pg_class c ON c.oid = i.indrelid
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
 WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indnkeyatts = 1
+  AND i.indisvalid AND i.indisready AND i.indislive
   AND i.indpred IS NULL AND i.indexprs IS NULL
+  AND (c.relkind = 'p' OR NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhparent = c.oid))
 """
 
 
@@ -170,7 +178,7 @@ class PostgresAdapter:
 
     def unique_columns(self, name: str) -> set[str]:
         try:
-            _, rows = self._run(_UNIQUE, [name])
+            _, rows = self._run(UNIQUE_COLUMNS, [name])
         except BackendError:
             return set()
         return {row[0] for row in rows}

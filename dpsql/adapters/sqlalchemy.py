@@ -151,6 +151,22 @@ class SQLAlchemyAdapter:
         return {c["name"].lower(): _spelled(c["type"], self._engine.dialect) for c in columns}
 
     def unique_columns(self, name: str) -> set[str]:
+        """One-column keys the database enforces on what `name` reads: on PostgreSQL the
+        PostgreSQL adapter's catalog query (valid indexes, no inheritance children);
+        declared keys on the dialects that enforce them; none elsewhere (Snowflake,
+        BigQuery, Redshift, ... take a PRIMARY KEY as a hint the data may break)."""
+        dialect = self._engine.dialect.name
+        if dialect == "postgresql":
+            from dpsql.adapters.postgres import UNIQUE_COLUMNS
+
+            try:
+                with self._connect() as connection:
+                    rows = connection.exec_driver_sql(UNIQUE_COLUMNS, (name,)).fetchall()
+            except (BackendError, sqlalchemy.exc.DBAPIError):
+                return set()
+            return {row[0] for row in rows}
+        if dialect not in ENFORCED_KEYS:
+            return set()
         primary = self._inspect(name, "get_pk_constraint") or {}
         keys = [primary.get("constrained_columns") or []]
         keys += [c["column_names"] for c in self._inspect(name, "get_unique_constraints") or []]
@@ -163,6 +179,10 @@ class SQLAlchemyAdapter:
 
     def close(self) -> None:
         self._engine.dispose()
+
+
+# Dialects whose databases enforce PRIMARY KEY and UNIQUE constraints and indexes.
+ENFORCED_KEYS = frozenset({"sqlite", "mysql", "mariadb", "mssql", "oracle"})
 
 
 def _interrupt_driver(connection: Any) -> None:
