@@ -139,6 +139,8 @@ class SQLiteStore(Store):
             uri=self.location.startswith("file:"),
         )
         try:
+            self._file = conn.execute("PRAGMA database_list").fetchone()[2]  # '' in memory
+            self._identity = self._check_file(None)  # before SQLite opens a log beside it
             # WAL lets readers (spent, cached_release) proceed while a charge
             # commits. The mode is persistent in the file; switching it needs
             # an exclusive lock, and some SQLite versions return "locked"
@@ -147,19 +149,48 @@ class SQLiteStore(Store):
             self._retry_locked(
                 lambda: mode.append(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0])
             )
-            path = conn.execute("PRAGMA database_list").fetchone()[2]  # '' in memory
+            path = self._file
             # In WAL mode durable commits sync the WAL themselves; in any other mode
             # (a memory database, or a file system without WAL) SQLite syncs at commit.
             in_wal = bool(path) and mode[-1].lower() == "wal"
             conn.execute(f"PRAGMA synchronous={'NORMAL' if in_wal else 'FULL'}")
             conn.execute(f"PRAGMA busy_timeout={int(self._timeout * 1000)}")
             self._wal, self._pending = _WalSync(path + "-wal" if in_wal else None), 0
-            self._file = path
             self._retry_locked(lambda: self._create_schema(conn))
         except BaseException:
             conn.close()
             raise
         return conn
+
+    def _check_file(self, identity: tuple[int, int] | None) -> tuple[int, int] | None:
+        """The (device, inode) of the ledger's file, which must be the one opened
+        (`identity`, if given) and have no second name.
+
+        SQLite keeps the write-ahead log and its lock beside the name a file was
+        opened by: through two hard links, two proxies each saw only their own
+        charges (and spent the budget twice), and the checkpoint of one later
+        erased the other's from the log. A file deleted or replaced while open
+        would take the charges made to it out of every later count.
+        """
+        if not self._file:
+            return None  # in memory
+        try:
+            found = os.stat(self._file)
+        except FileNotFoundError:
+            found = None
+        if found is None or (identity and identity != (found.st_dev, found.st_ino)):
+            raise OperationalError(
+                f"the ledger {self._file} was deleted or replaced while dpsql had it open: "
+                "nothing more is charged to it; restore the file, then restart dpsql"
+            )
+        if found.st_nlink > 1:
+            raise OperationalError(
+                f"the ledger {self._file} has {found.st_nlink} names (hard links): SQLite "
+                "keeps its log beside each name, so proxies opening it by different names "
+                "would each count only their own charges; give every proxy one path (a "
+                "symbolic link is fine) and remove the other names"
+            )
+        return found.st_dev, found.st_ino
 
     def _retry_locked(self, action: Callable[[], object]) -> None:
         deadline = time.monotonic() + self._timeout
@@ -217,6 +248,7 @@ class SQLiteStore(Store):
 
     @contextmanager
     def _transaction(self, conn: sqlite3.Connection, durable: bool) -> Iterator[None]:
+        self._check_file(self._identity)
         conn.execute("BEGIN IMMEDIATE")
         try:
             yield

@@ -972,3 +972,43 @@ def test_pure_charges_are_admitted_in_integers_exactly_as_in_rationals(
     assert admitted == _as_cost(total).fits_within(rounded)
     limit = (max(0, total.epsilon + slack[0]), max(0, total.delta + slack[1]))
     assert admitted == (total.epsilon <= limit[0] and total.delta <= limit[1])
+
+
+# -- one file, one name ------------------------------------------------------------
+
+
+def test_a_ledger_with_a_second_name_is_refused(tmp_path: Path) -> None:
+    """SQLite keeps its log beside the name it opened: two proxies, one per hard link,
+    each counted only its own charges and together spent the budget twice (found by
+    an audit). A symbolic link is the same name to SQLite and stays allowed."""
+    path = tmp_path / "ledger.sqlite"
+    first = Ledger(path)
+    first.charge("alice", TENTH, ONE, "q0")
+    os.symlink(path, tmp_path / "symlink.sqlite")
+    with closing(Ledger(tmp_path / "symlink.sqlite")) as through_symlink:
+        assert through_symlink.spent("alice") == TENTH
+    os.link(path, tmp_path / "hardlink.sqlite")
+    with pytest.raises(OperationalError, match="2 names"):
+        Ledger(tmp_path / "hardlink.sqlite")
+    with pytest.raises(OperationalError, match="hard links"):
+        first.charge("alice", TENTH, ONE, "q1")  # open before the link: refused now
+    assert first.spent("alice") == TENTH
+    first.close()
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_ledger_deleted_or_replaced_while_open_takes_no_more_charges(tmp_path, how) -> None:
+    """The open ledger kept charging the unlinked file while a new proxy started a fresh
+    one at its path: both budgets were spent (found by an audit)."""
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger(path)
+    ledger.charge("alice", TENTH, ONE, "q0")
+    if how == "deleted":
+        path.unlink()
+    else:
+        with closing(Ledger(tmp_path / "other.sqlite")):
+            pass
+        os.replace(tmp_path / "other.sqlite", path)
+    with pytest.raises(OperationalError, match="deleted or replaced"):
+        ledger.charge("alice", TENTH, ONE, "q1")
+    ledger.close()
