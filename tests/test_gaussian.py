@@ -216,3 +216,25 @@ def test_grid_gaussian(sensitivity: float, rho: float, coordinates: int) -> None
     variance = mech.variance()
     assert abs(noise.mean()) <= SIGMAS * math.sqrt(variance / N)
     assert abs((noise**2).mean() - variance) <= SIGMAS * math.sqrt(2 * variance**2 / N)
+
+
+def test_a_plans_gaussian_noise_covers_its_l2_sensitivity_exactly():
+    """A unit in `groups` groups moves a measurement by per_group * sqrt(groups) in L2;
+    as a float sqrt that rounds down for 3, 6, 11, ... groups, and sigma^2 fell short of
+    Delta_2^2 / (2 rho) by a relative 1e-16 (found by an audit)."""
+    from conftest import pums_policy
+
+    from dpsql.mechanisms.grid import privacy_parameter
+    from dpsql.policy import load_policy
+    from dpsql.sql import Options, PlanContext, plan_query
+    from dpsql.sql.parse import parse_statement
+
+    policy = pums_policy()
+    table = policy["tables"]["pums_dup"]
+    options = Options(epsilon=1.0, delta=1e-6, mechanism="gaussian")
+    tree = parse_statement("SELECT age, COUNT(*) FROM pums_dup GROUP BY age", "duckdb").tree
+    for groups in (2, 3, 6, 11, 99):
+        table["max_groups_per_unit"], table["max_rows_per_unit"] = groups, 2
+        plan = plan_query(tree, PlanContext(load_policy(policy), options, "duckdb", seed=1))
+        noise = plan.measures[0].noise
+        assert noise.sigma2 * 2 * privacy_parameter(noise.rho, "rho") >= 2**2 * groups, groups

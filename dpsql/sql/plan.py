@@ -30,6 +30,7 @@ from dpsql.mechanisms.grid import GRID_LIMIT
 from dpsql.mechanisms.laplace import DiscreteLaplace
 from dpsql.mechanisms.selection import PartitionSelection
 from dpsql.mechanisms.staircase import Staircase
+from dpsql.mechanisms.tree import l2_sensitivity
 from dpsql.policy import MAX_PUBLIC_KEYS
 from dpsql.sql.analyze import KEY_PREFIX, VALUE_PREFIX, Aggregate, Analysis, Interval, conjuncts
 from dpsql.sql.postprocess import RELEASED, project, query_released
@@ -140,7 +141,9 @@ class _Measure:
 # The same few recur query after query, and each costs ~30 us to build; as many as the
 # samplers' own caches keep, since a cached mechanism keeps its sampler's tables alive.
 @functools.lru_cache(maxsize=32)
-def _prepared_noise(name: str, l1: int, l2: float, epsilon: float, delta: float) -> NoiseMechanism:
+def _prepared_noise(
+    name: str, l1: int, l2: float | Fraction, epsilon: float, delta: float
+) -> NoiseMechanism:
     """The noise mechanism `name` for these sensitivities and (epsilon, delta), prepared: a
     draw that cannot be made fails here (OutOfRange), before the charge. Shared by every
     plan that asks for the same: a prepared mechanism is never changed."""
@@ -211,7 +214,9 @@ class DirectPlan:
         """The noise for one measurement: each unit moves at most `per_group` (in grid
         steps) in each of at most `_groups_per_unit` groups."""
         groups = self._groups_per_unit
-        l1, l2 = per_group * groups, per_group * math.sqrt(groups)
+        # the L2 sensitivity rounded up to a rational: a float sqrt may round down, and
+        # the Gaussian's sigma would then be a little short of what the charge covers
+        l1, l2 = per_group * groups, l2_sensitivity(groups, per_group)
         name, reason = self.options.mechanism, ""
         if name == "auto":  # compared in the column's units, so the reason reads naturally
             name, reason = choose(l1 * step, l2 * step, self.share, self.options.delta, self._cells)
