@@ -347,6 +347,28 @@ def test_parameters_cannot_inject_sql(recorded):
     assert exp.Literal.string("0' OR 1=1 --").sql(adapter.dialect) in adapter.statements[0]
 
 
+def test_a_number_parameter_binds_as_the_number_it_is(recorded):
+    """Its text became the literal's: a float subclass whose __str__ wrote SQL put
+    `OR income IN (SELECT ...)` into the statement (found by an audit)."""
+
+    class Writes(float):
+        def __str__(self) -> str:
+            return "1 OR income IN (SELECT income FROM pums WHERE age = 40)"
+
+        __repr__ = __str__
+
+    class Counts(int):
+        __str__ = __repr__ = Writes.__str__
+
+    connection, adapter = recorded
+    cursor = connection.cursor()
+    cursor.execute(
+        "SELECT COUNT(*) FROM pums WHERE income < ? AND age > ?", [Writes(5e4), Counts(3)]
+    )
+    assert cursor.fetchone()[0] is not None
+    assert "SELECT income" not in adapter.statements[0] and "50000.0" in adapter.statements[0]
+
+
 @on_every_backend
 @pytest.mark.parametrize(
     ("sql", "parameters", "refused"),
@@ -355,6 +377,9 @@ def test_parameters_cannot_inject_sql(recorded):
         ("SELECT COUNT(*) FROM pums WHERE income < ?", [float("nan")], "no spelling"),
         ("SELECT COUNT(*) FROM pums WHERE income < ?", [float("-inf")], "no spelling"),
         ("SELECT COUNT(*) FROM pums WHERE income < ?", [Decimal("NaN")], "no spelling"),
+        # 'sNaN' (a wire client's NUMERIC text) reached DuckDB as a column name
+        ("SELECT COUNT(*) FROM pums WHERE income < ?", [Decimal("sNaN")], "no spelling"),
+        ("SELECT COUNT(*) FROM pums WHERE income < ?", [Decimal("-Infinity")], "no spelling"),
         ("SELECT COUNT(*) FROM pums WHERE income < 1e400", None, "beyond double precision"),
         # PostgreSQL refuses NUL in text, and psycopg raised a raw UnicodeEncodeError on a
         # lone surrogate: both after the charge

@@ -282,8 +282,28 @@ def _set_statement(tree: exp.Set) -> Statement:
     return Statement("set", tree, name=name, value=parsed)
 
 
+def _plain(value: Any) -> Any:
+    """A number parameter as the plain int, float or Decimal it stands for.
+
+    Its text becomes the literal's: a subclass's own __str__ could have written SQL
+    into the statement, and a non-finite Decimal ('sNaN') read as a column name.
+    """
+    if isinstance(value, bool):
+        return value  # not an int here, and bool cannot be subclassed
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, decimal.Decimal):
+        value = decimal.Decimal(value)
+        if not value.is_finite():  # NaN and sNaN, or an infinity: refused as a number
+            return math.nan if value.is_nan() else float(value)
+    return value
+
+
 def literal(value: Any) -> exp.Expression:
     """A sqlglot literal for a Python value (the only way parameters enter a query)."""
+    value = _plain(value)
     if isinstance(value, float) and not math.isfinite(value):
         # sqlglot converts NaN to NULL; as a number the gate refuses it, saying why
         return exp.Literal.number(repr(value))
