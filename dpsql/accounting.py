@@ -49,6 +49,26 @@ def round_down(value: Fraction) -> float:
     return approx if Fraction(approx) <= value else math.nextafter(approx, -math.inf)
 
 
+@functools.lru_cache(maxsize=256)  # the same few (epsilon, parts) recur query after query
+def split_epsilon(epsilon: float, parts: int, *, binary_too: bool = False) -> float:
+    """The largest epsilon each of `parts` measurements may spend when `epsilon` is charged.
+
+    A mechanism takes a float epsilon as the decimal it prints as (the ledger's
+    reading, _as_written): the share's decimal times `parts` stays within the
+    charge. (A plain epsilon/parts could print one digit up: 9.03442905035 over 7
+    spent 1.2e-15 more than was charged.) `binary_too`: partition selection reads
+    the share as its binary value, which then stays within its decimal too.
+    """
+    charged = _as_written(float(epsilon))
+    share = float(charged / parts)  # the nearest float; then down while it spends too much
+    while share > 0 and not (
+        parts * _as_written(share) <= charged
+        and (not binary_too or Fraction(share) <= _as_written(share))
+    ):
+        share = math.nextafter(share, 0.0)
+    return share
+
+
 @dataclass(frozen=True, order=False)
 class Cost:
     """A privacy cost: (epsilon, delta) plus zCDP rho; composition is addition."""

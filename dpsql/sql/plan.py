@@ -21,7 +21,7 @@ from typing import Protocol
 import numpy as np
 from sqlglot import exp
 
-from dpsql.accounting import Cost, round_down, round_up, zcdp_rho
+from dpsql.accounting import Cost, round_up, split_epsilon, zcdp_rho
 from dpsql.errors import QueryRefused, TooManyGroups
 from dpsql.mechanisms.base import NoiseMechanism, OutOfRange
 from dpsql.mechanisms.choice import choose
@@ -184,7 +184,7 @@ class DirectPlan:
             self.public_keys = _keys_passing_where(analysis, list(itertools.product(*domains)))
         self.selection = None if analysis.public_keys else self._selection_needed(options)
         parts = len(analysis.measurements) + (self.selection is not None)
-        self.share = round_down(Fraction(options.epsilon) / parts)
+        self.share = split_epsilon(options.epsilon, parts, binary_too=self.selection is not None)
         if self.selection is not None:
             self.selection = PartitionSelection(self.share, options.delta, self._groups_per_unit)
             try:
