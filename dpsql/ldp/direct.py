@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from dpsql.ldp.base import IntegerReports, PureProtocol, bits_for
+from dpsql.ldp.unary import bernoulli_bools, keep_probability
 
 
 class DirectEncoding(IntegerReports, PureProtocol):
@@ -27,10 +28,11 @@ class DirectEncoding(IntegerReports, PureProtocol):
         e = math.exp(self.epsilon)
         self.p_star = e / (e + self.d - 1)
         self.q_star = 1.0 / (e + self.d - 1)
+        self._keep = keep_probability(self.epsilon, self.d - 1)  # p_star, exactly
 
     def perturb_indices(self, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         idx = np.asarray(idx, dtype=np.int64)
-        keep = rng.random(idx.size) < self.p_star
+        keep = bernoulli_bools(self._keep, idx.size, rng)
         other = rng.integers(0, self.d - 1, size=idx.size)
         # Skip over x: a uniform draw from the d - 1 values other than x.
         other += other >= idx

@@ -20,12 +20,15 @@ Var = n / (p - q)^2 - c_v.
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import abstractmethod
 
 import numpy as np
 
 from dpsql.ldp.base import FrequencyOracle, IntegerReports, bits_for
+from dpsql.ldp.unary import bernoulli_bools, keep_probability
+from dpsql.mechanisms.samplers import ExactReal
 
 
 def fwht(values: np.ndarray) -> np.ndarray:
@@ -147,7 +150,7 @@ class OneBitProjection(IntegerReports, FrequencyOracle):
     """
 
     size: int  # number of rows j
-    keep: float
+    keep: float  # e^eps / (e^eps + 1), for the estimates; drawn exactly (_keep)
 
     @abstractmethod
     def _plus(self, values: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -156,8 +159,12 @@ class OneBitProjection(IntegerReports, FrequencyOracle):
     def perturb_indices(self, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         idx = np.asarray(idx, dtype=np.int64)
         j = rng.integers(0, self.size, size=idx.size)
-        sign = self._plus(idx, j) == (rng.random(idx.size) < self.keep)
+        sign = self._plus(idx, j) == bernoulli_bools(self._keep, idx.size, rng)
         return 2 * j + sign
+
+    @functools.cached_property
+    def _keep(self) -> ExactReal:
+        return keep_probability(self.epsilon, 1)
 
     def aggregate(self, reports: np.ndarray) -> np.ndarray:
         """Histogram of report codes 2 j + bit (COUNT(*) GROUP BY report in SQL)."""

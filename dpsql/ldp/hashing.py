@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dpsql.ldp.base import PureProtocol, bits_for
+from dpsql.ldp.unary import bernoulli_bools, keep_probability
 
 _CHUNK_ELEMENTS = 1 << 22
 
@@ -63,6 +64,7 @@ class LocalHashing(PureProtocol):
         if self.prime >= 3_037_000_000:  # keep a * x below 2^63
             raise ValueError("domain too large for OLH's field arithmetic")
         self.p_star = e / (e + self.g - 1)
+        self._keep = keep_probability(self.epsilon, self.g - 1)  # p_star, exactly
         q = 1.0 / (e + self.g - 1)
         sizes = np.array(
             [(self.prime - 1 - r) // self.g + 1 for r in range(min(self.g, self.prime))],
@@ -82,7 +84,7 @@ class LocalHashing(PureProtocol):
         n = idx.size
         seeds = rng.integers(0, (self.prime - 1) * self.prime, size=n, dtype=np.int64)
         bucket = self._hash(seeds, idx)
-        keep = rng.random(n) < self.p_star
+        keep = bernoulli_bools(self._keep, n, rng)
         other = rng.integers(0, self.g - 1, size=n)
         other += other >= bucket
         return np.stack([seeds, np.where(keep, bucket, other)], axis=1)

@@ -134,6 +134,14 @@ def _packed_rows(prob: ExactReal, rows: int, d: int, rng: np.random.Generator) -
     return out
 
 
+def keep_probability(epsilon: float, others: int) -> ExactReal:
+    """e^eps / (e^eps + others) = 1 / (1 + others e^-eps), exactly: the probability that
+    randomised response over `others` + 1 values keeps the true one. Drawn with
+    bernoulli_bools, its ratio to each other value's is exactly e^eps; a float test
+    `rng.random() < p` keeps with p rounded up to 2^-53, above e^eps by up to 3e-11."""
+    return 1 / (1 + others * ExactReal.exp_neg(Fraction(epsilon)))
+
+
 def odds_probability(x: Fraction) -> ExactReal:
     """e^-x / (1 + e^-x) = 1 / (e^x + 1), exactly, for x >= 0."""
     tail = ExactReal.exp_neg(x)

@@ -105,3 +105,44 @@ def test_count_simulation_matches_real_reports(name):
     assert np.all(np.abs(real.mean(axis=0) - sim.mean(axis=0)) <= 5 * se)
     log_ratio = np.log(real.var(axis=0, ddof=1) / sim.var(axis=0, ddof=1))
     assert np.all(np.abs(log_ratio) <= 5 * math.sqrt(4 / (reps - 1)))
+
+
+class _NoFloatDraws:
+    """A generator that refuses float draws: randomised response must decide exactly."""
+
+    def __init__(self, seed: int):
+        self._rng = np.random.default_rng(seed)
+
+    def random(self, *args, **kwargs):
+        raise AssertionError("a keep decision drawn as a float")
+
+    def __getattr__(self, name):
+        return getattr(self._rng, name)
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "others"),
+    [("grr", {}, 9), ("olh", {"g": 4}, 3), ("hm", {}, 1), ("rm", {}, 1)],
+)
+def test_randomised_response_keeps_with_the_exact_probability(name, options, others):
+    """GRR, OLH and the one-bit projections decided "keep" with `rng.random() < p`: p
+    rounded up to a multiple of 2^-53, so the ratio of two outputs' probabilities
+    exceeded e^eps (GRR by up to 2.8e-11 in epsilon; found by an audit). The keep
+    probability is now e^eps / (e^eps + others) exactly, drawn bit by bit."""
+    from decimal import Decimal, localcontext
+
+    epsilon = 1.25
+    mechanism = ldp.mechanism(name, epsilon, 10, **options)
+    with localcontext() as context:
+        context.prec = 100
+        exact = 1 / (1 + others * (-Decimal(epsilon)).exp())
+        drawn = Decimal(mechanism._keep.floor_scaled(300)) / Decimal(2) ** 300
+        assert abs(drawn - exact) < Decimal(2) ** -299  # floor_scaled(300) is within 2^-300
+    # and it is what the reports are drawn with: no float decision, the right frequency
+    values = np.zeros(200_000, dtype=np.int64)
+    reports = mechanism.perturb_indices(values, _NoFloatDraws(5))
+    assert len(reports) == values.size
+    if name == "grr":
+        kept = float(np.mean(reports == 0))
+        p = float(exact)
+        assert abs(kept - p) <= 5 * math.sqrt(p * (1 - p) / values.size)
