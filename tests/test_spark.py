@@ -182,6 +182,16 @@ def test_a_missing_source_is_a_backend_error_naming_the_policy_entry(spark_sessi
         SparkAdapter("spark://local[2]", {"gone": Source("parquet", str(tmp_path / "no.parquet"))})
 
 
+@pytest.mark.spark
+def test_a_source_never_replaces_a_view_of_a_session_passed_in(spark_session, tmp_path):
+    """A policy's source named like a temporary view of the session a caller passed
+    replaced that view, and closing dpsql dropped it from under its owner (found when
+    the Spark Connect tests compared against the suite's session)."""
+    with pytest.raises(BackendError, match="already has a temporary view 'pums'"):
+        SparkAdapter(spark_session, {"pums": Source("parquet", str(tmp_path / "any.parquet"))})
+    assert spark_session.sql("SELECT COUNT(*) FROM pums").collect()[0][0] == 1000
+
+
 # -- the sessions dpsql opens ----------------------------------------------------
 
 

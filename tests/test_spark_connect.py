@@ -135,7 +135,8 @@ def test_public_key_releases_over_connect_equal_those_on_local_spark(
     connect_url, spark_session, policy, tmp_path
 ):
     releases = {}
-    for name, database in (("connect", connect_url), ("local", spark_session)):
+    # a session of its own: the suite's holds views of the same names as these sources
+    for name, database in (("connect", connect_url), ("local", spark_session.newSession())):
         ledger = tmp_path / f"{name}.sqlite"
         with dpsql.connect(database, policy=policy, ledger=ledger, seed=11) as connection:
             releases[name] = [connection.execute(sql).fetchall() for sql in PUBLIC_KEYS]
@@ -149,7 +150,8 @@ def test_bounded_aggregates_over_connect_equal_those_on_local_spark(
     """What the noise is added to: the exact result of the bounded SQL (the same text on
     both, keyed hashes included), and a release of every statement over Connect."""
     exact = {}
-    for name, database in (("connect", connect_url), ("local", spark_session)):
+    # a session of its own: the suite's holds views of the same names as these sources
+    for name, database in (("connect", connect_url), ("local", spark_session.newSession())):
         ledger = tmp_path / f"{name}.sqlite"
         with dpsql.connect(database, policy=policy, ledger=ledger, seed=11) as connection:
             exact[name] = []

@@ -109,10 +109,13 @@ class SparkAdapter:
     # -- opening ------------------------------------------------------------
 
     def _connect(self, url: str) -> Any:
-        from pyspark.sql import SparkSession
-
         _check_reachable(url)
         try:
+            # The Connect client's own builder: the classic one's remote() marks the whole
+            # process as in Connect mode (an environment variable), after which a local
+            # Spark could no longer start in it (SESSION_ALREADY_EXIST)
+            from pyspark.sql.connect.session import SparkSession
+
             session = SparkSession.builder.remote(url).create()
         except ImportError as exc:
             raise BackendError(
@@ -182,6 +185,14 @@ class SparkAdapter:
                 ) from None
 
     def _register(self, key: str, source: Source) -> None:
+        if self._temporary_view(key):
+            # a session passed in: the source would replace the owner's view, and closing
+            # would drop it from under them
+            raise BackendError(
+                f"the Spark session already has a temporary view '{key}', which the "
+                f"policy's 'source:' for table '{key}' would replace; rename one of them, "
+                "or pass a new session (spark.newSession())"
+            )
         reader = self._session.read.format(source.format)
         if source.format == "csv":
             reader = reader.option("header", True).option("inferSchema", True)
@@ -193,6 +204,12 @@ class SparkAdapter:
                 f"{_condition(exc)}); correct its 'source:' in the policy"
             ) from None
         self._views.append(key)
+
+    def _temporary_view(self, name: str) -> bool:
+        try:
+            return bool(self._session.catalog.getTable(name).isTemporary)
+        except self._errors:
+            return False  # no such table or view
 
     # -- the Adapter protocol -----------------------------------------------
 
