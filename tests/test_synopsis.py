@@ -176,6 +176,9 @@ def test_histograms_align_with_bins(visits_db: Path, tmp_path: Path) -> None:
          "several synopsis columns"),
         ("SELECT SUM(sex) FROM synopsis_visits WHERE age > 30", "not SUM, AVG"),
         ("SELECT COUNT(*) FROM synopsis_visits WHERE age > 30 OR age < 5", "is not a range"),
+        # answered from the synopsis as the empty range [20, 20) until an audit found it
+        ("SELECT COUNT(*) FROM synopsis_visits WHERE age BETWEEN SYMMETRIC 20 AND 10",
+         "BETWEEN SYMMETRIC"),
     ],
 )  # fmt: skip
 def test_fallbacks_go_direct_and_explain_why(

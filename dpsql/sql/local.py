@@ -104,11 +104,14 @@ class LocalPlan:
             return zeros, zeros, 0
         try:
             distinct = self.oracle.parse_reports([str(row[0]) for row in rows])
-        except (ValueError, IndexError) as exc:
+        except (ValueError, IndexError):
+            # Not the parser's message: it quotes the cell, which may hold a true value
+            # that a client uploaded unrandomised, and the refusal is free.
             raise QueryRefused(
                 f"the reports in column {self.spec.report}",
-                f"they are not {self.spec.mechanism} reports ({exc})",
-                "store the reports exactly as `dpsql ldp perturb` writes them",
+                f"some are not {self.spec.mechanism} reports",
+                "store the reports exactly as `dpsql ldp perturb` writes them; the data "
+                "owner can find the malformed ones in the table",
             ) from None
         # The database counted each distinct report once; expanding by the count
         # gives the oracle the report multiset its counting step expects.

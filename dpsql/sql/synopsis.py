@@ -374,6 +374,8 @@ _FLIP = {exp.GT: exp.LT, exp.GTE: exp.LTE, exp.LT: exp.GT, exp.LTE: exp.GTE, exp
 def _bounds(condition: exp.Expression, domain: Domain) -> list[tuple[bool, Fraction]]:
     """(is lower bound, boundary) pairs of a half-open range [low, high) the condition means."""
     if isinstance(condition, exp.Between) and _is_column(condition.this, domain):
+        if condition.args.get("symmetric"):  # its bounds in either order: the data's plan
+            raise _Decline(f"the condition {condition.sql()} is BETWEEN SYMMETRIC")
         low = exp.GTE(this=condition.this, expression=condition.args["low"])
         high = exp.LTE(this=condition.this, expression=condition.args["high"])
         return _bounds(low, domain) + _bounds(high, domain)

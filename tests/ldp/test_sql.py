@@ -160,3 +160,18 @@ def test_policy_errors_for_local_tables():
     bad["tables"]["reports"]["local"]["epsilon"] = 100.0  # OLH's hash range overflowed
     with pytest.raises(PolicyError, match=r"local\.epsilon.*between 1e-12 and 40"):
         dpsql.connect(database, policy=bad)
+
+
+@pytest.mark.parametrize("mechanism", ["grr", "oue", "olh"])
+def test_a_malformed_report_is_refused_without_quoting_it(mechanism):
+    """The parser's message quoted the cell, for free: a client that uploaded its true
+    value unrandomised had it read back by any analyst (found by an audit)."""
+    oracle = ldp.mechanism(mechanism, 2.0, CITIES)
+    database, _ = _report_table("reports", oracle, _true_values(np.random.default_rng(4))[:50], 5)
+    database.execute("INSERT INTO reports VALUES (50, 'alice@example.org lives in nice')")
+    policy = _policy("reports", mechanism, CITIES)
+    with dpsql.connect(database, policy=policy, seed=3) as connection:
+        with pytest.raises(QueryRefused, match="some are not") as refused:
+            connection.execute("SELECT COUNT(*) FROM reports")
+        assert "alice" not in str(refused.value) and "nice" not in str(refused.value)
+        assert connection.budget().epsilon_spent == 0
