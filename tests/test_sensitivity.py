@@ -144,11 +144,11 @@ def test_unique_units_need_no_bounding_to_keep_their_sensitivity(database):
 
 @on_every_backend
 def test_ranges_from_long_literals_keep_the_rows_the_database_keeps(database):
-    """Every backend compares `age < 19.00000000000000000001` exactly, so age 19 passes;
+    """Every backend compares `age < 19.000000000000000001` exactly, so age 19 passes;
     read as the float 19.0, the range left 19 out, the rewrite dropped the clamp's upper
     side, and removing one person moved the SUM by 38 against a stated 36 (found by an
     audit)."""
-    shapes = ["SELECT SUM(age) FROM {t} WHERE age >= 18 AND age < 19.00000000000000000001"]
+    shapes = ["SELECT SUM(age) FROM {t} WHERE age >= 18 AND age < 19.000000000000000001"]
     plans = _plans(shapes, "pums_dup", load_policy(pums_policy()), database.dialect)
     assert plans[0].measures[0].noise.sensitivity == 38  # 2 rows of 19
     database.replace_table("pums_dup", "SELECT * FROM base_dup")

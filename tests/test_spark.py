@@ -312,3 +312,31 @@ def test_timestamps_come_back_in_utc_whatever_the_process_time_zone(
         dt.datetime(2020, 1, 1),
         dt.datetime(9999, 12, 31, 23, 59, 59),
     ]
+
+
+@pytest.mark.spark
+def test_years_spark_holds_but_python_cannot_never_fail_a_query(spark_session, tmp_path):
+    """Spark holds years before 1 and after 9999 (here from a Parquet file DuckDB wrote):
+    PySpark failed to make Python dates of them after the charge, exactly when such a row
+    passed the WHERE, and its message quoted the year. They read as NULL now, as on
+    PostgreSQL (found by an audit)."""
+    path = tmp_path / "far.parquet"
+    with duckdb.connect() as source:
+        source.execute(
+            "COPY (SELECT i % 100 AS age, CASE WHEN i = 7 THEN CAST('10000-01-01' AS DATE) "
+            "WHEN i = 8 THEN DATE '0001-01-01' - 400 "
+            "ELSE DATE '2020-01-01' + CAST(i % 3 AS INTEGER) END AS day "
+            f"FROM range(3000) r(i)) TO '{path}' (FORMAT parquet)"
+        )
+    columns = {"age": {"type": "int", "lower": 0, "upper": 99}, "day": {"type": "date"}}
+    policy = {
+        "analysts": {"default": {"epsilon": 100.0, "delta": 0.5}},
+        "tables": {"far": {"source": f"parquet:{path}", "columns": columns}},
+    }
+    with dpsql.connect("spark://local[2]", policy, ledger=tmp_path / "l.sqlite", seed=5) as con:
+        for sql in (
+            "SELECT day, COUNT(*) FROM far WHERE age < 10 GROUP BY day",
+            "SELECT DATE_TRUNC('month', day) AS m, COUNT(*) FROM far WHERE age < 10 GROUP BY m",
+        ):
+            keys = [row[0] for row in con.execute(sql).fetchall()]
+            assert keys and all(key is None or 1 <= key.year <= 9999 for key in keys), sql

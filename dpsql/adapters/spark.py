@@ -251,6 +251,10 @@ class SparkAdapter:
                 yield batch
         except self._errors as exc:
             raise self._error(exc) from None
+        except (ValueError, OverflowError) as exc:
+            # a value PySpark cannot make a Python one (a year beyond 1 to 9999): its
+            # message quotes the value, so only its kind leaves
+            raise self._running.failure("Spark", type(exc).__name__) from None
 
     def _error(self, exc: Exception) -> BackendError:
         return self._running.failure("Spark", _condition(exc))

@@ -914,6 +914,7 @@ def require_total(
     # `LN(-1)` only once a row reaches it, so it fails just when some row does.
     for sub in node.walk():
         if _number(sub) is not None:
+            _require_short_fraction(sub, clause)
             continue  # a number written down, such as -1e308, is not computed
         _require_argument_kind(sub, table, clause)
         _require_plain_call(sub, clause)
@@ -923,6 +924,16 @@ def require_total(
             interval = _interval(sub, table, {})
             if interval is None or not interval.magnitude <= MAX_ROW_MAGNITUDE:
                 raise _partial(sub, clause, _why_partial(interval))
+            if not _INT32[0] <= interval.lower <= interval.upper <= _INT32[1] and _int32(sub):
+                raise _partial(
+                    sub,
+                    clause,
+                    "its integers are all constants, which DuckDB, PostgreSQL and Spark "
+                    "compute in 32 bits: past 2147483647 they overflow, and in a CASE "
+                    "branch only once a row reaches it",
+                    "write one of its constants with a decimal point (2147483647.0) or "
+                    "as CAST(2147483647 AS BIGINT)",
+                )
         elif isinstance(sub, exp.Like | exp.ILike | exp.Escape | exp.Substring):
             _require_fixed_operands(sub, clause)
         elif isinstance(sub, exp.DateTrunc | exp.TimestampTrunc | exp.Extract):
@@ -948,6 +959,56 @@ def require_total(
                 "it converts text from the data to a number or a truth value, which fails "
                 "for text that does not read as one",
             )
+
+
+_INT32 = (-(2**31), 2**31 - 1)
+_INT32_VALUED = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod)
+_ONE_VALUE = (exp.Paren, exp.Neg, exp.Abs, exp.Sign, exp.Floor, exp.Ceil, exp.Round, exp.Nullif)
+_MAX_FRACTION_DIGITS = 18
+
+
+def _int32(node: exp.Expression) -> bool:
+    """Whether the databases compute `node` in 32-bit integers: every value it can take
+    comes from integer constants within 32 bits (a column is read as BIGINT or DOUBLE
+    by the rewrite, and a larger constant is a BIGINT), e.g. `CASE WHEN state = 'ZZ'
+    THEN 2147483647 ELSE 0 END + 1`, which Spark failed only when that row was there."""
+    if isinstance(node, exp.Literal):
+        return not node.is_string and node.this.isdigit() and int(node.this) <= _INT32[1]
+    if isinstance(node, exp.Null):
+        return True  # takes the type of the values beside it
+    if isinstance(node, _ONE_VALUE):
+        return _int32(node.this)
+    if isinstance(node, _INT32_VALUED):
+        return _int32(node.this) and _int32(node.expression)
+    if isinstance(node, exp.Case):
+        values = [branch.args["true"] for branch in node.args.get("ifs") or []]
+        return all(_int32(value) for value in [*values, node.args.get("default") or exp.Null()])
+    if isinstance(node, exp.If):
+        return _int32(node.args["true"]) and _int32(node.args.get("false") or exp.Null())
+    if isinstance(node, exp.Coalesce | exp.Greatest | exp.Least):
+        return all(_int32(value) for value in [node.this, *node.expressions])
+    return False
+
+
+def _require_short_fraction(node: exp.Expression, clause: str) -> None:
+    """Refuse a decimal constant with more than 18 digits after its point: DuckDB reads
+    it as a DECIMAL of 38 digits with that many after the point, into which a value
+    beside it with too many before it fails to convert, once a row reaches it
+    (`age = 0.0000000000000000000000000000000000001` failed for every age of 10 or more)."""
+    literal = node.this if isinstance(node, exp.Neg | exp.Paren) else node
+    while isinstance(literal, exp.Neg | exp.Paren):
+        literal = literal.this
+    text = literal.this.lower()
+    fraction = text.partition(".")[2]
+    if "e" not in text and len(fraction) > _MAX_FRACTION_DIGITS:
+        raise _partial(
+            node,
+            clause,
+            f"it has {len(fraction)} digits after its decimal point, which DuckDB reads as a "
+            "DECIMAL too narrow for the values beside it",
+            f"write at most {_MAX_FRACTION_DIGITS} digits after the point, or use an "
+            "exponent (1e-37)",
+        )
 
 
 def _truth_operands(node: exp.Connector | exp.Not | exp.If) -> list[exp.Expression]:

@@ -231,7 +231,7 @@ def _clamped_source(
             identity = False
         elif (
             column.type in YEARS_PYTHON_HOLDS
-            and dialect in ("duckdb", "postgres")
+            and dialect in ("duckdb", "postgres", "spark")
             and (name in computed or (name in bare and not held_by(where, name)))
         ):
             value = temporal_or_null(value, column.type, dialect)

@@ -5,8 +5,10 @@ BIGINT on them, DuckDB a cast to TIME) and, on PostgreSQL, years before 1 or
 after 9999, which psycopg cannot load as a group key, made a query fail once
 such a row was read: a failure that reveals the row, without noise. Where a
 query computes with such a column or groups by it, the rewrite's source reads
-it through `temporal_or_null` (DuckDB returns other years as text; Spark stores
-none). Two things keep that guard from costing more than it must: the
+it through `temporal_or_null` (DuckDB returns other years as text; Spark, which
+stores years from -290308 to 294247 though it has no infinities, returned them
+to PySpark, which failed to make Python dates of them after the charge). Two
+things keep that guard from costing more than it must: the
 comparisons of a guarded column with constants are made again on the stored
 value (`prefilter`), and a column read bare only that WHERE holds between two
 dates Python holds needs no guard (`held_by`).
@@ -27,8 +29,8 @@ YEARS_PYTHON_HOLDS = {
 
 
 def temporal_or_null(value: exp.Expression, kind: str, dialect: str) -> exp.Expression:
-    """`value` (a date or timestamp), or NULL where it is infinite (or, on PostgreSQL,
-    outside the years 1 to 9999)."""
+    """`value` (a date or timestamp), or NULL where it is infinite (or, on PostgreSQL and
+    Spark, outside the years 1 to 9999)."""
     if dialect == "duckdb":
         # DuckDB computes with every finite year; a test of finiteness needs no literal
         # of the column's type (DuckDB has several timestamp types)
