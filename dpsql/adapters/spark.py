@@ -130,14 +130,11 @@ class SparkAdapter:
         self._on_close = session.stop
         # In UTC, as the sessions dpsql opens on a master are: the server's JVM may keep
         # another zone. (A Connect session takes runtime settings only: no partitions.)
-        for name, value in _session_conf(url).items():
-            try:
-                session.conf.set(name, value)
-            except self._errors as exc:
-                raise BackendError(
-                    f"the Spark Connect server {url} refused the setting {name}={value} "
-                    f"({_condition(exc)}), which dpsql needs to read dates and timestamps"
-                ) from None
+        self._set(
+            session,
+            _session_conf(url),
+            f"the Spark Connect server {url} refused it, and dpsql needs it to read dates",
+        )
         return session
 
     def _local_or_cluster(self, url: str) -> Any:
@@ -171,17 +168,20 @@ class SparkAdapter:
         # and settings of this adapter are not seen by, nor replace, anyone else's.
         session = base.newSession()
         if not fresh:
-            self._set(session, {**_session_conf(context.master), **dict(parse_qsl(query))})
+            self._set(
+                session,
+                {**_session_conf(context.master), **dict(parse_qsl(query))},
+                "set it where the Spark context already running in this process is started",
+            )
         return session
 
-    def _set(self, session: Any, settings: Mapping[str, str]) -> None:
+    def _set(self, session: Any, settings: Mapping[str, str], remedy: str) -> None:
         for name, value in settings.items():
             try:
                 session.conf.set(name, value)
             except self._errors as exc:
                 raise BackendError(
-                    f"cannot set {name} on the Spark context that already runs in this process "
-                    f"({_condition(exc)}); set it where that context is started"
+                    f"cannot set {name}={value} on the Spark session ({_condition(exc)}); {remedy}"
                 ) from None
 
     def _register(self, key: str, source: Source) -> None:
