@@ -34,6 +34,7 @@ from sqlglot import exp
 
 import dpsql
 from dpsql.policy import Policy
+from dpsql.server.values import parameter_count
 
 SERVER_VERSION = "15.0"
 VERSION = f"PostgreSQL {SERVER_VERSION} (dpsql {dpsql.__version__}, differentially private)"
@@ -148,7 +149,7 @@ class CatalogStatement(Statement):
         self.connection = connection
         self.sql = sql
         self.tree = sqlglot.parse_one(sql, dialect="postgres")
-        count = max(int(p.group()[1:]) for p in _PARAMETER.finditer(sql))
+        count = parameter_count(sql)
         self.param_oids = [oid or TEXT for oid in declared] + [TEXT] * (count - len(declared))
 
     async def describe(self) -> list[ResultColumn] | None:

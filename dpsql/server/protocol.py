@@ -69,6 +69,7 @@ from dpsql.server.sqlstate import (
     TOO_MANY_CONNECTIONS,
 )
 from dpsql.server.statements import Backend, PrivatePortal, PrivateStatement, WireSession
+from dpsql.server.values import parameter_count
 
 MAX_STARTUP_LENGTH = 10_000  # as PostgreSQL's MAX_STARTUP_PACKET_LENGTH
 MAX_MESSAGE_LENGTH = 8 * 1024 * 1024  # far above the Session's 1,000,000-character SQL limit
@@ -289,7 +290,8 @@ class WireConnection(Connection):
             ) from None
         if tag == messages.PARSE:
             self._check_room(self.statements, parsed.statement_name, "prepared statements")
-            self._check_parameters(len(parsed.param_oids))
+            # the $n the text names too: typing them allocates one entry per number
+            self._check_parameters(max(len(parsed.param_oids), parameter_count(parsed.sql)))
         elif tag == messages.BIND:
             self._check_room(self.portals, parsed.portal_name, "portals")
             self._check_parameters(len(parsed.params))
@@ -342,10 +344,21 @@ class WireConnection(Connection):
                 f"bind message supplies {len(parsed.params)} parameters, but the statement "
                 f"requires {len(param_oids)}",
             )
-        texts = [
-            self._decode_param(value, format_code_for(parsed.param_format_codes, i), param_oids, i)
-            for i, value in enumerate(parsed.params)
-        ]
+        try:
+            texts = [
+                self._decode_param(
+                    value, format_code_for(parsed.param_format_codes, i), param_oids, i
+                )
+                for i, value in enumerate(parsed.params)
+            ]
+        except (UnicodeDecodeError, struct.error) as exc:
+            # pg-mimic's decoders raise these for text that is not UTF-8 and binary
+            # values of the wrong length; as they were, they ended the connection
+            raise PgError(
+                "22021" if isinstance(exc, UnicodeDecodeError) else "22P03",
+                "a parameter could not be read: send text parameters in UTF-8 and binary "
+                "ones in PostgreSQL's binary format of their type",
+            ) from None
         portal = statement.bind(texts)
         if isinstance(portal, PrivatePortal | CatalogPortal):
             columns = await portal.run()

@@ -150,6 +150,24 @@ def test_hostile_input(trusted) -> None:
         sock.sendall(_message(b"S", b""))
         replies = _read_until(sock, b"Z")
         assert [t for t, _ in replies] == [b"E", b"Z"] and _sqlstate(replies[0][1]) == "08P01"
+        # a $n beyond the parameter limit: refused at Parse, before a type is kept for
+        # each number (a $20000000 held 150 MB and blocked every client for a second)
+        sock.sendall(_message(b"P", b"\x00SELECT COUNT(*) FROM pums WHERE age > $20000000\x00"
+                              b"\x00\x00") + _message(b"S", b""))  # fmt: skip
+        replies = _read_until(sock, b"Z")
+        assert [t for t, _ in replies] == [b"E", b"Z"] and _sqlstate(replies[0][1]) == "54023"
+        # a text parameter that is not UTF-8, and a binary int8 of 3 bytes: errors, not a
+        # dropped connection
+        parse = b"s1\x00SELECT COUNT(*) FROM pums WHERE age > $1\x00\x00\x01\x00\x00\x00\x14"
+        for formats, value, state in (
+            (b"\x00\x00", b"\xff\xfe", "22021"),
+            (b"\x00\x01\x00\x01", b"\x00\x00\x01", "22P03"),
+        ):
+            bind = b"\x00s1\x00" + formats + b"\x00\x01" + struct.pack("!i", len(value)) + value
+            sock.sendall(_message(b"P", parse) + _message(b"B", bind + b"\x00\x00")
+                         + _message(b"S", b""))  # fmt: skip
+            replies = _read_until(sock, b"Z")
+            assert _sqlstate(next(body for tag, body in replies if tag == b"E")) == state
         # an unknown message type
         sock.sendall(_message(b"!", b"") + _message(b"S", b""))
         assert _sqlstate(_read_until(sock, b"Z")[0][1]) == "0A000"
