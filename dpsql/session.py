@@ -116,6 +116,7 @@ class Session:
             self.set_option("mechanism", mechanism)
         if continual is not None:
             self.set_option("continual", continual)
+        self._defaults = self.options  # what RESET goes back to: the connection's start
         self.unique_units = frozenset(
             key for key, table in policy.tables.items()
             if table.privacy_unit and table.privacy_unit in adapter.unique_columns(key)
@@ -145,6 +146,8 @@ class Session:
             return self._set(statement)
         if statement.kind == "show":
             return self._show(statement.name)
+        if statement.kind == "reset":
+            return self._reset(statement.name)
         if statement.kind == "other":
             raise refuse_statement(statement.tree)
         if statement.kind == "explain":
@@ -313,6 +316,23 @@ class Session:
             raise refuse_statement(statement.tree)
         self.set_option(statement.name, statement.value)
         return Release([], [], notes=[f"SET {statement.name}"])
+
+    def _reset(self, name: str) -> Release:
+        """RESET dpsql.<option> (or ALL, or DISCARD ALL): back to the policy's default."""
+        option = name.removeprefix("dpsql.")
+        if name != "all" and name not in _SETTABLE:
+            raise QueryRefused(
+                f"RESET {name}",
+                "only dpsql settings can be reset",
+                f"write RESET ALL or RESET one of {', '.join(_SETTABLE)}",
+            )
+        defaults = self._defaults
+        self.options = (
+            defaults
+            if name == "all"
+            else replace(self.options, **{option: getattr(defaults, option)})
+        )
+        return Release([], [], notes=[f"RESET {name}"])
 
     def _show(self, name: str) -> Release:
         key = name.lower().replace('"', "")

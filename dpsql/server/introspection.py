@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 import sqlglot
-from pg_mimic import ResultColumn, StaticStatement
+from pg_mimic import PgError, ResultColumn, StaticStatement
 from pg_mimic.middleware import (
     MiddlewareContext,
     asyncpg_typeinfo,
@@ -34,6 +34,7 @@ from sqlglot import exp
 
 import dpsql
 from dpsql.policy import Policy
+from dpsql.server.sqlstate import FEATURE_NOT_SUPPORTED
 from dpsql.server.values import parameter_count
 
 SERVER_VERSION = "15.0"
@@ -66,7 +67,11 @@ _SHOW_ALIASES = {"transaction_isolation_level": "transaction_isolation", "time_z
 # functions miss it; it is replaced by its literal before evaluation.
 _VERSION_CALL = re.compile(r"(?:\bpg_catalog\s*\.\s*)?\bversion\s*\(\s*\)(\s+AS\b)?", re.I)
 _SAVEPOINT = re.compile(r"^\s*(SAVEPOINT|RELEASE|ROLLBACK\s+(?:WORK\s+|TRANSACTION\s+)?TO)\b", re.I)
-_NO_OP = re.compile(r"^\s*(DISCARD|DEALLOCATE|RESET|UNLISTEN|LISTEN|CLOSE)\b", re.IGNORECASE)
+# RESET ALL, RESET dpsql.* and DISCARD ALL go on to the Session, which resets its options
+_NO_OP = re.compile(
+    r"^\s*(?!RESET\s+(?:ALL|\"?dpsql\.)|DISCARD\s+ALL)(DISCARD|DEALLOCATE|RESET|UNLISTEN|LISTEN|CLOSE)\b",
+    re.IGNORECASE,
+)
 _SET = re.compile(r"^\s*SET\b", re.IGNORECASE)
 _SHOW = re.compile(r"^\s*SHOW\s+(.+?)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
 _DPSQL_OPTION = re.compile(r"^\s*(?:SET|SHOW)\s+(?:SESSION\s+|LOCAL\s+)?\"?dpsql\.", re.I)
@@ -103,6 +108,22 @@ async def savepoints(ctx: MiddlewareContext) -> Statement | None:
 async def no_ops(ctx: MiddlewareContext) -> Statement | None:
     """Session housekeeping that pools and drivers send (DISCARD ALL, DEALLOCATE, RESET)."""
     return StaticStatement(ctx.sql, None, []) if _NO_OP.match(ctx.sql) else None
+
+
+_DPSQL_FUNCTION = re.compile(r"\b(set_config|current_setting)\s*\(\s*'dpsql\.", re.I)
+
+
+async def dpsql_functions(ctx: MiddlewareContext) -> Statement | None:
+    """set_config and current_setting of dpsql.* are refused: pg-mimic answers them from
+    the connection's variables, which the Session's options are not, so a client saw
+    epsilon 0.01 while its queries were charged 7."""
+    if _DPSQL_FUNCTION.search(ctx.sql):
+        raise PgError(
+            FEATURE_NOT_SUPPORTED,
+            "set_config and current_setting do not reach dpsql's options; write SET "
+            "dpsql.epsilon = 0.5, SHOW dpsql.epsilon or RESET dpsql.epsilon",
+        )
+    return None
 
 
 async def settings(ctx: MiddlewareContext) -> Statement | None:
@@ -232,6 +253,7 @@ MIDDLEWARE: tuple[Any, ...] = (
     savepoints,
     transaction_control,
     no_ops,
+    dpsql_functions,
     settings,
     _if_named(server_functions, catalog_with_parameters, session_functions, information_schema),
     asyncpg_typeinfo,

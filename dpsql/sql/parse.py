@@ -14,6 +14,7 @@ import functools
 import json
 import logging
 import math
+import re
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -156,6 +157,9 @@ def parse_statement(
         return Statement("explain", inner.tree)
     if keyword == "SHOW":
         return Statement("show", name=sql[tokens[0].end + 1 :].strip().rstrip(";"))
+    reset = _RESET.match(sql)
+    if reset:  # RESET dpsql.<option>, RESET ALL, or DISCARD ALL (as connection pools send)
+        return Statement("reset", name=(reset.group(1) or "all").lower().replace('"', ""))
     try:
         tree = _parse_one(sql, tokens, dialect)
         if len(tokens) > sys.getrecursionlimit() and _depth(tree) > sys.getrecursionlimit():
@@ -269,6 +273,12 @@ def _set_statement(tree: exp.Set) -> Statement:
     item = items[0].this if len(items) == 1 and isinstance(items[0], exp.SetItem) else None
     if not isinstance(item, exp.EQ):
         return Statement("other", tree)
+    if items[0].args.get("kind") == "LOCAL":
+        raise QueryRefused(
+            f"SET LOCAL {item.this.sql()}",
+            "dpsql settings last for the connection, so a SET LOCAL would outlive its transaction",
+            f"write SET {item.this.sql()} = ..., then RESET {item.this.sql()} when done",
+        )
     name = item.this.sql().lower().replace('"', "")
     value = item.expression
     if isinstance(value, exp.Literal):
@@ -280,6 +290,9 @@ def _set_statement(tree: exp.Set) -> Statement:
     else:
         parsed = value.sql()
     return Statement("set", tree, name=name, value=parsed)
+
+
+_RESET = re.compile(r"^\s*(?:RESET\s+(ALL|\"?dpsql\.\w+\"?)|DISCARD\s+ALL)\s*;?\s*$", re.I)
 
 
 def _plain(value: Any) -> Any:

@@ -261,10 +261,24 @@ def test_psycopg_introspection_and_options(served) -> None:
             "on",
         )
         conn.execute("SET application_name = 'test'")  # accepted and ignored
+        start = conn.execute("SHOW dpsql.epsilon").fetchone()
         conn.execute("SET dpsql.epsilon = 0.25")
         assert conn.execute("SHOW dpsql.epsilon").fetchone() == (0.25,)
         plan = dict(conn.execute("EXPLAIN SELECT COUNT(*) FROM pums").fetchall())
         assert "0.25" in plan["cost"]
+        # RESET and DISCARD ALL (as pools send) go back to the connection's start; SET
+        # LOCAL, set_config and current_setting of dpsql.* are refused: each left the
+        # charge other than the client believed (found by an audit)
+        for reset in ("RESET dpsql.epsilon", "RESET ALL", "DISCARD ALL"):
+            conn.execute("SET dpsql.epsilon = 7")
+            conn.execute(reset)
+            assert conn.execute("SHOW dpsql.epsilon").fetchone() == start, reset
+        for refused in ("SET LOCAL dpsql.epsilon = 7", "SELECT set_config('dpsql.epsilon', '7', "
+                        "false)", "SELECT current_setting('dpsql.epsilon')"):  # fmt: skip
+            with pytest.raises(psycopg.Error):
+                conn.execute(refused)
+        assert conn.execute("SHOW dpsql.epsilon").fetchone() == start
+        conn.execute("SET dpsql.epsilon = 0.25")
         budget = conn.execute("SHOW dpsql.budget").fetchone()
         assert budget[0] == "alice"
         names = conn.execute(
