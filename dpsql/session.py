@@ -318,7 +318,7 @@ class Session:
         return Release([], [], notes=[f"SET {statement.name}"])
 
     def _reset(self, name: str) -> Release:
-        """RESET dpsql.<option> (or ALL, or DISCARD ALL): back to the policy's default."""
+        """RESET dpsql.<option> (or ALL, or DISCARD ALL): back to the connection's start."""
         option = name.removeprefix("dpsql.")
         if name != "all" and name not in _SETTABLE:
             raise QueryRefused(

@@ -638,7 +638,7 @@ def _range_of(condition: exp.Expression) -> tuple[str, float, float] | None:
     """(column, lower, upper) for `col op literal`, BETWEEN, IN and =; None otherwise.
 
     The bounds are floats on the safe side of the literals as written: the databases
-    compare `x < 2.00000000000000000001` exactly, so a bound read as the nearest float
+    compare `x < 2.000000000000000001` exactly, so a bound read as the nearest float
     (2.0) would leave out rows of 2, whose clamp the rewrite then drops.
     """
     inf = math.inf
