@@ -43,17 +43,26 @@ _EPOCH_DAYS = 2.0**32
 
 @dataclass(frozen=True)
 class Interval:
-    """A closed interval of numbers, with whether every value in it is an integer."""
+    """A closed interval of numbers, with whether every value in it is an integer, and
+    whether PostgreSQL computes it as an integer type (`int_typed`; by default, when
+    every value is an integer): there `/` of two integers truncates, as DuckDB's does
+    not, so a quotient of integer types may be nearer zero than real division says."""
 
     lower: float
     upper: float
     integer: bool = False
+    int_typed: bool | None = None
+
+    @property
+    def integer_typed(self) -> bool:
+        return self.integer if self.int_typed is None else self.int_typed
 
     def hull(self, other: Interval) -> Interval:
         return Interval(
             min(self.lower, other.lower),
             max(self.upper, other.upper),
             self.integer and other.integer,
+            self.integer_typed and other.integer_typed,
         )
 
     @property
@@ -835,9 +844,9 @@ def _monotone(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -
     if inner is None:
         return None
     if isinstance(node, exp.Exp):
-        return (
-            Interval(math.exp(inner.lower), math.exp(inner.upper)) if inner.upper <= 700 else None
-        )
+        # PostgreSQL's exp fails beyond about 709 (overflow) and below -745 (underflow)
+        fits = inner.lower >= -700 and inner.upper <= 700
+        return Interval(math.exp(inner.lower), math.exp(inner.upper)) if fits else None
     if isinstance(node, exp.Sqrt):
         return (
             Interval(math.sqrt(inner.lower), math.sqrt(inner.upper)) if inner.lower >= 0 else None
@@ -853,14 +862,17 @@ def _arithmetic(node: exp.Expression, table: Table, ranges: dict[str, Interval])
     right = _interval(node.expression, table, ranges)
     if left is None or right is None:
         return None
+    typed = left.integer_typed and right.integer_typed
     if isinstance(node, exp.Add):
         return Interval(
-            left.lower + right.lower, left.upper + right.upper, left.integer and right.integer
-        )
+            left.lower + right.lower, left.upper + right.upper, left.integer and right.integer,
+            typed,
+        )  # fmt: skip
     if isinstance(node, exp.Sub):
         return Interval(
-            left.lower - right.upper, left.upper - right.lower, left.integer and right.integer
-        )
+            left.lower - right.upper, left.upper - right.lower, left.integer and right.integer,
+            typed,
+        )  # fmt: skip
     if isinstance(node, exp.Div):
         if right.lower <= 0 <= right.upper:
             return None
@@ -868,8 +880,13 @@ def _arithmetic(node: exp.Expression, table: Table, ranges: dict[str, Interval])
     corners = [a * b for a in (left.lower, left.upper) for b in (right.lower, right.upper)]
     if not all(math.isfinite(c) for c in corners):
         return None
+    lower, upper = min(corners), max(corners)
+    if isinstance(node, exp.Div) and typed:
+        # PostgreSQL truncates toward zero: (CASE ... 1 ELSE 2 END) / 2 is 0 there, and a
+        # divisor or LN argument proven nonzero by real division failed only for that row
+        lower, upper = min(lower, math.trunc(lower)), max(upper, math.trunc(upper))
     return Interval(
-        min(corners), max(corners), isinstance(node, exp.Mul) and left.integer and right.integer
+        lower, upper, isinstance(node, exp.Mul) and left.integer and right.integer, typed
     )
 
 
@@ -945,9 +962,9 @@ def require_total(
         elif isinstance(sub, exp.Interval) and not _is_length(sub):
             raise QueryRefused(
                 f"{sub.sql()[:60]} in {clause}",
-                "its length may not read as a number, and the database reads it only once "
-                "a row reaches it",
-                "write a whole number and a unit: INTERVAL '3' DAY",
+                "its length may not read as a number (the database reads it only once a row "
+                "reaches it), or is over 100,000 years, which a client cannot load",
+                "write a whole number and a unit, at most 100,000 years: INTERVAL '3' DAY",
             )
         if isinstance(sub, exp.Connector | exp.Not | exp.If):
             for operand in _truth_operands(sub):
@@ -1349,14 +1366,25 @@ def _arithmetic_kind(node: exp.Add | exp.Sub, table: Table) -> str:
     return "interval" if "interval" in kinds else "number"
 
 
+# Years in one of a unit: an interval of more than _MAX_INTERVAL_YEARS is refused, as
+# psycopg cannot load one of over 999,999,999 days (INTERVAL '999999' CENTURY as a group
+# key failed after the charge exactly when some row took its CASE branch).
+_YEARS_PER_UNIT = {"MILLENNIUM": 1000, "MILLENNIUMS": 1000, "MILLENNIA": 1000, "CENTURY": 100,
+                   "CENTURIES": 100, "DECADE": 10, "DECADES": 10}  # fmt: skip
+_MAX_INTERVAL_YEARS = 100_000
+
+
 def _is_length(interval: exp.Interval) -> bool:
-    """INTERVAL '3' DAY or INTERVAL 3 DAY: a plain number and a unit."""
-    length = interval.this
-    return (
+    """INTERVAL '3' DAY or INTERVAL 3 DAY: a plain number and a unit, of at most
+    _MAX_INTERVAL_YEARS."""
+    length, unit = interval.this, interval.args.get("unit")
+    if not (
         isinstance(length, exp.Literal)
-        and interval.args.get("unit") is not None
+        and unit is not None
         and re.fullmatch(r"\d{1,6}", length.this) is not None
-    )
+    ):
+        return False
+    return int(length.this) * _YEARS_PER_UNIT.get(unit.name.upper(), 1) <= _MAX_INTERVAL_YEARS
 
 
 def _readable(text: str, kind: str) -> bool:

@@ -225,6 +225,14 @@ TYPED_REGRESSIONS = [
     "SELECT COUNT(CASE WHEN age > 95 THEN 2147483647 + 1 END) FROM typed",
     "SELECT COUNT(*) FROM typed WHERE ABS(CASE WHEN age > 95 THEN -2147483647 - 1 END) > 0",
     "SELECT COUNT(*) FROM typed WHERE age > 95 AND age = 0.0000000000000000000000000000000000001",
+    # PostgreSQL truncates integer division ((CASE ... 1 ELSE 2 END) / 2 is 0 there), its
+    # EXP underflows below -745, and psycopg cannot load an interval of over 999,999,999
+    # days. Found by an audit; fixed: analyze._arithmetic (int_typed), _monotone, _is_length
+    "SELECT COUNT(*) FROM typed WHERE 1 / ((CASE WHEN age > 95 THEN 1 ELSE 2 END) / 2) > 0",
+    "SELECT COUNT(*) FROM typed WHERE 1 / (((CASE WHEN age > 95 THEN 4 ELSE 5 END) / 2) / 3) > 0",
+    "SELECT COUNT(*) FROM typed WHERE EXP(CASE WHEN age > 95 THEN -1000 ELSE 0 END) >= 0",
+    "SELECT CASE WHEN age > 95 THEN INTERVAL '999999' CENTURY END AS k, COUNT(*) FROM typed "
+    "GROUP BY 1",
     # found by this fuzzer: a date or a quoted constant read as a truth value
     "SELECT COUNT(*) FROM typed WHERE age > 95 AND day",
     "SELECT COUNT(*) FROM typed WHERE age > 95 AND 'x'",
