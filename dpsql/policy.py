@@ -324,6 +324,28 @@ def _declare_instead(fits: tuple[str, ...], table: str, stored: str, dialect: st
     )
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping.
+
+    PyYAML keeps the last of duplicate keys without a word (it has no option to
+    refuse them), so `default:` given twice, or `private: true, private: false`,
+    loaded the later and weaker entry silently.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *defaults`: keys written beside it override its, as meant
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice; keep one", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_policy(source: str | os.PathLike | Mapping[str, Any]) -> Policy:
     """Load a policy from a YAML file path, YAML text, or an already parsed mapping."""
     if isinstance(source, Mapping):
@@ -340,12 +362,25 @@ def load_policy(source: str | os.PathLike | Mapping[str, Any]) -> Policy:
     else:
         text, name = str(source), "<policy text>"
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no Python objects
     except yaml.YAMLError as exc:
         raise PolicyError(f"not valid YAML: {exc}", source=name) from None
     if not isinstance(document, dict):
         raise PolicyError("the policy must be a YAML mapping with a 'tables' key", source=name)
     return _build(document, name)
+
+
+def _require_new(read: _Reader, known: dict, name: str, key: str, what: str) -> None:
+    """Refuse a second entry of one name in another case: SQL names are case-insensitive,
+    so 'State' and 'state' are one column, and the later entry silently replaced the
+    earlier (a private column became public)."""
+    earlier = known.get(name.lower())
+    if earlier is not None:
+        raise read.fail(
+            f"{key}.{name}",
+            f"'{earlier.name}' and '{name}' name the same {what} (SQL does not tell them "
+            "apart by case); keep one entry",
+        )
 
 
 class _Reader:
@@ -416,6 +451,7 @@ def _build(document: dict, source: str) -> Policy:
     tables = {}
     for name, spec in raw_tables.items():
         table = _table(read, str(name), read.mapping(spec, f"tables.{name}"))
+        _require_new(read, tables, table.name, "tables", "table")
         tables[table.name.lower()] = table
     ledger = document.get("ledger")
     if ledger is not None and not isinstance(ledger, str):
@@ -533,6 +569,7 @@ def _table(read: _Reader, name: str, spec: dict) -> Table:
             read.mapping(column_spec, f"{key}.columns.{column_name}"),
             f"{key}.columns.{column_name}",
         )
+        _require_new(read, columns, column.name, f"{key}.columns", "column")
         columns[column.name.lower()] = column
     unit = spec.get("privacy_unit")
     if unit is not None:

@@ -229,3 +229,36 @@ def test_a_postgresql_numeric_declared_float_needs_a_precision(postgres_url, tmp
                 del columns[name]
         finally:
             admin.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        # PyYAML keeps the last of duplicate keys: the weaker entry won without a word
+        (("  alice: {epsilon: 5.0, delta: 1.0e-5}",
+          "  alice: {epsilon: 5.0, delta: 1.0e-5}\n  alice: {epsilon: 5000.0, delta: 0.5}"),
+         "'alice' is given twice"),
+        (("pid: {type: int, private: true}", "pid: {type: int, private: true, private: false}"),
+         "'private' is given twice"),
+        # SQL names are case-insensitive: one column or table, the later entry won
+        (("      income:", "      Sex: {type: int}\n      income:"),
+         "'sex' and 'Sex' name the same column"),
+        (("  pums_pid:\n", "  PUMS_PID: {columns: {age: {type: int}}}\n  pums_pid:\n"),
+         "'PUMS_PID' and 'pums_pid' name the same table"),
+    ],
+)  # fmt: skip
+def test_an_entry_given_twice_is_refused_not_silently_replaced(tmp_path, change, message):
+    """Found by an audit: a duplicate key, or one name in two cases, loaded the later
+    entry (a private column public, a user-level table row-level, a budget of 5,000)."""
+    old, new = change
+    assert old in GOOD
+    with pytest.raises(dpsql.PolicyError, match=message):
+        load_policy(write(tmp_path, GOOD.replace(old, new)))
+
+
+def test_merge_keys_still_override_what_they_merge(tmp_path):
+    text = GOOD.replace(
+        "  alice: {epsilon: 5.0, delta: 1.0e-5}",
+        "  base: &base {epsilon: 5.0, delta: 1.0e-5}\n  alice:\n    <<: *base\n    epsilon: 2.0",
+    )
+    assert load_policy(write(tmp_path, text)).budget("alice").epsilon == 2

@@ -86,8 +86,15 @@ def read_users(path: str | os.PathLike) -> dict[str, str]:
 
 def write_user(path: str | os.PathLike, analyst: str, verifier: str) -> None:
     """Add or replace `analyst` in a users file, readable by its owner only."""
-    if not analyst or ":" in analyst or analyst != analyst.strip():
-        raise InterfaceError(f"invalid analyst name {analyst!r}: no colons or surrounding spaces")
+    if (
+        not analyst
+        or ":" in analyst
+        or analyst != analyst.strip()
+        or not analyst.isprintable()  # a newline split the file into two entries
+    ):
+        raise InterfaceError(
+            f"invalid analyst name {analyst!r}: no colons, control characters or surrounding spaces"
+        )
     path = Path(path)
     users = read_users(path) if path.exists() else {}
     users[analyst] = verifier

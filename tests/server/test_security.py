@@ -211,6 +211,13 @@ def test_passwd_users_file_and_tls(pums_db, tmp_path) -> None:
     )  # fmt: skip
     assert list(read_users(users)) == ["default"] and "s3cret" not in users.read_text()
     assert users.stat().st_mode & 0o077 == 0
+    # a newline in the name split the file into two entries, another analyst's among them
+    refused = subprocess.run(
+        [sys.executable, "-m", "dpsql.cli", "passwd", "a\nb", "--users", str(users),
+         "--password-stdin"], input="pw\n", text=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "control characters" in refused.stderr
+    assert list(read_users(users)) == ["default"]
     cert, key = self_signed(tmp_path)
     from dpsql.server.protocol import tls_context
 
