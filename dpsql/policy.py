@@ -702,6 +702,15 @@ def _public_values(read: _Reader, values: Any, kind: str, key: str) -> tuple[Any
     return tuple(values)
 
 
+def _flag(read: _Reader, spec: dict, name: str, key: str) -> bool:
+    """A yes/no setting, written true or false: bool() made a quoted 'false' or 'no'
+    true (a public key domain nobody asked for)."""
+    value = spec.get(name, False)
+    if not isinstance(value, bool):
+        raise read.fail(f"{key}.{name}", f"must be true or false (unquoted), got {value!r}")
+    return value
+
+
 def _column(read: _Reader, name: str, spec: dict, key: str) -> Column:
     read.known_keys(spec, _COLUMN_KEYS, key)
     kind = spec.get("type")
@@ -716,8 +725,8 @@ def _column(read: _Reader, name: str, spec: dict, key: str) -> Column:
     values = spec.get("values")
     if values is not None:
         values = _public_values(read, values, kind, f"{key}.values")
-    private = bool(spec.get("private", False))
-    public = bool(spec.get("public", False))
+    private = _flag(read, spec, "private", key)
+    public = _flag(read, spec, "public", key)
     if public and not (values is not None or (kind == "int" and lower is not None)):
         raise read.fail(
             f"{key}.public",
