@@ -410,7 +410,7 @@ class _Reader:
     def positive(self, value: Any, key: str, *, allow_zero: bool = False) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail(key, f"must be a number, got {value!r}")
-        number = float(value)
+        number = _finite_float(value)
         if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
             want = "a non-negative" if allow_zero else "a positive"
             raise self.fail(key, f"must be {want} finite number, got {value!r}")
@@ -841,14 +841,23 @@ def _width(read: _Reader, value: Any, kind: str, key: str) -> Any:
     return int(count) * _TIME_UNITS[unit]
 
 
+def _finite_float(value: int | float) -> float:
+    """`value` as a float, infinite where an integer is beyond a float's range (float()
+    raised OverflowError there, a traceback instead of the policy's message)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
 def _bound(read: _Reader, value: Any, kind: str, key: str) -> Any:
     if value is None:
         return None
     if kind in NUMERIC_TYPES:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise read.fail(key, f"must be a number for a {kind} column, got {value!r}")
-        if not math.isfinite(value):
-            raise read.fail(key, "must be finite")
+        if not math.isfinite(_finite_float(value)):
+            raise read.fail(key, "must be finite (and within a double's range)")
         return int(value) if kind == "int" and float(value).is_integer() else value
     if kind in ("date", "timestamp"):
         if isinstance(value, dt.date):
