@@ -195,6 +195,24 @@ class Policy:
                 key=f"analysts.{analyst}",
             ) from None
 
+    def check_one_entry_per_table(self, identities: Mapping[str, set]) -> None:
+        """Refuse two table entries that the database resolves to one table (`identities`
+        maps each key to what it may name): `census` (user-level) beside `main.census`
+        (row-level) let an analyst read the table under the weaker entry."""
+        seen: dict[Any, str] = {}
+        for key, names in identities.items():
+            for identity in names:
+                other = seen.setdefault(identity, key)
+                if other != key:
+                    first, second = self.tables[other].name, self.tables[key].name
+                    raise PolicyError(
+                        f"'{first}' and '{second}' can name the same table in the database, "
+                        "and a query could use either entry's protection; keep one entry, "
+                        "or write both as schema.table",
+                        source=self.source,
+                        key=f"tables.{second}",
+                    )
+
     def check_schema(
         self, table_columns: Mapping[str, Mapping[str, str] | None], dialect: str
     ) -> None:

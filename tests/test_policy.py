@@ -268,3 +268,20 @@ def test_merge_keys_still_override_what_they_merge(tmp_path):
         "  base: &base {epsilon: 5.0, delta: 1.0e-5}\n  alice:\n    <<: *base\n    epsilon: 2.0",
     )
     assert load_policy(write(tmp_path, text)).budget("alice").epsilon == 2
+
+
+def test_two_entries_for_one_database_table_are_refused(pums_db, postgres_backend, tmp_path):
+    """`pums_pid` (user-level, pid private) beside `main.pums_pid` (row-level, pid a plain
+    column) loaded, and the analyst filtered on pid through the weaker entry (found by an
+    audit). Entries for tables the database tells apart still load."""
+    from conftest import _schema_of
+
+    weaker = "\n  {name}:\n    columns:\n      pid: {{type: int}}\n"
+    for database, qualified in ((str(pums_db), "main.pums_pid"),
+                                (postgres_backend.database,
+                                 f"{_schema_of(postgres_backend.database)}.pums_pid")):  # fmt: skip
+        path = write(tmp_path, GOOD + weaker.format(name=qualified))
+        with pytest.raises(dpsql.PolicyError, match="can name the same table"):
+            dpsql.connect(database, policy=path, analyst="alice", ledger=tmp_path / "l.sqlite")
+        apart = write(tmp_path, GOOD + weaker.format(name="pums_dup"))
+        dpsql.connect(database, policy=apart, analyst="alice", ledger=tmp_path / "l.sqlite").close()

@@ -108,6 +108,21 @@ class DuckDBAdapter:
         )
         return dict(rows) or None
 
+    def table_identities(self, name: str) -> set[tuple]:
+        """Every table or view `name` could mean, in any schema or attached database."""
+        tables = self._catalog(
+            "SELECT database_name, schema_name, lower(table_name) FROM duckdb_tables() WHERE true",
+            name,
+            ("table_name", "schema_name", "database_name"),
+        )
+        views = self._catalog(
+            "SELECT database_name, schema_name, lower(view_name) FROM duckdb_views() "
+            "WHERE NOT internal",
+            name,
+            ("view_name", "schema_name", "database_name"),
+        )
+        return {tuple(row) for row in tables + views}
+
     def unique_columns(self, name: str) -> set[str]:
         """Columns DuckDB keeps unique in what `name` reads: only if every table or view
         the name could mean (in any schema or attached database) is a table with that

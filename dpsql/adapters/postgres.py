@@ -176,6 +176,14 @@ class PostgresAdapter:
             return None  # not a name PostgreSQL can parse, e.g. too many dots
         return dict(rows) or None
 
+    def table_identities(self, name: str) -> set[tuple]:
+        """The table `name` reads (its oid), as the search path resolves it."""
+        try:
+            _, rows = self._run("SELECT to_regclass(%s)::oid", [name])
+        except BackendError:
+            return set()
+        return {(row[0],) for row in rows if row[0] is not None}
+
     def unique_columns(self, name: str) -> set[str]:
         try:
             _, rows = self._run(UNIQUE_COLUMNS, [name])
