@@ -875,7 +875,9 @@ def _bound(read: _Reader, value: Any, kind: str, key: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise read.fail(key, f"must be a number for a {kind} column, got {value!r}")
         if not math.isfinite(_finite_float(value)):
-            raise read.fail(key, "must be finite (and within a double's range)")
+            raise read.fail(
+                key, "must be a finite number within a double's range, e.g. 'upper: 100000'"
+            )
         return int(value) if kind == "int" and float(value).is_integer() else value
     if kind in ("date", "timestamp"):
         if isinstance(value, dt.date):

@@ -246,7 +246,7 @@ def test_a_postgresql_numeric_declared_float_needs_a_precision(postgres_url, tmp
         (("  pums_pid:\n", "  PUMS_PID: {columns: {age: {type: int}}}\n  pums_pid:\n"),
          "'PUMS_PID' and 'pums_pid' name the same table"),
         # a YAML integer beyond a float's range: an OverflowError traceback
-        (("upper: 100}", "upper: 1" + "0" * 400 + "}"), "must be finite"),
+        (("upper: 100}", "upper: 1" + "0" * 400 + "}"), "must be a finite number"),
         (("alice: {epsilon: 5.0", "alice: {epsilon: 1" + "0" * 400), "finite number"),
         # bool('false') is True: a quoted no made a public key domain
         (("age: {type: int, lower: 0, upper: 100}",

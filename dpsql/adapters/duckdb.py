@@ -108,35 +108,34 @@ class DuckDBAdapter:
         )
         return dict(rows) or None
 
-    def table_identities(self, name: str) -> set[tuple]:
-        """Every table or view `name` could mean, in any schema or attached database."""
+    def _relations(self, name: str) -> tuple[list[tuple], list[tuple]]:
+        """(database, schema, name) of every table and every view `name` could mean, in
+        any schema or attached database."""
+        levels = ("table_name", "schema_name", "database_name")
         tables = self._catalog(
             "SELECT database_name, schema_name, lower(table_name) FROM duckdb_tables() WHERE true",
             name,
-            ("table_name", "schema_name", "database_name"),
+            levels,
         )
         views = self._catalog(
             "SELECT database_name, schema_name, lower(view_name) FROM duckdb_views() "
             "WHERE NOT internal",
             name,
-            ("view_name", "schema_name", "database_name"),
+            ("view_name", *levels[1:]),
         )
-        return {tuple(row) for row in tables + views}
+        return [tuple(row) for row in tables], [tuple(row) for row in views]
+
+    def table_identities(self, name: str) -> set[tuple]:
+        """Every table or view `name` could mean, in any schema or attached database."""
+        tables, views = self._relations(name)
+        return set(tables + views)
 
     def unique_columns(self, name: str) -> set[str]:
         """Columns DuckDB keeps unique in what `name` reads: only if every table or view
         the name could mean (in any schema or attached database) is a table with that
         PRIMARY KEY or UNIQUE constraint. A key on a same-named table elsewhere made
         a unit "unique" whose own table had duplicates."""
-        levels = ("table_name", "schema_name", "database_name")
-        tables = self._catalog(
-            "SELECT database_name, schema_name FROM duckdb_tables() WHERE true", name, levels
-        )
-        views = self._catalog(
-            "SELECT database_name, schema_name FROM duckdb_views() WHERE NOT internal",
-            name,
-            ("view_name", "schema_name", "database_name"),
-        )
+        tables, views = self._relations(name)
         if views or not tables:
             return set()
         keyed: dict[tuple[str, str], set[str]] = {}
@@ -145,10 +144,10 @@ class DuckDBAdapter:
             "WHERE constraint_type IN ('PRIMARY KEY', 'UNIQUE') "
             "AND len(constraint_column_names) = 1",
             name,
-            levels,
+            ("table_name", "schema_name", "database_name"),
         ):
             keyed.setdefault((database, schema), set()).add(columns[0].lower())
-        return set.intersection(*(keyed.get(tuple(table), set()) for table in tables))
+        return set.intersection(*(keyed.get(table[:2], set()) for table in tables))
 
     def close(self) -> None:
         if self._owned:

@@ -979,7 +979,7 @@ def require_total(
 
 
 _INT32 = (-(2**31), 2**31 - 1)
-_INT32_VALUED = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod)
+_BINARY_ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod)
 _ONE_VALUE = (exp.Paren, exp.Neg, exp.Abs, exp.Sign, exp.Floor, exp.Ceil, exp.Round, exp.Nullif)
 _MAX_FRACTION_DIGITS = 18
 
@@ -995,7 +995,7 @@ def _int32(node: exp.Expression) -> bool:
         return True  # takes the type of the values beside it
     if isinstance(node, _ONE_VALUE):
         return _int32(node.this)
-    if isinstance(node, _INT32_VALUED):
+    if isinstance(node, _BINARY_ARITHMETIC):
         return _int32(node.this) and _int32(node.expression)
     if isinstance(node, exp.Case):
         values = [branch.args["true"] for branch in node.args.get("ifs") or []]

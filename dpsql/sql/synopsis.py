@@ -375,7 +375,10 @@ def _bounds(condition: exp.Expression, domain: Domain) -> list[tuple[bool, Fract
     """(is lower bound, boundary) pairs of a half-open range [low, high) the condition means."""
     if isinstance(condition, exp.Between) and _is_column(condition.this, domain):
         if condition.args.get("symmetric"):  # its bounds in either order: the data's plan
-            raise _Decline(f"the condition {condition.sql()} is BETWEEN SYMMETRIC")
+            raise _Decline(
+                f"the condition {condition.sql()} is BETWEEN SYMMETRIC; write BETWEEN low "
+                "AND high to answer it from the synopsis"
+            )
         low = exp.GTE(this=condition.this, expression=condition.args["low"])
         high = exp.LTE(this=condition.this, expression=condition.args["high"])
         return _bounds(low, domain) + _bounds(high, domain)
