@@ -28,6 +28,10 @@ from dpsql.errors import PolicyError
 
 COLUMN_TYPES = ("int", "float", "string", "bool", "date", "timestamp")
 NUMERIC_TYPES = ("int", "float")
+# PostgreSQL fails a product or quotient of doubles that underflows to zero, so there a
+# float value nearer zero than this is read as 0 where the query computes with it, and
+# a float column's bounds are 0 or at least this far from it (DESIGN section 3).
+NEAR_ZERO = 1e-30
 MECHANISMS = ("laplace", "staircase", "gaussian", "auto")
 # An epsilon above this protects nothing, and a cost this large would not fit the ledger.
 MAX_EPSILON = 1e6
@@ -877,6 +881,13 @@ def _bound(read: _Reader, value: Any, kind: str, key: str) -> Any:
         if not math.isfinite(_finite_float(value)):
             raise read.fail(
                 key, "must be a finite number within a double's range, e.g. 'upper: 100000'"
+            )
+        if 0 < abs(value) < NEAR_ZERO:
+            raise read.fail(
+                key,
+                f"must be 0 or at least {NEAR_ZERO:g} in magnitude: PostgreSQL reads values "
+                "nearer zero as 0 where a query computes with them (it fails a product "
+                "that underflows, row by row); write 0 instead",
             )
         return int(value) if kind == "int" and float(value).is_integer() else value
     if kind in ("date", "timestamp"):

@@ -333,10 +333,10 @@ def test_build_sql_bounds_units_as_the_general_rewrite_does(
             domain = _pums_domain(column, width, groups, rows)
             fast = dict(raw.rows(_histogram_sql(domain, backend.dialect, 11)))
             select = (
-                exp.select(domain.bin_sql(), exp.Count(this=exp.Star()))
+                exp.select(domain.bin_sql(backend.dialect), exp.Count(this=exp.Star()))
                 .from_("pums_dup")
                 .where(exp.Not(this=exp.Is(this=exp.column(column), expression=exp.Null())))
-                .group_by(domain.bin_sql())
+                .group_by(domain.bin_sql(backend.dialect))
             )
             general = rewrite(analyze(select, domain.table), {}, backend.dialect, 10, False)
             assert fast == dict(raw.rows(general))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 from sqlglot import exp
 
 from dpsql.errors import QueryRefused
-from dpsql.policy import NUMERIC_TYPES, Column, Table
+from dpsql.policy import NEAR_ZERO, NUMERIC_TYPES, Column, Table
 from dpsql.sql.check import AGGREGATES
 
 KEY_PREFIX = "__dpsql_k"
@@ -30,10 +30,20 @@ RESERVED_PREFIX = "__dpsql"
 # Row-level arithmetic must stay provably this small: far below where int64 or
 # float8 arithmetic overflows (an overflow is an error, and an error is a leak).
 MAX_ROW_MAGNITUDE = 2.0**53
+# ... and every nonzero value provably this far from zero: PostgreSQL fails a product or
+# quotient of nonzero doubles that rounds to zero ("value out of range: underflow"), and
+# a numeric that does as a double, only for the rows that reach it. Doubles end at
+# 4.9e-324; the margin covers what the interval arithmetic below rounds (a numeric
+# quotient's last digit, the rounding of a product).
+MIN_NONZERO = 1e-300
+# A difference of two doubles, if not zero, is at least this times the smaller one's
+# least nonzero magnitude (a multiple of the finer of their units in the last place).
+_DIFFERENCE_FACTOR = 2.0**-53
 MAX_ROWS = 2**62  # LIMIT and OFFSET beyond this are the same as this (int64 for DuckDB)
 # Numeric casts that cannot fail or overflow on a value within MAX_ROW_MAGNITUDE
-# (narrower integer and fixed-point types could, further down the expression).
-_SAFE_NUMERIC_CASTS = (exp.DataType.Type.BIGINT, exp.DataType.Type.DOUBLE, exp.DataType.Type.FLOAT)
+# (narrower integer and fixed-point types could, further down the expression, and
+# PostgreSQL's REAL underflows as near zero as 1e-45, in its casts and its arithmetic).
+_SAFE_NUMERIC_CASTS = (exp.DataType.Type.BIGINT, exp.DataType.Type.DOUBLE)
 _TEMPORAL_TYPES = ("date", "timestamp")
 # Every date the backends accept (PostgreSQL's reach to 5874897 AD) lies within these,
 # in seconds and in days from 1970: epochs and date differences are bounded numbers.
@@ -46,16 +56,29 @@ class Interval:
     """A closed interval of numbers, with whether every value in it is an integer, and
     whether PostgreSQL computes it as an integer type (`int_typed`; by default, when
     every value is an integer): there `/` of two integers truncates, as DuckDB's does
-    not, so a quotient of integer types may be nearer zero than real division says."""
+    not, so a quotient of integer types may be nearer zero than real division says.
+
+    `tiny` is how near zero a value other than zero can be (0: unknown), which
+    keeps products and quotients clear of PostgreSQL's underflow (MIN_NONZERO)."""
 
     lower: float
     upper: float
     integer: bool = False
     int_typed: bool | None = None
+    tiny: float = 0.0
 
     @property
     def integer_typed(self) -> bool:
         return self.integer if self.int_typed is None else self.int_typed
+
+    @property
+    def least_nonzero(self) -> float:
+        """No value in the interval but zero is nearer zero than this."""
+        return max(self.tiny, 1.0) if self.integer else self.tiny
+
+    @property
+    def zero_only(self) -> bool:
+        return self.lower == self.upper == 0
 
     def hull(self, other: Interval) -> Interval:
         return Interval(
@@ -63,6 +86,7 @@ class Interval:
             max(self.upper, other.upper),
             self.integer and other.integer,
             self.integer_typed and other.integer_typed,
+            min(self.least_nonzero, other.least_nonzero),
         )
 
     @property
@@ -590,8 +614,8 @@ def _ranges(where: exp.Expression | None, table: Table) -> dict[str, Interval]:
             upper = math.floor(upper) if math.isfinite(upper) else upper
         new_lower = min(max(current.lower, lower), current.upper)
         new_upper = max(min(current.upper, upper), current.lower)
-        ranges[column.name.lower()] = Interval(
-            min(new_lower, new_upper), max(new_lower, new_upper), current.integer
+        ranges[column.name.lower()] = replace(
+            current, lower=min(new_lower, new_upper), upper=max(new_lower, new_upper)
         )
     return ranges
 
@@ -715,14 +739,21 @@ def _float_above(value: Fraction) -> float:
 
 
 def column_interval(column: Column) -> Interval | None:
-    """Declared bounds, or the range of a numeric public domain; None if unbounded."""
+    """Declared bounds, or the range of a numeric public domain; None if unbounded.
+
+    A float column's values other than 0 are at least NEAR_ZERO from it: the
+    rewrite clamps a column to these bounds before computing with it and, on
+    PostgreSQL, reads a value nearer zero than that as 0 (rewrite.near_zero_flush)."""
     if column.type not in NUMERIC_TYPES:
         return None
     if column.bounded:
-        return Interval(float(column.lower), float(column.upper), column.type == "int")
-    if column.values and all(isinstance(v, int | float) for v in column.values):
-        return Interval(float(min(column.values)), float(max(column.values)), column.type == "int")
-    return None
+        lower, upper = float(column.lower), float(column.upper)
+    elif column.values and all(isinstance(v, int | float) for v in column.values):
+        lower, upper = float(min(column.values)), float(max(column.values))
+    else:
+        return None
+    tiny = NEAR_ZERO if lower <= 0 <= upper else min(abs(lower), abs(upper))
+    return Interval(lower, upper, column.type == "int", tiny=tiny)
 
 
 def _interval(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -> Interval | None:
@@ -744,17 +775,20 @@ def _interval_of(
     value = _number(node)
     if value is not None:
         written = [literal.this for literal in node.find_all(exp.Literal)]
-        return Interval(value, value, float(value).is_integer() and "." not in "".join(written))
+        integer = float(value).is_integer() and "." not in "".join(written)
+        return Interval(value, value, integer, tiny=_last_place(node))
     if isinstance(node, exp.Paren | exp.Cast | exp.TryCast):
         inner = _interval(node.this, table, ranges)
         if inner is not None and isinstance(node, exp.Cast | exp.TryCast):
+            if node.to.is_type(exp.DataType.Type.BIGINT):
+                return _whole(inner)  # rounded (DuckDB, PostgreSQL) or truncated (Spark)
             return inner if node.to.is_type(*exp.DataType.NUMERIC_TYPES) else None
         return inner
     if isinstance(node, exp.Neg):
         inner = _interval(node.this, table, ranges)
-        return Interval(-inner.upper, -inner.lower, inner.integer) if inner else None
+        return replace(inner, lower=-inner.upper, upper=-inner.lower) if inner else None
     if isinstance(node, exp.TimeToUnix) and _temporal(node.this, table):
-        return Interval(-_EPOCH_SECONDS, _EPOCH_SECONDS)
+        return Interval(-_EPOCH_SECONDS, _EPOCH_SECONDS, tiny=1e-6)  # whole microseconds
     if is_day_count(node, table):
         return Interval(-_EPOCH_DAYS, _EPOCH_DAYS, True)
     if isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.Div):
@@ -766,7 +800,7 @@ def _interval_of(
         if inner is None:
             return None
         low = 0.0 if inner.lower <= 0 <= inner.upper else min(abs(inner.lower), abs(inner.upper))
-        return Interval(low, inner.magnitude, inner.integer)
+        return replace(inner, lower=low, upper=inner.magnitude)
     if isinstance(node, exp.Floor | exp.Ceil | exp.Round | exp.Sign | exp.Mod | exp.IntDiv):
         return _rounding(node, table, ranges)
     if isinstance(node, exp.Sqrt | exp.Ln | exp.Log | exp.Exp):
@@ -813,12 +847,14 @@ def _rounding(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -
                 a / b for a in (left.lower, left.upper) for b in (right.lower, right.upper)
             ]
             return _whole(Interval(min(quotients), max(quotients)))
-        # |a % b| < |b| and <= |a|, with the sign of a
+        # |a % b| < |b| and <= |a|, with the sign of a; a - n*b exactly, so as fine as a
+        # difference
         size = min(left.magnitude, right.magnitude)
         return Interval(
             -size if left.lower < 0 else 0.0,
             size if left.upper > 0 else 0.0,
             left.integer and right.integer,
+            tiny=_DIFFERENCE_FACTOR * min(left.least_nonzero, right.least_nonzero),
         )
     inner = _interval(node.this, table, ranges)
     decimals = node.args.get("decimals")
@@ -828,7 +864,7 @@ def _rounding(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -
     if places is None or not -30 <= places <= 30:
         return None
     pad = 10.0 ** -math.floor(places)  # rounding moves a value by less than one unit of it
-    return Interval(inner.lower - pad, inner.upper + pad)
+    return Interval(inner.lower - pad, inner.upper + pad, tiny=pad / 2)  # whole units
 
 
 def _whole(inner: Interval) -> Interval:
@@ -845,16 +881,22 @@ def _monotone(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -
         return None
     if isinstance(node, exp.Exp):
         # PostgreSQL's exp fails beyond about 709 (overflow) and below -745 (underflow)
-        fits = inner.lower >= -700 and inner.upper <= 700
-        return Interval(math.exp(inner.lower), math.exp(inner.upper)) if fits else None
+        if not (inner.lower >= -700 and inner.upper <= 700):
+            return None
+        low = math.exp(inner.lower)
+        return Interval(low, math.exp(inner.upper), tiny=low / 2)
     if isinstance(node, exp.Sqrt):
-        return (
-            Interval(math.sqrt(inner.lower), math.sqrt(inner.upper)) if inner.lower >= 0 else None
-        )
+        if inner.lower < 0:
+            return None
+        tiny = math.sqrt(inner.least_nonzero) / 2
+        return Interval(math.sqrt(inner.lower), math.sqrt(inner.upper), tiny=tiny)
     if inner.lower <= 0:
         return None
     log = math.log if isinstance(node, exp.Ln) else math.log10
-    return Interval(log(inner.lower), log(inner.upper))
+    # log x is 0 only at 1; elsewhere at least about |x - 1| / 2.3 (near 1), and x is a
+    # double (the next one to 1 is 2^-53 away) or a numeric no finer than its least_nonzero
+    tiny = min(inner.least_nonzero, 2.0**-54) / 10
+    return Interval(log(inner.lower), log(inner.upper), tiny=tiny)
 
 
 def _arithmetic(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -> Interval | None:
@@ -863,20 +905,21 @@ def _arithmetic(node: exp.Expression, table: Table, ranges: dict[str, Interval])
     if left is None or right is None:
         return None
     typed = left.integer_typed and right.integer_typed
-    if isinstance(node, exp.Add):
-        return Interval(
-            left.lower + right.lower, left.upper + right.upper, left.integer and right.integer,
-            typed,
-        )  # fmt: skip
-    if isinstance(node, exp.Sub):
-        return Interval(
-            left.lower - right.upper, left.upper - right.lower, left.integer and right.integer,
-            typed,
-        )  # fmt: skip
+    if isinstance(node, exp.Add | exp.Sub):
+        if isinstance(node, exp.Add):
+            lower, upper = left.lower + right.lower, left.upper + right.upper
+        else:
+            lower, upper = left.lower - right.upper, left.upper - right.lower
+        return Interval(lower, upper, left.integer and right.integer, typed, _sum_tiny(left, right))
     if isinstance(node, exp.Div):
         if right.lower <= 0 <= right.upper:
             return None
+        # halved: for the rounding of the result (and PostgreSQL's integer truncation,
+        # which keeps a quotient of 1 or more at least half of it)
+        tiny = left.least_nonzero / right.magnitude / 2
         right = Interval(1 / right.upper, 1 / right.lower)
+    else:
+        tiny = left.least_nonzero * right.least_nonzero / 2
     corners = [a * b for a in (left.lower, left.upper) for b in (right.lower, right.upper)]
     if not all(math.isfinite(c) for c in corners):
         return None
@@ -886,8 +929,25 @@ def _arithmetic(node: exp.Expression, table: Table, ranges: dict[str, Interval])
         # divisor or LN argument proven nonzero by real division failed only for that row
         lower, upper = min(lower, math.trunc(lower)), max(upper, math.trunc(upper))
     return Interval(
-        lower, upper, isinstance(node, exp.Mul) and left.integer and right.integer, typed
+        lower, upper, isinstance(node, exp.Mul) and left.integer and right.integer, typed, tiny
     )
+
+
+def _sum_tiny(left: Interval, right: Interval) -> float:
+    """How near zero a sum or difference other than zero can be."""
+    if left.zero_only or right.zero_only:
+        return right.least_nonzero if left.zero_only else left.least_nonzero
+    return _DIFFERENCE_FACTOR * min(left.least_nonzero, right.least_nonzero)
+
+
+def _last_place(number: exp.Expression) -> float:
+    """The place of a number constant's last digit (0.25 -> 0.01, 3e-5 -> 1e-5): no value
+    other than zero that sums and products of such constants take is nearer zero than
+    their places allow (PostgreSQL computes them exactly, in numeric). 1 for zero."""
+    while isinstance(number, exp.Neg | exp.Paren):
+        number = number.this
+    value = Decimal(number.this)
+    return 1.0 if value == 0 else float(Decimal(1).scaleb(value.as_tuple().exponent))
 
 
 def _branches(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -> Interval | None:
@@ -932,6 +992,7 @@ def require_total(
     for sub in node.walk():
         if _number(sub) is not None:
             _require_short_fraction(sub, clause)
+            _require_clear_of_zero(sub, clause)
             continue  # a number written down, such as -1e308, is not computed
         _require_argument_kind(sub, table, clause)
         _require_plain_call(sub, clause)
@@ -941,6 +1002,17 @@ def require_total(
             interval = _interval(sub, table, {})
             if interval is None or not interval.magnitude <= MAX_ROW_MAGNITUDE:
                 raise _partial(sub, clause, _why_partial(interval))
+            if isinstance(sub, exp.Mul | exp.Div) and interval.least_nonzero < MIN_NONZERO:
+                raise _partial(
+                    sub,
+                    clause,
+                    "its values other than zero can be as small as "
+                    f"{interval.least_nonzero:.3g}, and PostgreSQL fails a product or "
+                    "quotient that underflows to zero (a float column's values count "
+                    f"from {NEAR_ZERO:g}, a constant's from the place of its last digit)",
+                    f"keep products and quotients above {MIN_NONZERO:g}: scale by "
+                    "fewer or larger factors (income / 1000, not income * 1e-200 / 1e200)",
+                )
             if not _INT32[0] <= interval.lower <= interval.upper <= _INT32[1] and _int32(sub):
                 raise _partial(
                     sub,
@@ -1025,6 +1097,24 @@ def _require_short_fraction(node: exp.Expression, clause: str) -> None:
             "DECIMAL too narrow for the values beside it",
             f"write at most {_MAX_FRACTION_DIGITS} digits after the point, or use an "
             "exponent (1e-37)",
+        )
+
+
+def _require_clear_of_zero(node: exp.Expression, clause: str) -> None:
+    """Refuse a constant whose last digit lies below MIN_NONZERO: PostgreSQL reads it as
+    numeric, exactly, and fails to convert it (or what it adds up to) to a double. One
+    compared as it is (`income < 1e-320`) is converted once, not per row, and fails
+    only where no double is that near zero (refused too, to save the charge)."""
+    place = _last_place(node)
+    compared = isinstance(node.parent, _COMPARISONS) and _number(node) != 0
+    if place < MIN_NONZERO and not compared:
+        raise _partial(
+            node,
+            clause,
+            f"its last digit lies at {place:.3g}, below the {MIN_NONZERO:g} that double "
+            "precision keeps clear of underflow",
+            f"write constants whose last digit lies at {MIN_NONZERO:g} or above (1.5e-299, "
+            "not 1.5e-301), or 0",
         )
 
 
@@ -1494,13 +1584,19 @@ def _require_safe_cast(node: exp.Cast | exp.TryCast, table: Table, clause: str) 
 
 
 def clamp(
-    value: exp.Expression, interval: Interval, *, lower: bool = True, upper: bool = True
+    value: exp.Expression,
+    interval: Interval,
+    *,
+    lower: bool = True,
+    upper: bool = True,
+    zero_below: float | None = None,
 ) -> exp.Expression:
     """CASE that clamps `value` to `interval` and keeps NULL (GREATEST/LEAST differ on NULL).
 
     `lower=False` or `upper=False` leaves out that side, for a value already known
     to lie on its right side of it (NaN compares above every number, so only the
-    upper side's test catches it).
+    upper side's test catches it). `zero_below` also reads a value nearer zero
+    than that as 0 (see rewrite.near_zero).
     """
 
     def bound(value: float) -> exp.Expression:
@@ -1524,6 +1620,11 @@ def clamp(
             else []
         ),
     ]
+    if zero_below is not None:
+        near = exp.Between(
+            this=value.copy(), low=exp.convert(-zero_below), high=exp.convert(zero_below)
+        )
+        ifs.append(exp.If(this=near, true=exp.convert(0)))
     return exp.Case(ifs=ifs, default=value.copy()) if ifs else value.copy()
 
 

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from dpsql.policy import Column, Table
+from dpsql.policy import NEAR_ZERO, Column, Table
 from dpsql.sql.analyze import (
     KEY_PREFIX,
+    MIN_NONZERO,
     RESERVED_PREFIX,
     Analysis,
     Interval,
@@ -48,6 +49,9 @@ _TEXT = exp.DataType.build("TEXT")
 # out. Spark's cast truncates, so it keeps ROUND; any rounding keeps each value in
 # [floor(lower/step), ceil(upper/step)], so this is about accuracy, not privacy.
 _CASTS_ROUND = frozenset({"duckdb", "postgres"})
+# Dialects that fail a product or quotient of nonzero doubles that rounds to zero
+# ("value out of range: underflow" in PostgreSQL), for the rows that reach it.
+_UNDERFLOWS = frozenset({"postgres"})
 _SEEDED_HASHES = {"duckdb": "hash", "spark": "xxhash64"}  # hash(secret, values...)
 
 
@@ -226,7 +230,8 @@ def _clamped_source(
         ):
             widened = _BIGINT if column.type == "int" else _DOUBLE
             if name in computed:
-                value = clamp(value, interval)
+                zero_below = near_zero(interval, dialect) if column.type == "float" else None
+                value = clamp(value, interval, zero_below=zero_below)
             value = exp.Cast(this=value, to=widened.copy())
             identity = False
         elif (
@@ -247,6 +252,20 @@ def _clamped_source(
     if conditions:
         select = select.where(*conditions, copy=False)
     return select.subquery(_SOURCE, copy=False)
+
+
+def near_zero(interval: Interval, dialect: str) -> float | None:
+    """How near zero a float value within `interval` is read as 0 before `dialect` computes
+    with it (None: not at all).
+
+    PostgreSQL fails a product or quotient of nonzero doubles that rounds to zero:
+    `x / 1000` failed for a subnormal x only. Read as 0 there, a float column's
+    values are 0 or at least NEAR_ZERO from it (or within bounds that exclude 0,
+    which the policy keeps as far from it), as analyze.column_interval assumes.
+    """
+    if dialect in _UNDERFLOWS and interval.lower <= 0 <= interval.upper:
+        return NEAR_ZERO
+    return None
 
 
 def _in_dialect(query: exp.Select, dialect: str, table: Table | None = None) -> str:
@@ -344,8 +363,9 @@ def _grid_steps(
     whatever the rounding mode, each lies in [floor(lower/step), ceil(upper/step)].
     """
     column = _bare_column(measurement, analysis.table)
+    zero_below = _scaled_to_zero(grid, column, dialect)
     if column is None:
-        value = clamp(measurement.clamped, grid.bounds)
+        value = clamp(measurement.clamped, grid.bounds, zero_below=zero_below)
     else:
         low, high = where_range(analysis.where, column)
         value = clamp(
@@ -353,6 +373,7 @@ def _grid_steps(
             grid.bounds,
             lower=low < grid.bounds.lower,
             upper=high > grid.bounds.upper,
+            zero_below=zero_below,
         )
         if column.type == "int" and grid.bounds.integer and grid.step == 1.0:
             return value
@@ -365,6 +386,19 @@ def _grid_steps(
     if dialect not in _CASTS_ROUND:
         value = exp.Round(this=value)
     return exp.Cast(this=value, to=_BIGINT.copy())
+
+
+def _scaled_to_zero(grid: SumGrid, column: Column | None, dialect: str) -> float | None:
+    """How near zero a SUM's value is read as 0 before it is scaled by 1/step, where the
+    product could underflow (PostgreSQL fails it): a quarter step, which rounds to 0
+    steps anyway. None where no value can come that near zero: the analysis's bound
+    on the argument, or its clamp bounds (a bare float column is read as stored)."""
+    if dialect not in _UNDERFLOWS or grid.step <= 1.0:
+        return None
+    bounds = grid.bounds
+    own = 0.0 if column is not None and column.type == "float" else bounds.least_nonzero
+    least = min([own, *[abs(end) for end in (bounds.lower, bounds.upper) if end != 0]])
+    return None if least / grid.step >= MIN_NONZERO else grid.step / 4
 
 
 def _bare_column(measurement: Measurement, table: Table) -> Column | None:

@@ -49,7 +49,7 @@ from dpsql.policy import Column, Policy, Table
 from dpsql.sql.analyze import VALUE_PREFIX, Analysis, Interval, analyze, clamp, conjuncts
 from dpsql.sql.plan import Accuracy, DirectPlan, Release, beyond_the_sampler
 from dpsql.sql.postprocess import project
-from dpsql.sql.rewrite import _in_dialect, _keyed_hash
+from dpsql.sql.rewrite import _in_dialect, _keyed_hash, near_zero
 
 if TYPE_CHECKING:
     from dpsql.sql import PlanContext
@@ -212,8 +212,9 @@ class Domain:
             + (", Gaussian" if self.gaussian else "")
         )
 
-    def bin_sql(self) -> exp.Expression:
-        """The bin of a row: FLOOR((clamped coordinate - lower) / width), as SQL.
+    def bin_sql(self, dialect: str) -> exp.Expression:
+        """The bin of a row: FLOOR((clamped coordinate - lower) / width), as SQL in `dialect`
+        (a float near zero read as 0 where the division could underflow: near_zero).
 
         Clamped once. On an int column with whole bins it is integer arithmetic
         (the clamped value minus lower is >= 0, so integer division floors):
@@ -234,7 +235,9 @@ class Domain:
             if self.timed
             else exp.Cast(this=column, to=exp.DataType.build("DOUBLE"))
         )
-        clamped = clamp(value, Interval(float(self.lower), float(self.upper)))
+        edges = Interval(float(self.lower), float(self.upper))
+        zero_below = near_zero(edges, dialect) if self.column.type == "float" else None
+        clamped = clamp(value, edges, zero_below=zero_below)
         offset = exp.Sub(this=clamped, expression=_literal(self.lower))
         scaled = exp.Div(this=exp.paren(offset), expression=_literal(self.width))
         return exp.Cast(this=exp.Floor(this=scaled), to=bigint)
@@ -806,7 +809,7 @@ def _histogram_sql(domain: Domain, dialect: str, seed: int) -> str:
                for c in (column, unit) if c is not None]  # fmt: skip
     bounded = unit is not None and not table.unique_unit
     rows = (
-        exp.select(domain.bin_sql().as_(_BIN), *([unit] if bounded else []))
+        exp.select(domain.bin_sql(dialect).as_(_BIN), *([unit] if bounded else []))
         .from_(exp.to_table(table.name))
         .where(exp.and_(*present))
     )
