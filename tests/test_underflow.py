@@ -14,8 +14,10 @@ on a table of subnormal values each backend answers what it accepts.
 
 from __future__ import annotations
 
-import math
+import operator
 from collections.abc import Iterator
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 
 import duckdb
@@ -145,7 +147,7 @@ TABLE = load_policy(
 ).table("t")  # fmt: skip
 X_VALUES = [0.0, NEAR_ZERO, -NEAR_ZERO, 1.7e-30, 3e-29, 1e-3, 0.1, 1 / 3, 1.5, -99.99, 100.0]
 N_VALUES = [-50, -7, -1, 0, 1, 2, 3, 49, 50]
-LITERALS = ["0.5", "3", "1e-5", "2.5e-3", "1000", "7", "0.1", "1e-40", "12.375"]
+LITERALS = ["0.5", "3", "1e-5", "2.5e-3", "1000", "7", "0.1", "0.2", "0.3", "1e-40", "12.375"]
 
 _leaves = st.sampled_from(["x", "n", *LITERALS])
 expressions = st.recursive(
@@ -157,35 +159,35 @@ expressions = st.recursive(
 )
 
 
-def _evaluate(node: exp.Expression, row: dict[str, float]) -> float:
-    """`node` in doubles, checking each computed value against the model's interval."""
+def _evaluate(node: exp.Expression, row: dict[str, float]) -> tuple[float, Fraction]:
+    """`node` in doubles (as DuckDB and PostgreSQL compute with a double) and exactly (as
+    they compute with decimal constants), checking each against the model's interval."""
     if isinstance(node, exp.Paren):
         return _evaluate(node.this, row)
     if isinstance(node, exp.Column):
-        return row[node.name]
+        return row[node.name], Fraction(row[node.name])
     if isinstance(node, exp.Literal):
-        return float(node.this)
-    left, right = _evaluate(node.this, row), _evaluate(node.expression, row)
-    if isinstance(node, exp.Add):
-        value = left + right
-    elif isinstance(node, exp.Sub):
-        value = left - right
-    elif isinstance(node, exp.Mul):
-        value = left * right
-    else:
-        assert right != 0, node.sql()  # the model proved the divisor nonzero
-        value = left / right
+        return float(node.this), Fraction(Decimal(node.this))
+    (left, left_exact), (right, right_exact) = (
+        _evaluate(node.this, row),
+        _evaluate(node.expression, row),
+    )
+    operation = {exp.Add: operator.add, exp.Sub: operator.sub, exp.Mul: operator.mul,
+                 exp.Div: operator.truediv}[type(node)]  # fmt: skip
     interval = _interval(node, TABLE, {})
+    if isinstance(node, exp.Div):
+        # the model proved the divisor nonzero, computed either way
+        assert right != 0 and right_exact != 0, node.sql()
+    value, exact = operation(left, right), operation(left_exact, right_exact)
     if interval is None:
-        return value
-    assert interval.lower <= value <= interval.upper or math.isclose(
-        value, min(max(value, interval.lower), interval.upper), rel_tol=1e-9
-    ), (node.sql(), value, interval)
-    assert value == 0 or abs(value) >= interval.least_nonzero, (node.sql(), value, interval)
+        return value, exact
+    for result in (value, exact):
+        assert interval.lower <= result <= interval.upper, (node.sql(), result, interval)
+        assert result == 0 or abs(result) >= interval.least_nonzero, (node.sql(), result)
     accepted = interval.least_nonzero >= MIN_NONZERO
     if isinstance(node, exp.Mul | exp.Div) and accepted and left != 0 and right != 0:
         assert value != 0, (node.sql(), "underflowed, where PostgreSQL fails")
-    return value
+    return value, exact
 
 
 @settings(max_examples=400, deadline=None, derandomize=True)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import operator
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from fractions import Fraction
@@ -774,9 +776,11 @@ def _interval_of(
         return ranges.get(column.name.lower()) or column_interval(column)
     value = _number(node)
     if value is not None:
+        # the constant itself, not the float nearest it (the databases read it exactly)
         written = [literal.this for literal in node.find_all(exp.Literal)]
-        integer = float(value).is_integer() and "." not in "".join(written)
-        return Interval(value, value, integer, tiny=_last_place(node))
+        exact = _exact(node)
+        integer = exact.denominator == 1 and "." not in "".join(written)
+        return Interval(_float_below(exact), _float_above(exact), integer, tiny=_last_place(node))
     if isinstance(node, exp.Paren | exp.Cast | exp.TryCast):
         inner = _interval(node.this, table, ranges)
         if inner is not None and isinstance(node, exp.Cast | exp.TryCast):
@@ -843,19 +847,14 @@ def _rounding(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -
         if left is None or right is None or right.lower <= 0 <= right.upper:
             return None  # a zero divisor is an error in PostgreSQL
         if isinstance(node, exp.IntDiv):
-            quotients = [
-                a / b for a in (left.lower, left.upper) for b in (right.lower, right.upper)
-            ]
-            return _whole(Interval(min(quotients), max(quotients)))
-        # |a % b| < |b| and <= |a|, with the sign of a; a - n*b exactly, so as fine as a
-        # difference
+            pairs = [(a, b) for a in (left.lower, left.upper) for b in (right.lower, right.upper)]
+            quotients = _outward(pairs, operator.truediv)
+            return _whole(Interval(*quotients)) if quotients is not None else None
+        if not (left.integer and right.integer):
+            return None  # PostgreSQL has no % of double precision (an error after the charge)
+        # |a % b| < |b| and <= |a|, with the sign of a
         size = min(left.magnitude, right.magnitude)
-        return Interval(
-            -size if left.lower < 0 else 0.0,
-            size if left.upper > 0 else 0.0,
-            left.integer and right.integer,
-            tiny=_DIFFERENCE_FACTOR * min(left.least_nonzero, right.least_nonzero),
-        )
+        return Interval(-size if left.lower < 0 else 0.0, size if left.upper > 0 else 0.0, True)
     inner = _interval(node.this, table, ranges)
     decimals = node.args.get("decimals")
     if inner is None or decimals is None:
@@ -884,19 +883,26 @@ def _monotone(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -
         if not (inner.lower >= -700 and inner.upper <= 700):
             return None
         low = math.exp(inner.lower)
-        return Interval(low, math.exp(inner.upper), tiny=low / 2)
+        return Interval(*_widened(low, math.exp(inner.upper)), tiny=low / 2)
     if isinstance(node, exp.Sqrt):
         if inner.lower < 0:
             return None
         tiny = math.sqrt(inner.least_nonzero) / 2
-        return Interval(math.sqrt(inner.lower), math.sqrt(inner.upper), tiny=tiny)
+        return Interval(*_widened(math.sqrt(inner.lower), math.sqrt(inner.upper)), tiny=tiny)
     if inner.lower <= 0:
         return None
     log = math.log if isinstance(node, exp.Ln) else math.log10
     # log x is 0 only at 1; elsewhere at least about |x - 1| / 2.3 (near 1), and x is a
     # double (the next one to 1 is 2^-53 away) or a numeric no finer than its least_nonzero
     tiny = min(inner.least_nonzero, 2.0**-54) / 10
-    return Interval(log(inner.lower), log(inner.upper), tiny=tiny)
+    return Interval(*_widened(log(inner.lower), log(inner.upper)), tiny=tiny)
+
+
+def _widened(lower: float, upper: float) -> tuple[float, float]:
+    """Bounds computed by a math function, widened by a few units in the last place: the
+    databases' EXP, LN and SQRT (PostgreSQL's in numeric, for a numeric argument) may
+    round otherwise. Zero stays zero: SQRT(0) and LN(1) are exact everywhere."""
+    return lower - abs(lower) * 2.0**-50, upper + abs(upper) * 2.0**-50
 
 
 def _arithmetic(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -> Interval | None:
@@ -906,24 +912,27 @@ def _arithmetic(node: exp.Expression, table: Table, ranges: dict[str, Interval])
         return None
     typed = left.integer_typed and right.integer_typed
     if isinstance(node, exp.Add | exp.Sub):
-        if isinstance(node, exp.Add):
-            lower, upper = left.lower + right.lower, left.upper + right.upper
-        else:
-            lower, upper = left.lower - right.upper, left.upper - right.lower
-        return Interval(lower, upper, left.integer and right.integer, typed, _sum_tiny(left, right))
+        pairs = [(left.lower, right.lower), (left.upper, right.upper)]
+        if isinstance(node, exp.Sub):
+            pairs = [(left.lower, right.upper), (left.upper, right.lower)]
+        bounds = _outward(pairs, _OPERATIONS[type(node)])
+        if bounds is None:
+            return None
+        integer = left.integer and right.integer
+        return Interval(*bounds, integer, typed, _sum_tiny(left, right))
     if isinstance(node, exp.Div):
         if right.lower <= 0 <= right.upper:
             return None
         # halved: for the rounding of the result (and PostgreSQL's integer truncation,
         # which keeps a quotient of 1 or more at least half of it)
         tiny = left.least_nonzero / right.magnitude / 2
-        right = Interval(1 / right.upper, 1 / right.lower)
     else:
         tiny = left.least_nonzero * right.least_nonzero / 2
-    corners = [a * b for a in (left.lower, left.upper) for b in (right.lower, right.upper)]
-    if not all(math.isfinite(c) for c in corners):
+    pairs = [(a, b) for a in (left.lower, left.upper) for b in (right.lower, right.upper)]
+    bounds = _outward(pairs, _OPERATIONS[type(node)])
+    if bounds is None:
         return None
-    lower, upper = min(corners), max(corners)
+    lower, upper = bounds
     if isinstance(node, exp.Div) and typed:
         # PostgreSQL truncates toward zero: (CASE ... 1 ELSE 2 END) / 2 is 0 there, and a
         # divisor or LN argument proven nonzero by real division failed only for that row
@@ -931,6 +940,37 @@ def _arithmetic(node: exp.Expression, table: Table, ranges: dict[str, Interval])
     return Interval(
         lower, upper, isinstance(node, exp.Mul) and left.integer and right.integer, typed, tiny
     )
+
+
+_OPERATIONS = {exp.Add: operator.add, exp.Sub: operator.sub, exp.Mul: operator.mul,
+               exp.Div: operator.truediv, exp.IntDiv: operator.truediv}  # fmt: skip
+
+
+def _outward(
+    pairs: list[tuple[float, float]], operation: Callable[[Any, Any], Any]
+) -> tuple[float, float] | None:
+    """The least and greatest of `operation` over the pairs, rounded outward to floats
+    (None if one is not finite).
+
+    PostgreSQL and DuckDB compute with decimal constants exactly, and doubles round
+    each result: both must lie within the bounds, or a divisor proven nonzero by
+    rounded arithmetic (0.1 + 0.2 - 0.3 is 5.6e-17 in floats) is 0 in the database,
+    for the rows that reach it. Whole operands whose results are whole and within
+    2^53 are exact in floats already (the common case, kept cheap)."""
+    results = [operation(a, b) for a, b in pairs]
+    if not all(math.isfinite(r) for r in results):
+        return None
+    if all(
+        float(a).is_integer()
+        and float(b).is_integer()
+        and float(r).is_integer()
+        and abs(r) <= MAX_ROW_MAGNITUDE
+        and (operation is not operator.truediv or r * b == a)
+        for (a, b), r in zip(pairs, results, strict=True)
+    ):
+        return min(results), max(results)
+    exact = [operation(Fraction(a), Fraction(b)) for a, b in pairs]
+    return _float_below(min(exact)), _float_above(max(exact))
 
 
 def _sum_tiny(left: Interval, right: Interval) -> float:
@@ -1509,7 +1549,7 @@ def _why_partial(interval: Interval | None) -> str:
         return (
             "dpsql cannot prove it error-free for every row (a column without bounds, a "
             "divisor or logarithm argument that can be zero or negative, EXP of more than "
-            "700, or POWER)"
+            "700, % of a value that is not whole, or POWER)"
         )
     return f"its values can reach {interval.magnitude:.3g}, where arithmetic may overflow"
 

@@ -410,8 +410,12 @@ class _Domain:
         return bound.isoformat() if isinstance(bound, dt.date) else str(bound)
 
     def literal(self, text: str) -> exp.Expression:
-        """The SQL literal of a bound of the column's type, from its text (see `text`)."""
-        if self.column.type not in ("date", "timestamp"):
+        """The SQL literal of a bound of the column's type, from its text (see `text`): a
+        float's as a DOUBLE, so that a template's marker is cast as the bound it stands
+        for (spellings: a constant with a decimal point is a DOUBLE)."""
+        if self.column.type == "float":
+            return exp.cast(exp.Literal.number(text), exp.DataType.Type.DOUBLE)
+        if self.column.type == "int":
             return exp.Literal.number(text)
         kind = exp.DataType.Type.DATE if self.column.type == "date" else exp.DataType.Type.TIMESTAMP
         # exp.DataType(this=...) rather than a type name, which exp.cast would parse

@@ -15,6 +15,11 @@ there; the rewritten query must run there and mean the same:
   and PostgreSQL know each: they are refused on Spark, saying what Spark has,
   as are both taken of an INTERVAL constant (Spark truncates no interval, and
   extracts only the fields an interval type holds).
+* DuckDB and Spark read a constant with a decimal point as a DECIMAL whose scale
+  adds up under `*`: `age > 0.000000000000000001 * 0.000000000000000001` is a
+  DECIMAL(38,36), which holds nothing of 100 or more, and DuckDB converted each
+  age to it, failing for the ages of 100. Such constants are cast to DOUBLE
+  there (PostgreSQL's numeric has no such limit).
 * Truncated to a decade, century or millennium, the first years of the
   calendar fall before the year 1 (DuckDB's century of the year 50 is the year
   0, PostgreSQL's decade of the year 5 is 1 BC), which Python cannot hold:
@@ -52,7 +57,8 @@ _TRUNCATIONS = (exp.DateTrunc, exp.TimestampTrunc)
 # The node kinds spell() may change or refuse, per dialect.
 _KINDS: dict[str, tuple[type[exp.Expression], ...]] = {
     "postgres": (*_POSTGRES_PARTS, exp.Round, *_TRUNCATIONS),
-    "spark": (exp.Extract, *_TRUNCATIONS),
+    "duckdb": (exp.Literal, *_TRUNCATIONS),
+    "spark": (exp.Extract, exp.Literal, *_TRUNCATIONS),
 }
 
 
@@ -63,6 +69,8 @@ def kinds(dialect: str) -> tuple[type[exp.Expression], ...]:
 
 def spell(node: exp.Expression, dialect: str) -> exp.Expression:
     """`node` as `dialect` can run it (itself if it can as it is); QueryRefused if it cannot."""
+    if isinstance(node, exp.Literal):
+        return _as_double(node)
     if dialect == "spark":
         _refuse_on_spark(node)
     if isinstance(node, _TRUNCATIONS):
@@ -70,6 +78,19 @@ def spell(node: exp.Expression, dialect: str) -> exp.Expression:
     if dialect == "postgres":
         return _postgres(node)
     return node
+
+
+def _as_double(literal: exp.Literal) -> exp.Expression:
+    """A constant with a decimal point as a DOUBLE (kinds: DuckDB and Spark only), unless
+    it is cast already."""
+    if (
+        literal.is_string
+        or "." not in literal.this
+        or "e" in literal.this.lower()  # whole numbers are integers, 1e-5 a DOUBLE already
+        or isinstance(literal.parent, exp.Cast)
+    ):
+        return literal
+    return exp.cast(literal, exp.DataType.Type.DOUBLE)
 
 
 def _unit(node: exp.Expression) -> str:

@@ -159,8 +159,9 @@ def _assert_sums_clamped(tree: exp.Select, plan: DirectPlan, text: str) -> None:
         sides = {}
         for branch in clamp.args["ifs"] if clamp is not None else []:
             side = {exp.LT: "lower", exp.GT: "upper"}.get(type(branch.this))
-            if side is not None and isinstance(branch.args["true"], exp.Literal | exp.Neg):
-                sides[side] = float(branch.args["true"].to_py())
+            value = written_number(branch.args["true"])
+            if side is not None and value is not None:
+                sides[side] = value
         bounds = measurement.bounds
         assert sides.get("lower", bounds.lower) == bounds.lower, text
         assert sides.get("upper", bounds.upper) == bounds.upper, text
@@ -182,25 +183,32 @@ def conjuncts(node: exp.Expression) -> list[exp.Expression]:
     return [node]
 
 
+def written_number(node: exp.Expression) -> float | None:
+    """A number written in the SQL sent: a literal, negated, or cast to DOUBLE (as DuckDB
+    and Spark are sent constants with a decimal point)."""
+    if isinstance(node, exp.Neg):
+        inner = written_number(node.this)
+        return -inner if inner is not None else None
+    if isinstance(node, exp.Cast) and node.to.is_type("double"):
+        node = node.this
+    return float(node.this) if isinstance(node, exp.Literal) and not node.is_string else None
+
+
 def _keeps(condition: exp.Expression, name: str, side: str, limit: float, whole: bool) -> bool:
     """Whether every row passing `condition` has `name` on the inner side of `limit`
     (NULL and NaN pass no comparison with a number, NaN comparing above all)."""
-
-    def number(node: exp.Expression) -> float | None:
-        value = node.to_py() if isinstance(node, exp.Literal | exp.Neg) else None
-        return float(value) if isinstance(value, int | float) else None
 
     def is_column(node: exp.Expression) -> bool:
         return isinstance(node, exp.Column) and node.name.lower() == name.lower()
 
     if isinstance(condition, exp.Between) and is_column(condition.this):
-        low, high = number(condition.args["low"]), number(condition.args["high"])
+        low, high = written_number(condition.args["low"]), written_number(condition.args["high"])
         if low is None or high is None:
             return False
         low, high = min(low, high), max(low, high)  # also right for BETWEEN SYMMETRIC
         return low >= limit if side == "lower" else high <= limit
     if isinstance(condition, exp.In) and is_column(condition.this):
-        values = [number(v) for v in condition.expressions]
+        values = [written_number(v) for v in condition.expressions]
         if not values or None in values:
             return False
         return min(values) >= limit if side == "lower" else max(values) <= limit
@@ -211,7 +219,7 @@ def _keeps(condition: exp.Expression, name: str, side: str, limit: float, whole:
     if is_column(right):
         left, right = right, left
         kind = {exp.GT: exp.LT, exp.GTE: exp.LTE, exp.LT: exp.GT, exp.LTE: exp.GTE}.get(kind, kind)
-    value = number(right)
+    value = written_number(right)
     if not is_column(left) or value is None:
         return False
     if side == "lower" and kind in (exp.EQ, exp.GTE, exp.GT):
