@@ -96,14 +96,17 @@ class BudgetExhausted(OperationalError):
 class DatasetBudgetExhausted(BudgetExhausted):
     """The dataset-wide budget, which every analyst draws on together, does not cover the cost.
 
-    `analyst` is who asked; `remaining` is what is left of the shared budget.
+    `analyst` is who asked; `remaining` is what is left of the shared budget, for the
+    operator: the message leaves it out, since an analyst could read from it, free of
+    charge (a refused query writes nothing), what the others spend and when.
     """
 
     def _message(self) -> str:
         return (
-            "the dataset-wide privacy budget, shared by all analysts, is exhausted: the query "
-            f"of analyst '{self.analyst}' costs {self.cost} but only {self.remaining} remains "
-            f"of it. Ask the data owner to raise 'budget' in the policy, or {self._cheaper()}"
+            "the dataset-wide privacy budget, shared by all analysts, does not cover the "
+            f"query of analyst '{self.analyst}', which costs {self.cost} (what is left of it "
+            "is not shown: it would tell what other analysts spent). Ask the data owner to "
+            f"raise 'budget' in the policy, or {self._cheaper()}"
         )
 
 

@@ -9,6 +9,7 @@ charge, also after a restart.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import decimal
 import hashlib
@@ -61,6 +62,12 @@ MAX_WATCH_INTERVAL = 365 * 86400.0
 #: The last two are found by their fingerprints' prefix; answers are the rest.
 STORED_KINDS = ("answers", "synopses", "streams")
 _KIND_PREFIXES = {"synopses": SYNOPSIS_PREFIX, "streams": STREAM_PREFIX}
+# How often a statement is planned again on the state a concurrent session stored first.
+_RACES = 5
+
+
+class _StateTaken(Exception):
+    """A concurrent release stored other state (a synopsis, a stream's steps) first."""
 
 
 @dataclass(frozen=True)
@@ -184,6 +191,21 @@ class Session:
         )
         if cached is not None:
             return _decode(cached)
+        for _ in range(_RACES):
+            try:
+                return self._run(statement, fingerprint)
+            except _StateTaken:
+                # Planned again on the state stored first: its release is the one this
+                # session shares. Withheld instead, whether another stream tick had the
+                # same exact values told about the rows (each unit's rows are chosen
+                # by a fresh secret), without noise.
+                continue
+        raise OperationalError(
+            "concurrent queries kept storing synopsis or stream state first; run it again"
+        )
+
+    def _run(self, statement: Statement, fingerprint: str) -> Release:
+        """Plan, charge and release one statement (_StateTaken: plan it again)."""
         plan = self.plan(statement.tree)
         if not plan.cost.epsilon and not plan.cost.delta and not plan.cost.rho:
             # Free: a statement without a table, or one answered from stored state.
@@ -223,15 +245,12 @@ class Session:
         )
 
     def _keep_state(self, release: Release) -> Release:
-        """Persist the state a release built (a synopsis, a stream's steps); first writer wins."""
+        """Persist the state a release built (a synopsis, a stream's steps); first writer
+        wins, and a release built on the losing state is withheld (_StateTaken): a
+        stream's step is released once only, else two releases with one noise leak."""
         for key, payload in release.state.items():
             if self.ledger.store_release(self.analyst, key, payload) != payload:
-                # A concurrent release stored other state first: this release was
-                # built on the losing state and is withheld (a stream's step may
-                # be released once only, else two releases with one noise leak).
-                raise OperationalError(
-                    f"a concurrent query stored {key.split(':')[0]} state first; run it again"
-                )
+                raise _StateTaken(key)
         return release
 
     def _fingerprint(self, key: str) -> str:
@@ -411,7 +430,9 @@ class Session:
             self._charge(plan.cost, plan.status().key)
             columns, rows = self.adapter.execute(plan.sql)
             with self._rng_lock:
-                self._keep_state(plan.release(columns, rows, self._rng))
+                release = plan.release(columns, rows, self._rng)
+            with contextlib.suppress(_StateTaken):  # built concurrently: the first is kept
+                self._keep_state(release)
             plan = self._synopsis_plan(table, column)
         return plan.status()
 

@@ -79,6 +79,18 @@ def test_analysts_share_the_dataset_budget_and_the_refusal_names_it(location: st
     assert assert_log_consistent(location) == 20
 
 
+def test_the_refusal_does_not_tell_what_the_others_spent(location: str) -> None:
+    """A refused charge writes nothing, so a left-over amount in the message would let
+    an analyst watch what the others spend, for free (found by an audit)."""
+    with Ledger(location) as ledger:
+        ledger.charge("alice", Cost.of(0.35), TEN, "q0", dataset_budget=ONE)
+        with pytest.raises(DatasetBudgetExhausted) as raised:
+            ledger.charge("bob", Cost.of(0.7), TEN, "q1", dataset_budget=ONE)
+    message = str(raised.value)
+    assert "0.65" not in message and "0.35" not in message and "remains" not in message
+    assert "is not shown" in message
+
+
 def test_the_analysts_own_budget_is_still_checked_first(location: str) -> None:
     with Ledger(location) as ledger:
         ledger.charge("alice", Cost.of(0.5), ONE, "q0", dataset_budget=TEN)

@@ -429,10 +429,13 @@ def _day_query(bound: str) -> str:
     return f"SELECT day, SUM(COUNT(*)) OVER (ORDER BY day) FROM ticks WHERE day < '{bound}'"
 
 
-def test_two_sessions_ticking_at_once_cannot_both_release_the_same_steps(tmp_path, monkeypatch):
+def test_two_sessions_ticking_at_once_release_the_steps_stored_first(tmp_path, monkeypatch):
     """Ticks built on the same released steps are stored under one name: the ledger keeps
-    the first, the second is withheld (two releases of a step with one noise would leak the
-    rows that arrived between them, and both stored would shift every later step)."""
+    the first, and the second session answers from it, planned again (two releases of a
+    step with one noise would leak the rows that arrived between them, and both stored
+    would shift every later step). It is not withheld with an error either: whether two
+    ticks' exact values differed told, without noise, whether some unit had more rows
+    than it may add, with different values (each tick chose them by a fresh secret)."""
     db = _ticks()
     ledger = tmp_path / "ledger.sqlite"
     first, second = (dpsql.connect(db, policy=_row_level_policy(), ledger=ledger) for _ in "ab")
@@ -443,12 +446,12 @@ def test_two_sessions_ticking_at_once_cannot_both_release_the_same_steps(tmp_pat
     def clock() -> dt.datetime:  # read while `first` plans: `second` ticks in between
         if not interleaved:
             interleaved.append(now)  # before ticking: `second` reads the clock too
-            second.execute(f"{_day_query('2024-01-26')} GROUP BY day")
+            interleaved.extend(second.execute(f"{_day_query('2024-01-26')} GROUP BY day"))
         return now
 
     monkeypatch.setattr(running, "clock", clock)
-    with pytest.raises(dpsql.OperationalError, match="concurrent query stored stream state"):
-        first.execute(f"{_day_query('2024-01-21')} GROUP BY day")
+    racing = first.execute(f"{_day_query('2024-01-21')} GROUP BY day").fetchall()
+    assert len(interleaved) == 1 + 25 and racing == interleaved[1:21]
     rows = first.execute(f"{_day_query('2024-02-01')} GROUP BY day").fetchall()
     truth = _ticks().execute(f"{_day_query('2024-02-01')} GROUP BY day ORDER BY day").fetchall()
     assert rows == [(d, int(n)) for d, n in truth]
@@ -610,3 +613,24 @@ def test_a_factorization_sum_keeps_its_epsilons_grid_unless_coarser_than_a_row_a
     grid, steps = running._sum_grid(bounds, rows, 1e-300, rho, horizon)
     sigma = rows * 10 * math.sqrt(column_norm_squared(horizon) / (2 * rho))
     assert sigma / 2**21 < grid.step <= sigma / 2**20 and steps == rows
+
+
+def test_a_stream_whose_unit_the_database_came_to_keep_unique_is_another_stream():
+    """The sensitivity is part of the stream's identity: with a unique unit a unit moves
+    the stream by 1, not 40 x 3, and one noise key drawn at either scale would be the
+    noise of neither (found by an audit)."""
+    from dpsql.policy import load_policy
+    from dpsql.sql import PlanContext
+    from dpsql.sql.plan import Options
+
+    sql = f"{RUNNING} WHERE day < '2024-01-05' GROUP BY day"
+    streams = [
+        running.plan_running(
+            parse_statement(sql, "duckdb").tree,
+            PlanContext(load_policy(_policy(1.0)), Options(epsilon=1.0, delta=1e-6), "duckdb",
+                        seed=11, unique_units=unique),
+        ).stream
+        for unique in (frozenset(), frozenset({"running_events"}))
+    ]  # fmt: skip
+    assert [stream.sensitivity for stream in streams] == [120, 1]
+    assert streams[0].identity != streams[1].identity

@@ -36,6 +36,7 @@ import dpsql
 from dpsql.policy import Policy
 from dpsql.server.sqlstate import FEATURE_NOT_SUPPORTED
 from dpsql.server.values import parameter_count
+from dpsql.sql.parse import setting_name
 
 SERVER_VERSION = "15.0"
 VERSION = f"PostgreSQL {SERVER_VERSION} (dpsql {dpsql.__version__}, differentially private)"
@@ -67,14 +68,9 @@ _SHOW_ALIASES = {"transaction_isolation_level": "transaction_isolation", "time_z
 # functions miss it; it is replaced by its literal before evaluation.
 _VERSION_CALL = re.compile(r"(?:\bpg_catalog\s*\.\s*)?\bversion\s*\(\s*\)(\s+AS\b)?", re.I)
 _SAVEPOINT = re.compile(r"^\s*(SAVEPOINT|RELEASE|ROLLBACK\s+(?:WORK\s+|TRANSACTION\s+)?TO)\b", re.I)
-# RESET ALL, RESET dpsql.* and DISCARD ALL go on to the Session, which resets its options
-_NO_OP = re.compile(
-    r"^\s*(?!RESET\s+(?:ALL|\"?dpsql\.)|DISCARD\s+ALL)(DISCARD|DEALLOCATE|RESET|UNLISTEN|LISTEN|CLOSE)\b",
-    re.IGNORECASE,
-)
+_NO_OP = re.compile(r"^\s*(DISCARD|DEALLOCATE|RESET|UNLISTEN|LISTEN|CLOSE)\b", re.IGNORECASE)
 _SET = re.compile(r"^\s*SET\b", re.IGNORECASE)
 _SHOW = re.compile(r"^\s*SHOW\s+(.+?)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
-_DPSQL_OPTION = re.compile(r"^\s*(?:SET|SHOW)\s+(?:SESSION\s+|LOCAL\s+)?\"?dpsql\.", re.I)
 
 _POLICY_TYPES = {
     "int": "bigint", "float": "double precision", "string": "text", "bool": "boolean",
@@ -106,8 +102,19 @@ async def savepoints(ctx: MiddlewareContext) -> Statement | None:
 
 
 async def no_ops(ctx: MiddlewareContext) -> Statement | None:
-    """Session housekeeping that pools and drivers send (DISCARD ALL, DEALLOCATE, RESET)."""
-    return StaticStatement(ctx.sql, None, []) if _NO_OP.match(ctx.sql) else None
+    """Session housekeeping that pools and drivers send (DISCARD, DEALLOCATE, RESET), but
+    what resets dpsql's options (RESET ALL, RESET dpsql.*, DISCARD ALL): the Session's."""
+    if _NO_OP.match(ctx.sql) and not _for_the_session(ctx.sql):
+        return StaticStatement(ctx.sql, None, [])
+    return None
+
+
+def _for_the_session(sql: str) -> bool:
+    """Whether `sql` sets, shows or resets dpsql's options, however it is written (with
+    comments, quotes or spaces around the dot): taken for an ordinary setting and
+    ignored, `SET /* x */ dpsql.epsilon = 0.001` left the client charged 1 per query."""
+    keyword, name, _ = setting_name(sql)
+    return name.startswith("dpsql.") or (keyword in ("RESET", "DISCARD") and name == "all")
 
 
 _DPSQL_FUNCTION = re.compile(r"\b(set_config|current_setting)\s*\(\s*'dpsql\.", re.I)
@@ -129,7 +136,7 @@ async def dpsql_functions(ctx: MiddlewareContext) -> Statement | None:
 async def settings(ctx: MiddlewareContext) -> Statement | None:
     """SHOW <setting> (also multi-word) and SET of ordinary settings (accepted, ignored);
     `dpsql.*` options go on to the Session."""
-    if _DPSQL_OPTION.match(ctx.sql):
+    if _for_the_session(ctx.sql):
         return None
     show = _SHOW.match(ctx.sql)
     if show is not None:

@@ -156,10 +156,13 @@ def parse_statement(
             )
         return Statement("explain", inner.tree)
     if keyword == "SHOW":
-        return Statement("show", name=sql[tokens[0].end + 1 :].strip().rstrip(";"))
-    reset = _RESET.match(sql)
-    if reset:  # RESET dpsql.<option>, RESET ALL, or DISCARD ALL (as connection pools send)
-        return Statement("reset", name=(reset.group(1) or "all").lower().replace('"', ""))
+        _, name, rest = setting_name(sql)
+        return Statement("show", name=f"{name} {rest}".strip())
+    if keyword in ("RESET", "DISCARD"):
+        # RESET dpsql.<option>, RESET ALL, or DISCARD ALL (as connection pools send)
+        _, name, rest = setting_name(sql)
+        if not rest and (keyword == "RESET" or name == "all"):
+            return Statement("reset", name=name)
     try:
         tree = _parse_one(sql, tokens, dialect)
         if len(tokens) > sys.getrecursionlimit() and _depth(tree) > sys.getrecursionlimit():
@@ -168,7 +171,7 @@ def parse_statement(
     except RecursionError:
         raise nested_too_deeply() from None
     if isinstance(tree, exp.Set):
-        return _set_statement(tree)
+        return _set_statement(tree, setting_name(sql)[1])
     if isinstance(tree, exp.Select):
         return Statement("query", tree, key=_key(tree, tokens, bound, dialect, key))
     return Statement("other", tree)
@@ -268,7 +271,7 @@ def _without_positions(tree: exp.Expression) -> exp.Expression:
     return tree
 
 
-def _set_statement(tree: exp.Set) -> Statement:
+def _set_statement(tree: exp.Set, name: str) -> Statement:
     items = tree.expressions
     item = items[0].this if len(items) == 1 and isinstance(items[0], exp.SetItem) else None
     if not isinstance(item, exp.EQ):
@@ -279,7 +282,6 @@ def _set_statement(tree: exp.Set) -> Statement:
             "dpsql settings last for the connection, so a SET LOCAL would outlive its transaction",
             f"write SET {item.this.sql()} = ..., then RESET {item.this.sql()} when done",
         )
-    name = item.this.sql().lower().replace('"', "")
     value = item.expression
     if isinstance(value, exp.Literal):
         parsed: Any = value.this if value.is_string else float(value.this)
@@ -292,7 +294,30 @@ def _set_statement(tree: exp.Set) -> Statement:
     return Statement("set", tree, name=name, value=parsed)
 
 
-_RESET = re.compile(r"^\s*(?:RESET\s+(ALL|\"?dpsql\.\w+\"?)|DISCARD\s+ALL)\s*;?\s*$", re.I)
+# SET/SHOW/RESET/DISCARD, then a setting's name (words, quoted or not, joined by dots)
+_SETTING = re.compile(
+    r"\s*(SET|SHOW|RESET|DISCARD)\s+(?:(?:SESSION|LOCAL)\s+)?"
+    r'((?:"[^"]*"|[\w$]+)(?:\s*\.\s*(?:"[^"]*"|[\w$]+))*)(.*)',
+    re.IGNORECASE | re.DOTALL,
+)
+_COMMENT = re.compile(r"/\*.*?\*/|--[^\n]*", re.DOTALL)
+
+
+def setting_name(sql: str) -> tuple[str, str, str]:
+    """(keyword, name, rest) of a SET, SHOW, RESET or DISCARD statement, the name as
+    PostgreSQL reads it: without comments or quotes, in lower case, `a . b` as a.b
+    (`SET /* x */ "dpsql"."epsilon" = 1` sets dpsql.epsilon). ("", "", "") for
+    another statement; `rest` is what follows the name, without a closing semicolon.
+
+    The one reading of these names, for the Session and for the server (which must
+    pass on every statement of a dpsql option, however written: one it took for an
+    ordinary setting and ignored left the client charged what it had not asked for)."""
+    match = _SETTING.fullmatch(_COMMENT.sub(" ", sql).strip().removesuffix(";"))
+    if match is None:
+        return "", "", ""
+    keyword, name, rest = match.groups()
+    name = re.sub(r"\s+", "", name.replace('"', "")).lower()
+    return keyword.upper(), name, rest.strip()
 
 
 def _plain(value: Any) -> Any:

@@ -603,6 +603,8 @@ class _Stream:
         # is another stream, with its own charge, noise key and released steps. So is a
         # SUM's grid step: its released totals are stored in whole steps, which under
         # another step (another dpsql's grid) would be misread and continued wrongly.
+        # And so is the sensitivity (a unit the database came to keep unique moves the
+        # stream less): one noise key drawn at two scales would not be the noise of either.
         grid_step = [grid.step] if grid is not None else []
         identity = hashlib.sha256(
             json.dumps(
@@ -614,7 +616,7 @@ class _Stream:
                     filters.sql(dialect="duckdb", normalize=True) if filters is not None else None,
                     context.policy.digest,
                     context.policy.data_version,
-                    [choice.mechanism, spec.epsilon, choice.delta],
+                    [choice.mechanism, spec.epsilon, choice.delta, sensitivity],
                     *grid_step,
                 ]
             ).encode()

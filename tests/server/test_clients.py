@@ -273,6 +273,14 @@ def test_psycopg_introspection_and_options(served) -> None:
             conn.execute("SET dpsql.epsilon = 7")
             conn.execute(reset)
             assert conn.execute("SHOW dpsql.epsilon").fetchone() == start, reset
+        # however written (comments, quotes, spaces around the dot), a dpsql option goes
+        # to dpsql: taken for an ordinary setting, it was ignored (found by an audit)
+        for spelled in ("SET /* x */ dpsql.epsilon = 0.5", 'SET "dpsql"."epsilon" = 0.5',
+                        "SET dpsql . epsilon TO 0.5"):  # fmt: skip
+            conn.execute(spelled)
+            assert conn.execute("SHOW /* y */ dpsql.epsilon").fetchone() == (0.5,), spelled
+            conn.execute('RESET /* z */ "dpsql".epsilon')
+            assert conn.execute("SHOW dpsql.epsilon").fetchone() == start, spelled
         for refused in ("SET LOCAL dpsql.epsilon = 7", "SELECT set_config('dpsql.epsilon', '7', "
                         "false)", "SELECT current_setting('dpsql.epsilon')"):  # fmt: skip
             with pytest.raises(psycopg.Error):
