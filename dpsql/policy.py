@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -37,6 +38,11 @@ MECHANISMS = ("laplace", "staircase", "gaussian", "auto")
 MAX_EPSILON = 1e6
 # Groups one query may release from a public domain: a larger domain is never released.
 MAX_PUBLIC_KEYS = 1_000_000
+# The most rows (or groups) one unit may add. Every sensitivity scales with both, so at
+# this bound a count's noise is already a million times a unit's row; beyond it the
+# noise swamps any answer, and a product of both no longer fits a float (a SUM's plan
+# raised OverflowError after the policy had loaded).
+MAX_PER_UNIT = 1_000_000
 
 _TOP_KEYS = {"version", "defaults", "analysts", "tables", "ledger", "data_version", "budget"}
 _DEFAULT_KEYS = {"epsilon_per_query", "delta", "mechanism"}
@@ -421,6 +427,22 @@ class _Reader:
             raise self.fail(key, f"must be a mapping, got {type(value).__name__}")
         return value
 
+    def names(self, value: Any, key: str) -> dict:
+        """A mapping keyed by names (tables, columns, analysts). YAML reads an unquoted
+        `1:`, `true:` or `null:` as a number, boolean or null: such a key became a name
+        like 'True' or 'None', and beside a text key crashed the digest's sort."""
+        spec = self.mapping(value, key)
+        for name in spec:
+            if not isinstance(name, str):
+                raise self.fail(
+                    f"{key}.{name}",
+                    f"a name must be text, but YAML read this unquoted one as {name!r} "
+                    "(1, true and null are not text); quote it as written, e.g. '1': or 'true':",
+                )
+            if not name:
+                raise self.fail(f"{key}.''", "a name cannot be empty; give it one")
+        return spec
+
     def known_keys(self, value: dict, allowed: set[str], key: str) -> None:
         for name in value:
             if name not in allowed:
@@ -451,9 +473,15 @@ class _Reader:
             raise self.fail(key, f"delta must be below 1 (e.g. 1.0e-6), got {value!r}")
         return number
 
-    def count(self, value: Any, key: str) -> int:
+    def count(self, value: Any, key: str, *, most: int | None = None) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise self.fail(key, f"must be a whole number >= 1, got {value!r}")
+        if most is not None and value > most:
+            raise self.fail(
+                key,
+                f"must be at most {most:,}, got {value:,}: the noise grows with it, and "
+                "beyond that swamps any answer; bound what one unit adds more tightly",
+            )
         return value
 
 
@@ -463,32 +491,41 @@ def _build(document: dict, source: str) -> Policy:
     if document.get("version", 1) != 1:
         raise read.fail("version", "only policy version 1 exists; write 'version: 1'")
     defaults = _defaults(read, read.mapping(document.get("defaults"), "defaults"))
-    raw_analysts = read.mapping(document.get("analysts"), "analysts")
+    raw_analysts = read.names(document.get("analysts"), "analysts")
     analysts = _analysts(read, raw_analysts)
-    raw_tables = read.mapping(document.get("tables"), "tables")
+    raw_tables = read.names(document.get("tables"), "tables")
     if not raw_tables:
         raise read.fail(
             "tables", "declare at least one table, e.g. 'tables: {pums: {columns: ...}}'"
         )
     tables = {}
     for name, spec in raw_tables.items():
-        table = _table(read, str(name), read.mapping(spec, f"tables.{name}"))
+        table = _table(read, name, read.mapping(spec, f"tables.{name}"))
         _require_new(read, tables, table.name, "tables", "table")
         tables[table.name.lower()] = table
-    ledger = document.get("ledger")
-    if ledger is not None and not isinstance(ledger, str):
-        raise read.fail("ledger", "must be a path to the ledger file, e.g. 'ledger: budget.sqlite'")
     return Policy(
         tables=tables,
         analysts=analysts,
         defaults=defaults,
-        ledger=ledger,
+        ledger=_ledger(read, document.get("ledger")),
         data_version=str(document.get("data_version", "")),
         source=source,
         digest=_digest(document),
         credentials=_credentials(read, raw_analysts),
         dataset_budget=_dataset_budget(read, document.get("budget")),
     )
+
+
+def _ledger(read: _Reader, value: Any) -> str | None:
+    """The ledger's path or URL, if the policy names one. An empty one was taken as
+    none, and the budget silently went to the default ledger instead."""
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise read.fail(
+            "ledger",
+            f"must be a path or URL of the ledger, e.g. 'ledger: budget.sqlite', got {value!r}; "
+            "remove the key to use the default ledger",
+        )
+    return value
 
 
 def _digest(document: dict) -> str:
@@ -536,11 +573,25 @@ def _analysts(read: _Reader, spec: dict) -> dict[str, Cost]:
         )
     analysts = {}
     for name, budget in spec.items():
-        key = f"analysts.{name}"
-        if str(name).startswith("*"):  # the ledger's own accounts, e.g. *dataset*
-            raise read.fail(key, "analyst names starting with '*' are reserved; rename it")
-        analysts[str(name)] = _budget(read, budget, key, _ANALYST_KEYS)
+        problem = analyst_name_problem(name)
+        if problem:  # the key is left out of the path: it may hold a newline
+            raise read.fail("analysts", f"{problem}; rename the analyst")
+        analysts[name] = _budget(read, budget, f"analysts.{name}", _ANALYST_KEYS)
     return analysts
+
+
+def analyst_name_problem(name: str) -> str | None:
+    """What is wrong with an analyst name, or None. The rule `dpsql passwd` applies to
+    its users file (one 'analyst:verifier' line each): a control character split a line
+    or an entry, a colon ended the name early, and surrounding spaces made two names
+    that look alike. The ledger's own accounts start with '*' (e.g. *dataset*)."""
+    if not name:
+        return "an analyst name cannot be empty"
+    if name.startswith("*"):
+        return "analyst names starting with '*' are reserved"
+    if ":" in name or name != name.strip() or not name.isprintable():
+        return f"invalid analyst name {name!r}: no colons, control characters or surrounding spaces"
+    return None
 
 
 def _dataset_budget(read: _Reader, spec: Any) -> Cost | None:
@@ -571,7 +622,7 @@ def _credentials(read: _Reader, spec: dict) -> dict[str, str]:
                 "must be a SCRAM-SHA-256 verifier, never a plain password; create one with "
                 "'dpsql passwd <analyst>'",
             )
-        credentials[str(name)] = verifier
+        credentials[name] = verifier
     return credentials
 
 
@@ -580,14 +631,14 @@ def _table(read: _Reader, name: str, spec: dict) -> Table:
     read.known_keys(spec, _TABLE_KEYS, key)
     if "local" in spec:
         return _local_table(read, name, spec, key)
-    raw_columns = read.mapping(spec.get("columns"), f"{key}.columns")
+    raw_columns = read.names(spec.get("columns"), f"{key}.columns")
     if not raw_columns:
         raise read.fail(f"{key}.columns", "declare the columns analysts may use")
     columns = {}
     for column_name, column_spec in raw_columns.items():
         column = _column(
             read,
-            str(column_name),
+            column_name,
             read.mapping(column_spec, f"{key}.columns.{column_name}"),
             f"{key}.columns.{column_name}",
         )
@@ -607,7 +658,7 @@ def _table(read: _Reader, name: str, spec: dict) -> Table:
             # The unit identifies a person: grouping or filtering on it would isolate one.
             columns[unit] = replace(columns[unit], private=True)
     bounds = {
-        part: read.count(spec.get(part, 1), f"{key}.{part}")
+        part: read.count(spec.get(part, 1), f"{key}.{part}", most=MAX_PER_UNIT)
         for part in ("max_groups_per_unit", "max_rows_per_unit")
     }
     if unit is None and any(value != 1 for value in bounds.values()):
@@ -656,15 +707,7 @@ def _local_table(read: _Reader, name: str, spec: dict, key: str) -> Table:
     local = read.mapping(spec["local"], f"{key}.local")
     read.known_keys(local, _LOCAL_KEYS, f"{key}.local")
     mechanism = _choice(read, local.get("mechanism"), LOCAL_MECHANISMS, f"{key}.local")
-    domain = local.get("domain")
-    if isinstance(domain, dict) and set(domain) == {"lower", "upper"}:
-        domain = list(range(int(domain["lower"]), int(domain["upper"]) + 1))
-    if not isinstance(domain, list) or len(domain) < 2 or len(set(map(repr, domain))) < len(domain):
-        raise read.fail(
-            f"{key}.local.domain",
-            "must list the distinct values reports may hold (at least two), e.g. "
-            "'domain: [a, b, c]' or 'domain: {lower: 0, upper: 99}'",
-        )
+    domain = _local_domain(read, local.get("domain"), f"{key}.local.domain")
     names = {}
     for part in ("report", "value"):
         names[part] = local.get(part, part)
@@ -681,22 +724,66 @@ def _local_table(read: _Reader, name: str, spec: dict, key: str) -> Table:
     spec_local = LocalSpec(
         mechanism=mechanism,
         epsilon=epsilon,
-        domain=tuple(domain),
+        domain=domain,
         branching=branching,
         **names,
     )
     return Table(name=name, columns={}, local=spec_local)
 
 
+def _local_domain(read: _Reader, raw: Any, key: str) -> tuple[Any, ...]:
+    """The values local reports may hold: a list, or the whole numbers of a range, whose
+    size is checked before the range is built (a range of 10^8 built a list for minutes)."""
+    if isinstance(raw, dict) and set(raw) == {"lower", "upper"}:
+        lower, upper = raw["lower"], raw["upper"]
+        if not all(isinstance(b, int) and not isinstance(b, bool) for b in (lower, upper)):
+            raise read.fail(key, f"a range needs whole-number bounds, got {lower!r} and {upper!r}")
+        _require_releasable(read, upper - lower + 1, key, "collect a coarser value")
+        raw = list(range(lower, upper + 1))
+    elif isinstance(raw, list):
+        _require_releasable(read, len(raw), key, "collect a coarser value")
+    if (
+        not isinstance(raw, list)
+        or len(raw) < 2
+        or any(isinstance(value, list | dict) for value in raw)
+        or len(set(map(repr, raw))) < len(raw)
+    ):
+        raise read.fail(
+            key,
+            "must list the distinct values reports may hold (at least two), e.g. "
+            "'domain: [a, b, c]' or 'domain: {lower: 0, upper: 99}'",
+        )
+    return tuple(raw)
+
+
+def _require_releasable(read: _Reader, size: int, key: str, instead: str) -> None:
+    """Refuse a domain with more values than one query may release (MAX_PUBLIC_KEYS),
+    counted before any list of them is built."""
+    if size > MAX_PUBLIC_KEYS:
+        raise read.fail(
+            key,
+            f"a domain of {size:,} values is more than one query may release "
+            f"({MAX_PUBLIC_KEYS:,}): {instead}",
+        )
+
+
 # What each policy type's public values must be; dates and timestamps also as ISO text.
 _VALUE_TYPES = {"int": int, "float": int | float, "string": str, "bool": bool,
                 "date": dt.date, "timestamp": dt.date}  # fmt: skip
+# Dates and timestamps as text every backend reads the same: Python's fromisoformat also
+# takes '20200103' and '2020-W01-1', which Spark fails to cast (after the charge).
+ISO_TEXT = {
+    "date": re.compile(r"\d{4}-\d{2}-\d{2}"),
+    "timestamp": re.compile(r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?)?"),
+}
 
 
 def _of_type(value: Any, kind: str) -> bool:
     if isinstance(value, bool) and kind != "bool":  # YAML's true is an int to Python
         return False
     if isinstance(value, str) and kind in ("date", "timestamp"):
+        if not ISO_TEXT[kind].fullmatch(value):
+            return False
         try:
             dt.datetime.fromisoformat(value)
         except ValueError:
@@ -742,7 +829,7 @@ def _column(read: _Reader, name: str, spec: dict, key: str) -> Column:
     upper = _bound(read, spec.get("upper"), kind, f"{key}.upper")
     if (lower is None) != (upper is None):
         raise read.fail(key, "give both 'lower' and 'upper', or neither")
-    if lower is not None and lower > upper:
+    if lower is not None and _ordered(lower) > _ordered(upper):
         raise read.fail(key, f"lower ({lower}) is greater than upper ({upper}); swap them")
     values = spec.get("values")
     if values is not None:
@@ -754,11 +841,9 @@ def _column(read: _Reader, name: str, spec: dict, key: str) -> Column:
             f"{key}.public",
             "a public key domain needs 'values: [...]' or integer 'lower'/'upper'",
         )
-    if public and values is None and upper - lower + 1 > MAX_PUBLIC_KEYS:
-        raise read.fail(
-            f"{key}.public",
-            f"a public domain of {upper - lower + 1:,} keys is more than one query may "
-            f"release ({MAX_PUBLIC_KEYS:,}): drop 'public', or group by a coarser column",
+    if public and values is None:
+        _require_releasable(
+            read, upper - lower + 1, f"{key}.public", "drop 'public', or group by a coarser column"
         )
     if private and (public or values is not None):
         raise read.fail(key, "a private column cannot also have a public domain")
@@ -872,6 +957,15 @@ def _finite_float(value: int | float) -> float:
         return math.inf
 
 
+def _ordered(bound: Any) -> Any:
+    """A bound as it orders: a date beside a timestamp is midnight of that day, as running
+    totals and synopses read a date bound of a timestamp column (comparing a date with a
+    datetime raised TypeError). Numbers are themselves."""
+    if isinstance(bound, dt.date) and not isinstance(bound, dt.datetime):
+        return dt.datetime.combine(bound, dt.time())
+    return bound
+
+
 def _bound(read: _Reader, value: Any, kind: str, key: str) -> Any:
     if value is None:
         return None
@@ -891,6 +985,9 @@ def _bound(read: _Reader, value: Any, kind: str, key: str) -> Any:
             )
         return int(value) if kind == "int" and float(value).is_integer() else value
     if kind in ("date", "timestamp"):
+        if isinstance(value, dt.datetime) and value.tzinfo is not None:
+            # dpsql's time zone is UTC: an aware time is that wall clock, as in queries
+            return value.astimezone(dt.UTC).replace(tzinfo=None)
         if isinstance(value, dt.date):
             return value
         try:

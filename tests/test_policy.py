@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 
 import dpsql
@@ -58,11 +60,41 @@ def test_good_policy_loads(tmp_path):
         (("values: [0, 1]", "values: [1, 1]"), "sex.values", "lists a value twice"),
         (("values: [0, 1]", "values: [0, true]"), "sex.values", "must list int values"),
         (("values: [0, 1]", "values: [0, .nan]"), "sex.values", "must list int values"),
+        # Python reads these as dates; Spark fails to cast them (found by an audit)
+        (
+            ("type: int, values: [0, 1]", "type: date, values: ['2020-01-02', '20200103']"),
+            "sex.values",
+            "must list date values",
+        ),
+        (
+            ("type: int, values: [0, 1]", "type: timestamp, values: ['2020-W01-1']"),
+            "sex.values",
+            "must list timestamp values",
+        ),
         (("upper: 100}", "upper: 10000000, public: true}"), "age.public", "more than one"),
         (("epsilon_per_query: 0.5", "epsilon_per_query: 1.0e+7"), "epsilon_per_query", "at most"),
+        # YAML reads unquoted 1, true and null keys as non-text: the digest's sort raised
+        # TypeError ('<' not supported between instances of 'str' and 'int')
+        (("      age:", "      1: {type: int}\n      age:"), "pums_pid.columns.1", "quote it"),
+        (("  pums_pid:\n", "  1: {columns: {a: {type: int}}}\n  pums_pid:\n"), "tables.1", "quote"),
+        (("  alice:", "  true: {epsilon: 1.0}\n  alice:"), "analysts.True", "quote it"),
+        (("  alice:", "  null: {epsilon: 1.0}\n  alice:"), "analysts.None", "quote it"),
+        # each of these analyst names loaded ('' and the names 'None', '1', 'a\nb')
+        (("  alice:", "  '': {epsilon: 1.0}\n  alice:"), "analysts.''", "cannot be empty"),
+        (("  alice:", '  "a\\nb": {epsilon: 1.0}\n  alice:'), "analysts", "control characters"),
+        (("  alice:", "  'ali:ce': {epsilon: 1.0}\n  alice:"), "analysts", "no colons"),
+        # an empty ledger was taken as none: the budget went to the default ledger
+        (("version: 1", "version: 1\nledger: ''"), "ledger", "must be a path or URL"),
+        # loaded, then a grouped SUM's plan raised OverflowError (10**200: cannot convert
+        # float infinity to integer; 10**400: int too large to convert to float)
+        (("privacy_unit: pid", "privacy_unit: pid\n    max_rows_per_unit: 1" + "0" * 200),
+         "pums_pid.max_rows_per_unit", "at most 1,000,000"),
+        (("privacy_unit: pid", "privacy_unit: pid\n    max_groups_per_unit: 1000001"),
+         "pums_pid.max_groups_per_unit", "at most 1,000,000"),
     ],
-)
+)  # fmt: skip
 def test_bad_policy_names_file_key_and_fix(tmp_path, change, key, advice):
+    assert change[0] in GOOD
     path = write(tmp_path, GOOD.replace(*change))
     with pytest.raises(dpsql.PolicyError) as raised:
         load_policy(path)
@@ -285,3 +317,44 @@ def test_two_entries_for_one_database_table_are_refused(pums_db, postgres_backen
             dpsql.connect(database, policy=path, analyst="alice", ledger=tmp_path / "l.sqlite")
         apart = write(tmp_path, GOOD + weaker.format(name="pums_dup"))
         dpsql.connect(database, policy=apart, analyst="alice", ledger=tmp_path / "l.sqlite").close()
+
+
+def test_a_date_bound_of_a_timestamp_column_is_midnight(tmp_path):
+    """A date beside a datetime raised TypeError (can't compare datetime.datetime to
+    datetime.date); a date bound of a timestamp column is midnight of that day, as running
+    totals read it, and an aware bound is its UTC wall clock, as query values are."""
+    age = "      age: {type: int, lower: 0, upper: 100}"
+
+    def at_column(lower: str, upper: str):
+        timed = f"{age}\n      at: {{type: timestamp, lower: {lower}, upper: {upper}}}"
+        return load_policy(write(tmp_path, GOOD.replace(age, timed))).table("pums_pid")
+
+    assert at_column("2020-01-01", "2021-01-01 10:00:00").column("at").bounded
+    assert at_column("2020-01-01 10:00:00", "2021-01-01").column("at").bounded
+    assert at_column("2020-01-01", "2020-01-01 00:00:00").column("at").bounded  # one instant
+    aware = at_column("2020-01-01 10:00:00+02:00", "2020-01-01 09:00:00").column("at")
+    assert aware.lower == dt.datetime(2020, 1, 1, 8)  # naive, so it orders with the upper
+    with pytest.raises(dpsql.PolicyError, match="swap them"):
+        at_column("2020-01-02", "2020-01-01 23:00:00")
+
+
+@pytest.mark.parametrize(
+    ("domain", "advice"),
+    [
+        # built a list of 10^8 values (minutes, gigabytes) before anything was checked
+        ("{lower: 0, upper: 100000000}", "a domain of 100,000,001 values is more than"),
+        # int('a') raised ValueError; 0.5 was truncated to 0 without a word
+        ("{lower: a, upper: 3}", "whole-number bounds"),
+        ("{lower: 0.5, upper: 3}", "whole-number bounds"),
+        ("[[1], [2]]", "distinct values"),
+    ],
+)
+def test_a_local_domain_is_checked_before_it_is_built(tmp_path, domain, advice):
+    text = GOOD + f"  reports:\n    local: {{mechanism: grr, epsilon: 1.0, domain: {domain}}}\n"
+    path = write(tmp_path, text)
+    with pytest.raises(dpsql.PolicyError) as raised:
+        load_policy(path)
+    message = str(raised.value)
+    assert str(path) in message and "tables.reports.local.domain" in message and advice in message
+    small = text.replace(domain, "{lower: 0, upper: 9}")
+    assert load_policy(write(tmp_path, small)).table("reports").local.domain == tuple(range(10))

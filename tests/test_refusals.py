@@ -257,9 +257,14 @@ def test_values_compared_must_be_of_one_type(tmp_path):
         "CASE WHEN age > 80 THEN 1 ELSE 2 END = DATE '2020-01-01'", "age IN (NULL, 'x')",
         "(age = 1) = 'yes'", "LOWER('X') = age", "age > 80 AND day", "age > 80 AND 'x'",
         "CASE WHEN day THEN 1 ELSE 0 END = 1", "age > 80 AND age",
+        # Spark reads no quoted constant as a date in GREATEST/LEAST, and no constant of
+        # over 38 digits as a DECIMAL: errors after the charge (found by an audit)
+        "GREATEST(day, '2020-01-01') > DATE '2020-01-01'",
+        "age = 123456789012345678901.123456789012345678",
     ):  # fmt: skip
         with pytest.raises(dpsql.QueryRefused, match=r"write numbers without quotes|"
-                           r"converts text from the data|as truth values"):  # fmt: skip
+                           r"converts text from the data|as truth values|DATE '2020-01-01'|"
+                           r"fewer digits"):  # fmt: skip
             connection.execute(f"SELECT COUNT(*) FROM visits WHERE {condition}")
     assert connection.budget().epsilon_spent == 0
     for condition in (
@@ -267,6 +272,7 @@ def test_values_compared_must_be_of_one_type(tmp_path):
         "day < TIMESTAMP '2020-03-01 12:00:00'", "day - day = 0", "(age = 1) = 'true'",
         "age = CAST(NULL AS INT)", "LOWER('CA') = state", "age < -1e308", "age > 80 AND 'true'",
         "STARTS_WITH(state, 'C')", "state LIKE 'C!%' ESCAPE '!'",
+        "GREATEST(day, DATE '2020-01-01') > '2020-01-01'",
     ):  # fmt: skip
         assert connection.execute(f"SELECT COUNT(*) FROM visits WHERE {condition}").fetchone()
 
@@ -436,3 +442,21 @@ def test_an_aware_datetime_parameter_is_read_as_utc_wall_clock(visits):
     naive = connection.execute(sql, [dt.datetime(2020, 1, 5)]).fetchall()
     assert aware == naive  # one query: the same release, charged once
     assert connection.budget().epsilon_spent == pytest.approx(1.0)
+
+
+def test_a_sum_whose_bounds_times_a_units_rows_overflow_a_double_is_refused(tmp_path):
+    """Bounds near a double's range times two rows per unit: planning raised OverflowError
+    (a traceback, not a refusal); found by an audit."""
+    import duckdb
+
+    database = duckdb.connect()
+    database.execute("CREATE TABLE t AS SELECT i AS u, i * 1.0e300 AS x FROM range(10) r(i)")
+    columns = {"u": {"type": "int", "private": True},
+               "x": {"type": "float", "lower": -1.7e308, "upper": 1.7e308}}  # fmt: skip
+    table = {"privacy_unit": "u", "max_rows_per_unit": 2, "columns": columns}
+    policy = {"version": 1, "analysts": {"default": {"epsilon": 10.0}}, "tables": {"t": table}}
+    connection = dpsql.connect(database, policy=policy, ledger=tmp_path / "l.sqlite")
+    for sql in ("SELECT SUM(x) FROM t", "SELECT AVG(x) FROM t"):
+        with pytest.raises(dpsql.QueryRefused, match="beyond a double's range"):
+            connection.execute(sql)
+    assert connection.budget().epsilon_spent == 0

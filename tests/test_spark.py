@@ -340,3 +340,21 @@ def test_years_spark_holds_but_python_cannot_never_fail_a_query(spark_session, t
         ):
             keys = [row[0] for row in con.execute(sql).fetchall()]
             assert keys and all(key is None or 1 <= key.year <= 9999 for key in keys), sql
+
+
+def test_two_entries_for_one_catalog_table_are_refused(spark_session, tmp_path):
+    """`tw` and `default.tw` resolve to one catalog table: an analyst could read it under
+    the weaker of two entries (DuckDB and PostgreSQL checked this, Spark did not)."""
+    spark_session.sql(
+        f"CREATE TABLE tw (a INT) USING parquet LOCATION '{tmp_path / 'tw'}'"
+    )  # external, in the session's in-memory catalog: nothing in the working directory
+    try:
+        columns = {"columns": {"a": {"type": "int", "lower": 0, "upper": 9}}}
+        policy = {"version": 1, "analysts": {"default": {"epsilon": 1.0}},
+                  "tables": {"tw": columns, "default.tw": columns}}  # fmt: skip
+        with pytest.raises(dpsql.PolicyError, match="can name the same table"):
+            dpsql.connect(spark_session, policy=policy, ledger=tmp_path / "l.sqlite")
+        policy["tables"] = {"tw": columns, "pums": {"columns": {"age": {"type": "int"}}}}
+        dpsql.connect(spark_session, policy=policy, ledger=tmp_path / "l.sqlite").close()
+    finally:
+        spark_session.sql("DROP TABLE IF EXISTS tw")

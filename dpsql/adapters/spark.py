@@ -271,6 +271,17 @@ class SparkAdapter:
             return None
         return {field.name.lower(): field.dataType.simpleString() for field in fields}
 
+    def table_identities(self, name: str) -> set[tuple]:
+        """The table or view `name` reads, as the session resolves it: a temporary view
+        first, else the catalog's table in the current database (`census` and
+        `default.census` are one table unless a view named census hides it)."""
+        try:
+            table = self._session.catalog.getTable(name)
+        except self._errors:
+            return set()
+        namespace = tuple(part.lower() for part in table.namespace or ())
+        return {(table.catalog, namespace, table.name.lower(), bool(table.isTemporary))}
+
     def unique_columns(self, name: str) -> set[str]:
         return set()  # Spark declares no enforced keys: every unit is bounded
 

@@ -33,6 +33,7 @@ from pg_mimic.stream import PgStream
 from scramp import ScramException, ScramMechanism
 
 from dpsql.errors import InterfaceError
+from dpsql.policy import analyst_name_problem
 
 MECHANISM = "SCRAM-SHA-256"
 ITERATIONS = 4096  # PostgreSQL's default for password_encryption = scram-sha-256
@@ -86,15 +87,9 @@ def read_users(path: str | os.PathLike) -> dict[str, str]:
 
 def write_user(path: str | os.PathLike, analyst: str, verifier: str) -> None:
     """Add or replace `analyst` in a users file, readable by its owner only."""
-    if (
-        not analyst
-        or ":" in analyst
-        or analyst != analyst.strip()
-        or not analyst.isprintable()  # a newline split the file into two entries
-    ):
-        raise InterfaceError(
-            f"invalid analyst name {analyst!r}: no colons, control characters or surrounding spaces"
-        )
+    problem = analyst_name_problem(analyst)  # a newline split the file into two entries
+    if problem:
+        raise InterfaceError(problem)
     path = Path(path)
     users = read_users(path) if path.exists() else {}
     users[analyst] = verifier

@@ -23,7 +23,7 @@ from typing import Any
 from sqlglot import exp
 
 from dpsql.errors import QueryRefused
-from dpsql.policy import NEAR_ZERO, NUMERIC_TYPES, Column, Table
+from dpsql.policy import ISO_TEXT, NEAR_ZERO, NUMERIC_TYPES, Column, Table
 from dpsql.sql.check import AGGREGATES
 
 KEY_PREFIX = "__dpsql_k"
@@ -1094,6 +1094,7 @@ _INT32 = (-(2**31), 2**31 - 1)
 _BINARY_ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod)
 _ONE_VALUE = (exp.Paren, exp.Neg, exp.Abs, exp.Sign, exp.Floor, exp.Ceil, exp.Round, exp.Nullif)
 _MAX_FRACTION_DIGITS = 18
+_MAX_DIGITS = 38
 
 
 def _int32(node: exp.Expression) -> bool:
@@ -1123,12 +1124,23 @@ def _require_short_fraction(node: exp.Expression, clause: str) -> None:
     """Refuse a decimal constant with more than 18 digits after its point: DuckDB reads
     it as a DECIMAL of 38 digits with that many after the point, into which a value
     beside it with too many before it fails to convert, once a row reaches it
-    (`age = 0.0000000000000000000000000000000000001` failed for every age of 10 or more)."""
-    literal = node.this if isinstance(node, exp.Neg | exp.Paren) else node
+    (`age = 0.0000000000000000000000000000000000001` failed for every age of 10 or more).
+    And one of more than 38 digits without an exponent, which Spark cannot read as any
+    DECIMAL (an error after the charge)."""
+    literal = node
     while isinstance(literal, exp.Neg | exp.Paren):
         literal = literal.this
     text = literal.this.lower()
     fraction = text.partition(".")[2]
+    digits = sum(character.isdigit() for character in text.lstrip("0."))
+    if "e" not in text and digits > _MAX_DIGITS:
+        raise _partial(
+            node,
+            clause,
+            f"it has {digits} digits, more than the {_MAX_DIGITS} of the widest DECIMAL, "
+            "which Spark fails to read",
+            "write it with fewer digits, or with an exponent (1.2345e40)",
+        )
     if "e" not in text and len(fraction) > _MAX_FRACTION_DIGITS:
         raise _partial(
             node,
@@ -1378,10 +1390,8 @@ def _operands(comparison: exp.Expression) -> list[exp.Expression]:
 # a row reaches the comparison, so `WHERE age > 95 AND age = 'x'` failed exactly when
 # someone is over 95. Numbers are never accepted quoted where they meet the data:
 # '99999' does not fit a SMALLINT column. Patterns are anchored; a date must also exist.
-_DATE = r"\d{4}-\d{2}-\d{2}"
 _READABLE = {
-    "date": re.compile(_DATE),
-    "timestamp": re.compile(_DATE + r"([ T]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?)?"),
+    **ISO_TEXT,
     "bool": re.compile(r"(?i)true|false"),
     # only in CAST('NaN' AS DOUBLE), whose type is the literal's own
     "float": re.compile(r"(?i)[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?|nan|[+-]?infinity"),
@@ -1415,6 +1425,14 @@ def _require_comparable(
         text = (unreadable + constant_text)[0].sql()[:40]
         beside = f"it puts {'/'.join(sorted(kinds))} values beside the text {text}"
         raise _incomparable(node, clause, beside)
+    if quoted and kinds and isinstance(node, exp.Greatest | exp.Least):
+        raise QueryRefused(
+            f"{node.sql()[:60]} in {clause}",
+            f"Spark does not read a quoted constant as the {'/'.join(sorted(kinds))} values "
+            f"beside it in {node.key.upper()} (an error after the charge)",
+            "write the constant typed: DATE '2020-01-01', TIMESTAMP '2020-01-01 00:00:00', "
+            "or a number without quotes",
+        )
 
 
 def _incomparable(node: exp.Expression, clause: str, what: str) -> QueryRefused:

@@ -197,7 +197,18 @@ class DirectPlan:
         groups = self._groups_per_unit
         for measurement in analysis.measurements:
             if measurement.kind == "sum":
-                grid, per_group = sum_grid(measurement.bounds, rows_per_unit, groups, self.share)
+                try:
+                    grid, per_group = sum_grid(
+                        measurement.bounds, rows_per_unit, groups, self.share
+                    )
+                except OverflowError:  # bounds near a double's range, times what a unit adds
+                    raise QueryRefused(
+                        f"SUM/AVG of {measurement.argument.sql()[:60]}",
+                        "its bounds times the rows and groups one unit may add are beyond a "
+                        "double's range: no noise can be drawn for it",
+                        "sum a scaled value (SUM(x / 1e6)), or ask the data owner for "
+                        "tighter bounds on the column",
+                    ) from None
                 grids[len(self.measures)] = grid
                 self.measures.append(self._measure(per_group, grid.step))
             else:
