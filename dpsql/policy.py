@@ -288,7 +288,8 @@ def stored_types(stored: str, dialect: str) -> tuple[str, ...]:
     kinds = {
         "int": data_type.is_type(*_BIGINT_FITS),
         "float": data_type.is_type(*exp.DataType.NUMERIC_TYPES)
-        and not data_type.is_type(exp.DataType.Type.MONEY)  # no cast to double precision
+        # MONEY has no cast to double precision; BIT (a NUMERIC_TYPE to sqlglot) is bits
+        and not data_type.is_type(exp.DataType.Type.MONEY, exp.DataType.Type.BIT)
         and not _unconvertible_numeric(data_type, dialect),
         "string": data_type.is_type(*exp.DataType.TEXT_TYPES),
         "bool": data_type.is_type("boolean"),
@@ -308,14 +309,26 @@ def _parsed(stored: str, dialect: str) -> exp.DataType | None:
         return None
 
 
+_DUCKDB_COMMON_TYPE_HAZARDS = (
+    exp.DataType.Type.DECIMAL, exp.DataType.Type.INT128, exp.DataType.Type.UINT128,
+    exp.DataType.Type.UBIGINT,
+)  # fmt: skip
+
+
 def _unconvertible_numeric(data_type: exp.DataType | None, dialect: str) -> bool:
-    """Whether a number type has values whose conversion to DOUBLE fails.
+    """Whether a number type has values whose conversion to DOUBLE (or to the type of
+    what it is compared with) fails.
 
     A PostgreSQL `numeric` without a precision holds values beyond 1e308 and
     nonzero ones below 1e-307, and PostgreSQL fails the conversion of each (it
-    rounds neither to infinity nor to zero). Other engines' decimals have at most
-    38 digits.
+    rounds neither to infinity nor to zero). DuckDB compares a DECIMAL, HUGEINT,
+    UHUGEINT or UBIGINT with a constant or another column in a common type it
+    converts to row by row: `amount < 99999999999999999999999999999999999999` (a
+    DECIMAL(38,2)), `x = age` (a DECIMAL(38,37)) and `uh > -1` (a UHUGEINT) failed
+    only for some rows. Other engines' decimals have at most 38 digits.
     """
+    if dialect == "duckdb" and data_type is not None:
+        return data_type.is_type(*_DUCKDB_COMMON_TYPE_HAZARDS)
     if (
         dialect != "postgres"
         or data_type is None
@@ -336,6 +349,12 @@ def _declare_instead(fits: tuple[str, ...], table: str, stored: str, dialect: st
             "DuckDB converts a date or timestamp compared with a TIMESTAMP_NS to it row by "
             "row, which fails outside the years 1677-2262: declare a view over "
             f"{table} with CAST(column AS TIMESTAMP), which never fails, and name the view."
+        )
+    if _unconvertible_numeric(data_type, dialect) and dialect == "duckdb":
+        return (
+            "DuckDB compares it with constants and other columns in a common type it "
+            "converts to row by row, which fails for some values: declare a view over "
+            f"{table} with CAST(column AS DOUBLE), which never fails, and name the view."
         )
     if _unconvertible_numeric(data_type, dialect):
         return (

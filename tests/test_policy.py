@@ -175,7 +175,13 @@ def _typed_table_policy(declared: str) -> dict:
         ("INTEGER", "int", True),
         ("SMALLINT", "float", True),  # widened to DOUBLE: no value fails
         ("DOUBLE", "float", True),
-        ("DECIMAL(10, 2)", "float", True),
+        # DuckDB compares a DECIMAL, HUGEINT or UBIGINT in a common type it converts to row
+        # by row: `amount < <38 digits>`, `x = age` failed for some rows (found by an
+        # audit); and a BIT is bits, which the cast to DOUBLE fails on
+        ("DECIMAL(10, 2)", "float", False),
+        ("HUGEINT", "float", False),
+        ("UBIGINT", "float", False),
+        ("BIT", "float", False),
         ("VARCHAR", "string", True),
         ("DATE", "date", True),
         ("TIMESTAMPTZ", "timestamp", True),
@@ -210,6 +216,8 @@ def test_declared_types_must_fit_the_stored_ones(tmp_path, stored, declared, fit
     assert "Declare it as" in message or "view" in message
     if stored == "TIMESTAMP_NS":
         assert "CAST(column AS TIMESTAMP)" in message
+    if stored.startswith(("DECIMAL", "HUGEINT", "UBIGINT")):
+        assert "CAST(column AS DOUBLE)" in message
 
 
 def test_declared_types_are_checked_on_postgresql(postgres_url, tmp_path):

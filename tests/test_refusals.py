@@ -460,3 +460,65 @@ def test_a_sum_whose_bounds_times_a_units_rows_overflow_a_double_is_refused(tmp_
         with pytest.raises(dpsql.QueryRefused, match="beyond a double's range"):
             connection.execute(sql)
     assert connection.budget().epsilon_spent == 0
+
+
+DATES_BEYOND = [
+    "age = 40 AND day IN (TIMESTAMP '2020-01-01 01:00:00')",
+    "age = 40 AND day BETWEEN DATE '2020-01-01' AND TIMESTAMP '2020-01-01 01:00:00'",
+    "age = 40 AND day = DATE_TRUNC('month', ts)",
+    "age = 40 AND day <= ts",
+    "age = 40 AND COALESCE(day, ts) IS NULL",
+    "age = 40 AND CAST(day AS TIMESTAMP) IS NULL",
+    "age = 40 AND DATE_TRUNC('day', ts) IS NULL",
+    "age = 40 AND DATE_TRUNC('hour', day) IS NULL",
+]
+
+
+@pytest.mark.parametrize("condition", DATES_BEYOND)
+def test_dates_beyond_duckdbs_timestamps_fail_no_query(tmp_path, condition):
+    """DuckDB's dates reach the year 5881580, its timestamps 294247: a date converted to a
+    TIMESTAMP (compared with one, cast, truncated) failed for the row of the year 300000
+    only, and DATE_TRUNC of a TIMESTAMPTZ at the ends of its range (found by an audit).
+    Such values read as NULL where the query computes with them or compares them with
+    timestamps, as infinite ones already did."""
+    import duckdb
+
+    database = duckdb.connect()
+    database.execute("CREATE TABLE far (pid INT, age INT, day DATE, ts TIMESTAMPTZ)")
+    database.execute(
+        "INSERT INTO far VALUES (1, 40, '300000-01-01', '294247-01-10 04:00:54+00'), "
+        "(2, 40, '2020-02-01', '-290308-12-21 19:59:06+00'), (3, 30, '2020-01-01', '2020-01-01')"
+    )
+    span = {"lower": "2020-01-01", "upper": "2023-12-31"}
+    columns = {"pid": {"type": "int", "private": True},
+               "age": {"type": "int", "lower": 0, "upper": 100},
+               "day": {"type": "date", **span}, "ts": {"type": "timestamp", **span}}  # fmt: skip
+    policy = {"version": 1, "analysts": {"default": {"epsilon": 100.0, "delta": 0.5}},
+              "tables": {"far": {"privacy_unit": "pid", "columns": columns}}}  # fmt: skip
+    connection = dpsql.connect(database, policy=policy, ledger=tmp_path / "l.sqlite")
+    assert connection.execute(f"SELECT COUNT(*) FROM far WHERE {condition}").fetchone()
+
+
+def test_like_reads_text_of_a_nondeterministic_collation(postgres_url, tmp_path):
+    """PostgreSQL refuses LIKE, ILIKE and starts_with on a column of a nondeterministic
+    collation, once a row reaches them: `COUNT(CASE WHEN age = 40 AND state LIKE 'C%'
+    THEN 1 END)` failed exactly when someone was 40 (found by an audit). The rewrite
+    reads their text under the default collation."""
+    import psycopg
+    from conftest import postgres_tables
+
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute("CREATE COLLATION IF NOT EXISTS public.dpsql_case_blind (provider = icu, "
+                      "locale = 'und-u-ks-level2', deterministic = false)")  # fmt: skip
+    spec = "t (pid INT, age INT, state TEXT COLLATE public.dpsql_case_blind)"
+    columns = {"pid": {"type": "int", "private": True}, "state": {"type": "string"},
+               "age": {"type": "int", "lower": 0, "upper": 100}}  # fmt: skip
+    policy = {"version": 1, "analysts": {"default": {"epsilon": 100.0, "delta": 0.5}},
+              "tables": {"t": {"privacy_unit": "pid", "columns": columns}}}  # fmt: skip
+    with (
+        postgres_tables(postgres_url, {spec: [(1, 40, "CA"), (2, 30, "NY")]}) as url,
+        dpsql.connect(url, policy=policy, ledger=tmp_path / "l.sqlite") as connection,
+    ):
+        for test in ("state LIKE 'C%'", "state ILIKE 'c%'", "STARTS_WITH(state, 'C')"):
+            sql = f"SELECT COUNT(CASE WHEN age = 40 AND {test} THEN 1 END) FROM t"
+            assert connection.execute(sql).fetchone()

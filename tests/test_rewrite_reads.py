@@ -120,7 +120,7 @@ def test_a_bare_date_held_by_where_is_read_as_stored(where: str, stored: bool) -
     sql = session.plan(
         parse_statement(f"SELECT day, COUNT(*) FROM d WHERE {where} GROUP BY day", "duckdb").tree
     ).sql
-    assert ("ISFINITE" not in sql) == stored, sql
+    assert ("9999-12-31" not in sql) == stored, sql  # the guard's upper end
     if not stored:  # its comparisons with constants, never a computation, inside too
         inner = sql.split('AS "__dpsql_source"')[0]
         assert " WHERE " in inner and '"day" - ' not in inner, sql

@@ -634,3 +634,19 @@ def test_a_stream_whose_unit_the_database_came_to_keep_unique_is_another_stream(
     ]  # fmt: skip
     assert [stream.sensitivity for stream in streams] == [120, 1]
     assert streams[0].identity != streams[1].identity
+
+
+def test_a_factorization_sum_hides_its_exact_totals_low_bits(events, tmp_path):
+    """z was drawn on a lattice of 2^-20 sigma, 8 grid steps for a running SUM: the first
+    total was S_1 + z_1, so every release kept S_1 modulo 8 steps, whatever the key
+    (found by an audit). On a lattice of 2^-10 steps or finer, it varies with the key."""
+    query = ("SELECT day, SUM(SUM(amount)) OVER (ORDER BY day) FROM running_events "
+             "WHERE day < '2024-01-05' GROUP BY day")  # fmt: skip
+    residues = set()
+    for seed in range(6):
+        con = dpsql.connect(events, policy=_policy(1.0), ledger=tmp_path / f"{seed}.sqlite",
+                            continual="factorization", seed=seed)  # fmt: skip
+        step = con.session.plan(parse_statement(query, "duckdb").tree).stream.grid.step
+        first = con.execute(query).fetchall()[0][1]
+        residues.add(first / step % 8)  # S_1 + z_1 in grid steps: z_1 took 2 values mod 8
+    assert len(residues) > 2, residues

@@ -81,6 +81,13 @@ class HadamardResponse(IntegerReports, FrequencyOracle):
         self.p_own = half * e / self.norm  # P[y in C_x | x]
         self.scale = self.norm / (half * (e - 1))
 
+    @functools.cached_property
+    def _keep(self) -> ExactReal:
+        """p_own = (b/2) e^eps / ((b/2) e^eps + size - b/2), randomised response over
+        2 * blocks - 1 others, exactly: `rng.random() < p_own` rounded p_own up (to 1 at
+        d = 2 and epsilon 40, where the report was then always the true value)."""
+        return keep_probability(self.epsilon, 2 * self.blocks - 1)
+
     def _place(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         per_block = self.block_size - 1
         return idx // per_block, idx % per_block + 1
@@ -90,7 +97,7 @@ class HadamardResponse(IntegerReports, FrequencyOracle):
         n = idx.size
         b = self.block_size
         block, row = self._place(idx)
-        own = rng.random(n) < self.p_own
+        own = bernoulli_bools(self._keep, n, rng)
         j = rng.integers(0, b, size=n)
         # Flipping a bit that row s has set toggles parity(s & j): a bijection
         # between C_x and the rest of the block, so j stays uniform on either side.

@@ -1068,7 +1068,7 @@ def require_total(
         elif isinstance(sub, exp.DateTrunc | exp.TimestampTrunc | exp.Extract):
             _require_known_unit(sub, table, clause)
         elif isinstance(sub, _COMPARISONS):
-            _require_comparable(sub, _operands(sub), table, clause)
+            _require_comparable(sub, compared_operands(sub), table, clause)
         elif isinstance(sub, _CHOICES) and not isinstance(sub, exp.Paren):
             _require_comparable(sub, _values_of(sub), table, clause)
         elif isinstance(sub, exp.Interval) and not _is_length(sub):
@@ -1185,7 +1185,7 @@ def _require_truth(node: exp.Expression, table: Table, clause: str) -> None:
     PostgreSQL and Spark refuse it, after the charge. 'true' and 'false' read as
     truth values everywhere; text from the data has its own refusal (_text_allowed_in).
     """
-    kind = _value_kind(node, table)
+    kind = value_kind(node, table)
     if kind in (None, "bool") or _is_text(node, table):
         return
     if _is_string_literal(node) and _readable(node.this, "bool"):
@@ -1221,7 +1221,7 @@ def _require_argument_kind(node: exp.Expression, table: Table, clause: str) -> N
         argument = node.this
     if not kinds or not isinstance(argument, exp.Expression):
         return
-    kind = _value_kind(argument, table)
+    kind = value_kind(argument, table)
     if kind is not None and kind not in kinds:
         raise QueryRefused(
             f"{node.sql()[:60]} in {clause}",
@@ -1309,7 +1309,7 @@ def _require_known_unit(node: exp.Expression, table: Table, clause: str) -> None
     extract = isinstance(node, exp.Extract)
     unit = node.this if extract else node.args.get("unit")
     known = _PART_UNITS if extract else _TRUNC_UNITS
-    if extract and _value_kind(node.expression, table) == "date":
+    if extract and value_kind(node.expression, table) == "date":
         known -= _TIME_UNITS
     if not isinstance(unit, exp.Var | exp.Literal) or unit.name.lower() not in known:
         raise QueryRefused(
@@ -1374,11 +1374,11 @@ def _text_allowed_in(node: exp.Expression, table: Table) -> bool:
     if isinstance(parent, _COMPARISONS) or (
         isinstance(parent, exp.Is) and isinstance(parent.expression, exp.Null)
     ):
-        return all(_text_like(o, table) for o in _operands(parent))
+        return all(_text_like(o, table) for o in compared_operands(parent))
     return False
 
 
-def _operands(comparison: exp.Expression) -> list[exp.Expression]:
+def compared_operands(comparison: exp.Expression) -> list[exp.Expression]:
     """The values a comparison (=, IN, BETWEEN, IS, ...) compares, as one flat list."""
     operands = [v for k, v in comparison.args.items() if k in ("this", "expression",
                 "expressions", "low", "high") and v is not None]  # fmt: skip
@@ -1412,7 +1412,7 @@ def _require_comparable(
     noise that some row did. A quoted constant must read as every other kind present
     (see _READABLE); text from the data is checked by require_total."""
     quoted = [o for o in operands if _is_string_literal(o)]
-    kinds = {_value_kind(o, table) for o in operands if o not in quoted} - {None, "string"}
+    kinds = {value_kind(o, table) for o in operands if o not in quoted} - {None, "string"}
     if len({_COMPARABLE[kind] for kind in kinds}) > 1:
         raise _incomparable(node, clause, f"it compares {' with '.join(sorted(kinds))} values")
     unreadable = [o for o in quoted for kind in kinds if not _readable(o.this, kind)]
@@ -1449,7 +1449,7 @@ def _is_string_literal(node: exp.Expression) -> bool:
     return isinstance(node, exp.Literal) and node.is_string
 
 
-def _value_kind(node: exp.Expression, table: Table) -> str | None:
+def value_kind(node: exp.Expression, table: Table) -> str | None:
     """The kind of value an expression has (number, string, date, timestamp, bool,
     interval), as far as comparing it goes; None for NULL, which compares with any."""
     if isinstance(node, exp.Null):
@@ -1463,9 +1463,9 @@ def _value_kind(node: exp.Expression, table: Table) -> str | None:
     if _is_text(node, table):
         return "string"
     if isinstance(node, exp.Paren):
-        return _value_kind(node.this, table)
+        return value_kind(node.this, table)
     if isinstance(node, _CHOICES):  # the kind of its values: _require_comparable checks them
-        kinds = [_value_kind(v, table) for v in _values_of(node)]
+        kinds = [value_kind(v, table) for v in _values_of(node)]
         typed = [k for k in kinds if k not in (None, "string")]
         return typed[0] if typed else ("string" if "string" in kinds else None)
     if isinstance(node, exp.Column):
@@ -1475,7 +1475,7 @@ def _value_kind(node: exp.Expression, table: Table) -> str | None:
     if isinstance(node, exp.Cast | exp.TryCast):
         return _cast_kind(node.to)
     if isinstance(node, exp.DateTrunc | exp.TimestampTrunc):  # of an INTERVAL: an interval
-        if _value_kind(node.this, table) == "interval":
+        if value_kind(node.this, table) == "interval":
             return "interval"
         return "date"  # DATE or TIMESTAMP, by backend: only a plain date reads as both
     if isinstance(node, exp.CurrentDate):
@@ -1505,7 +1505,7 @@ def _arithmetic_kind(node: exp.Add | exp.Sub, table: Table) -> str:
     """date + 1 is a date, date - date a number of days, timestamp - timestamp an interval."""
     if is_day_count(node, table):
         return "number"
-    kinds = [_value_kind(node.this, table), _value_kind(node.expression, table)]
+    kinds = [value_kind(node.this, table), value_kind(node.expression, table)]
     temporal = [k for k in kinds if k in _TEMPORAL_TYPES]
     if len(temporal) == 2:
         return "interval"

@@ -24,8 +24,10 @@ from dpsql.sql.analyze import (
     Measurement,
     clamp,
     column_interval,
+    compared_operands,
     is_day_count,
     undeclared,
+    value_kind,
     where_range,
 )
 from dpsql.sql.parse import sqlglot_dialect
@@ -178,9 +180,29 @@ def _columns_read(analysis: Analysis) -> tuple[set[str], set[str], set[str]]:
             read.add(name)
             if column is root:
                 bare.add(name)
-            elif not isinstance(column.parent, _COMPARISONS):
+            elif not isinstance(column.parent, _COMPARISONS) or _beside_times(
+                column, analysis.table
+            ):
                 computed.add(name)
     return read, computed, bare
+
+
+def _beside_times(column: exp.Column, table: Table) -> bool:
+    """Whether a date column is compared with something other than dates: DuckDB converts
+    the date to a TIMESTAMP, which fails for dates past its timestamps' year 294247
+    (`day <= ts`, `day = DATE_TRUNC('month', ts)` failed only for such a row). Read
+    through the guard instead, as a date the query computes with."""
+    spec = table.column(column.name)
+    if spec is None or spec.type != "date":
+        return False
+    return any(
+        operand is not column
+        and (
+            isinstance(operand, exp.DateTrunc | exp.TimestampTrunc)
+            or value_kind(operand, table) not in (None, "date", "string")
+        )
+        for operand in compared_operands(column.parent)
+    )
 
 
 def _clamped_source(
@@ -216,7 +238,7 @@ def _clamped_source(
         this=exp.to_identifier(table.name.split(".")[-1], quoted=True),
         db=exp.to_identifier(table.name.split(".")[-2], quoted=True) if "." in table.name else None,
     )
-    items, identity, guarded = [], True, set()
+    items, identity, guarded = [], True, {}
     for column in table.columns.values():
         name = column.name.lower()
         if name not in read and name != table.privacy_unit:
@@ -239,8 +261,8 @@ def _clamped_source(
             and dialect in ("duckdb", "postgres", "spark")
             and (name in computed or (name in bare and not held_by(where, name)))
         ):
-            value = temporal_or_null(value, column.type, dialect)
-            identity, guarded = False, guarded | {name}
+            value = temporal_or_null(value, column.type)
+            identity, guarded = False, {**guarded, name: column.type}
         items.append(exp.alias_(value, column.name, quoted=True, copy=False))
     if identity:
         # Every column read as stored: the table itself, since a subquery of plain

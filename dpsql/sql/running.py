@@ -824,11 +824,12 @@ def _counter(
         return laplace_tree(horizon, spec.epsilon, sensitivity), Cost.of(spec.epsilon)
     counter = Factorization(horizon, rho, sensitivity, _gaussian_sampler())
     counter.prepare()
+    _lattice(counter.sigma)  # OutOfRange now, before the charge
     return counter, Cost.of(spec.epsilon, choice.delta)
 
 
 def _gaussian_sampler() -> Callable[[int, float, np.random.Generator], np.ndarray]:
-    """Exact discrete Gaussian noise on a power-of-two lattice 2^-20 of its standard deviation.
+    """Exact discrete Gaussian noise on a fine power-of-two lattice (_lattice).
 
     The factorization adds L z, a real combination, so z must not sit on the
     integers (a lattice aligned with the counts would make the fractional
@@ -837,11 +838,28 @@ def _gaussian_sampler() -> Callable[[int, float, np.random.Generator], np.ndarra
     """
 
     def sample(size: int, sigma: float, rng: np.random.Generator) -> np.ndarray:
-        lattice = math.ldexp(1.0, math.floor(math.log2(sigma)) - 20)
+        lattice = _lattice(sigma)
         units = Fraction(sigma) / Fraction(lattice)
         return discrete_gaussian(units * units, size, rng).astype(np.float64) * lattice
 
     return sample
+
+
+def _lattice(sigma: float) -> float:
+    """The lattice z is drawn on: 2^-20 of sigma, but no coarser than 2^-10 of the unit
+    the totals count in (a count, or a SUM's grid step), nor so fine that sigma^2 in
+    lattice units passes the sampler's 2^80 (OutOfRange if that needs one coarser than
+    half a unit). A SUM's sigma is about 2^23 grid steps: its lattice was 8 steps, and
+    the first total, S_1 + z_1, kept S_1 modulo 8 steps, the exact total's low bits in
+    every release (found by an audit)."""
+    top = math.floor(math.log2(sigma))
+    exponent = max(min(top - 20, -10), top - 39)
+    if exponent > -1:
+        raise OutOfRange(
+            f"Gaussian noise of standard deviation {sigma:.4g} cannot be drawn exactly on a "
+            "lattice finer than the totals it is added to"
+        )
+    return math.ldexp(1.0, exponent)
 
 
 # -- the plan -----------------------------------------------------------------

@@ -7,7 +7,10 @@ there; the rewritten query must run there and mean the same:
 * PostgreSQL has no DAYOFWEEK, DAYOFYEAR or QUARTER functions (sqlglot writes
   them anyway): they become EXTRACT(DOW|DOY|QUARTER ...) cast to BIGINT, Sunday
   being 0 as in DuckDB. PostgreSQL rounds to decimals only in NUMERIC:
-  ROUND(x, n) rounds x::numeric and casts back to DOUBLE.
+  ROUND(x, n) rounds x::numeric and casts back to DOUBLE. LIKE, ILIKE and
+  STARTS_WITH read their text under the default collation: PostgreSQL refuses
+  them on a nondeterministic one (a case-insensitive ICU collation), once a row
+  reaches them.
 * Spark has no MICROSECOND(S), MILLISECOND(S), DECADE, CENTURY, MILLENNIUM,
   ISODOW, ISOYEAR or EPOCH field in EXTRACT (an error, after the charge), and
   its DATE_TRUNC returns NULL for every row for the units it lacks (plural
@@ -54,9 +57,11 @@ _SPARK_TRUNC = "year, quarter, month, week, day, hour, minute, second, milliseco
 # "1 BC" nor DuckDB's can be held by Python), and the first year that does not.
 _FIRST_YEAR_KEPT = {"decade": 10, "century": 100, "millennium": 1000}
 _TRUNCATIONS = (exp.DateTrunc, exp.TimestampTrunc)
+# Quoted as written: `default` is a keyword, and the rewrite unquotes identifiers
+_DEFAULT_COLLATION = exp.Var(this='"default"')
 # The node kinds spell() may change or refuse, per dialect.
 _KINDS: dict[str, tuple[type[exp.Expression], ...]] = {
-    "postgres": (*_POSTGRES_PARTS, exp.Round, *_TRUNCATIONS),
+    "postgres": (*_POSTGRES_PARTS, exp.Round, exp.Like, exp.ILike, exp.StartsWith, *_TRUNCATIONS),
     "duckdb": (exp.Literal, *_TRUNCATIONS),
     "spark": (exp.Extract, exp.Literal, *_TRUNCATIONS),
 }
@@ -115,6 +120,14 @@ def _postgres(node: exp.Expression) -> exp.Expression:
     if part is not None:
         extract = exp.Extract(this=exp.var(part), expression=node.this)
         return exp.cast(extract, exp.DataType.Type.BIGINT)  # NUMERIC there, BIGINT in DuckDB
+    if isinstance(node, exp.Like | exp.ILike | exp.StartsWith):
+        # A column of a nondeterministic collation fails LIKE, ILIKE and starts_with,
+        # and only once a row reaches them; under the default collation they run
+        for side in ("this", "expression"):
+            operand = node.args.get(side)
+            if operand is not None and operand.find(exp.Column) is not None:
+                node.set(side, exp.Collate(this=operand, expression=_DEFAULT_COLLATION.copy()))
+        return node
     if isinstance(node, exp.Round) and node.args.get("decimals") is not None:
         # PostgreSQL rounds to decimals only in NUMERIC; the result goes back to DOUBLE
         node.set("this", exp.cast(node.this, exp.DataType.Type.DECIMAL))

@@ -5,9 +5,10 @@ BIGINT on them, DuckDB a cast to TIME) and, on PostgreSQL, years before 1 or
 after 9999, which psycopg cannot load as a group key, made a query fail once
 such a row was read: a failure that reveals the row, without noise. Where a
 query computes with such a column or groups by it, the rewrite's source reads
-it through `temporal_or_null` (DuckDB returns other years as text; Spark, which
-stores years from -290308 to 294247 though it has no infinities, returned them
-to PySpark, which failed to make Python dates of them after the charge). Two
+it through `temporal_or_null` (Spark, which stores years from -290308 to 294247
+though it has no infinities, returned them to PySpark, which failed to make
+Python dates of them after the charge; DuckDB's dates past its timestamps' year
+294247 failed a cast or comparison to a TIMESTAMP). Two
 things keep that guard from costing more than it must: the
 comparisons of a guarded column with constants are made again on the stored
 value (`prefilter`), and a column read bare only that WHERE holds between two
@@ -28,32 +29,32 @@ YEARS_PYTHON_HOLDS = {
 }
 
 
-def temporal_or_null(value: exp.Expression, kind: str, dialect: str) -> exp.Expression:
-    """`value` (a date or timestamp), or NULL where it is infinite (or, on PostgreSQL and
-    Spark, outside the years 1 to 9999)."""
-    if dialect == "duckdb":
-        # DuckDB computes with every finite year; a test of finiteness needs no literal
-        # of the column's type (DuckDB has several timestamp types)
-        keep: exp.Expression = exp.Anonymous(this="ISFINITE", expressions=[value.copy()])
-    else:
-        low, high = (exp.cast(exp.Literal.string(end), kind) for end in YEARS_PYTHON_HOLDS[kind])
-        keep = exp.Between(this=value.copy(), low=low, high=high)
+def temporal_or_null(value: exp.Expression, kind: str) -> exp.Expression:
+    """`value` (a date or timestamp), or NULL where it is infinite or outside the years 1
+    to 9999. DuckDB too: its dates reach the year 5881580 but its timestamps 294247,
+    so a date cast or compared to a TIMESTAMP failed past that, and DATE_TRUNC of a
+    TIMESTAMPTZ near either end of its range (found by an audit)."""
+    low, high = (exp.cast(exp.Literal.string(end), kind) for end in YEARS_PYTHON_HOLDS[kind])
+    keep = exp.Between(this=value.copy(), low=low, high=high)
     return exp.Case(ifs=[exp.If(this=keep, true=value)])
 
 
 _CONSTANT_COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Between, exp.In)
 
 
-def prefilter(where: exp.Expression | None, guarded: set[str]) -> list[exp.Expression]:
-    """The conjuncts of `where` that compare one `guarded` column as stored with constants,
-    to be made again on the stored values, inside the source.
+def prefilter(where: exp.Expression | None, guarded: dict[str, str]) -> list[exp.Expression]:
+    """The conjuncts of `where` that compare one `guarded` column (name to its type) as
+    stored with constants of its own kind, to be made again on the stored values,
+    inside the source.
 
     A guarded column reads as NULL where it is infinite or out of range, and a
     filter on that reading is not pushed into the scan: every row is read and
     guarded first. The same comparison on the stored value keeps no row the outer
     WHERE would drop: a row passing it on the guarded value is finite and in
     range, so the stored value is that value. A comparison cannot fail, whatever
-    the value (the analysis made sure its sides are of one kind).
+    the value (the analysis made sure its sides are of one kind), but a date's with a
+    timestamp: DuckDB converts the date to a TIMESTAMP, which fails past the year
+    294247 (DuckDB's dates reach 5881580), so that one stays outside.
     """
     if not guarded:
         return []
@@ -84,15 +85,18 @@ def _compared(condition: exp.Expression) -> tuple[exp.Column, list, bool, bool] 
     return subject, [o for o in others if o is not None], below, above
 
 
-def _compares_bare(condition: exp.Expression, names: set[str]) -> bool:
-    """Whether `condition` compares one of the columns `names`, as stored (no arithmetic or
-    function on it: `(day - DATE '0001-01-01') * 2 > 0` fails on an infinite day), with
-    constants."""
+def _compares_bare(condition: exp.Expression, kinds: dict[str, str]) -> bool:
+    """Whether `condition` compares one of the columns `kinds` names, as stored (no
+    arithmetic or function on it: `(day - DATE '0001-01-01') * 2 > 0` fails on an
+    infinite day), with constants, none of them a timestamp beside a date."""
     compared = _compared(condition)
-    return (
-        compared is not None
-        and compared[0].name.lower() in names
-        and not any(True for o in compared[1] for _ in o.find_all(exp.Column))
+    if compared is None or compared[0].name.lower() not in kinds:
+        return False
+    date = kinds[compared[0].name.lower()] == "date"
+    return not any(
+        any(True for _ in other.find_all(exp.Column))
+        or (date and isinstance(other, exp.Cast) and not other.to.is_type("date"))
+        for other in compared[1]
     )
 
 

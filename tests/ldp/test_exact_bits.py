@@ -122,10 +122,10 @@ class _NoFloatDraws:
 
 @pytest.mark.parametrize(
     ("name", "options", "others"),
-    [("grr", {}, 9), ("olh", {"g": 4}, 3), ("hm", {}, 1), ("rm", {}, 1)],
+    [("grr", {}, 9), ("olh", {"g": 4}, 3), ("hm", {}, 1), ("rm", {}, 1), ("hr", {}, 3)],
 )
 def test_randomised_response_keeps_with_the_exact_probability(name, options, others):
-    """GRR, OLH and the one-bit projections decided "keep" with `rng.random() < p`: p
+    """GRR, OLH, the one-bit projections and HR decided "keep" with `rng.random() < p`: p
     rounded up to a multiple of 2^-53, so the ratio of two outputs' probabilities
     exceeded e^eps (GRR by up to 2.8e-11 in epsilon; found by an audit). The keep
     probability is now e^eps / (e^eps + others) exactly, drawn bit by bit."""
