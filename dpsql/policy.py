@@ -350,13 +350,13 @@ def _declare_instead(fits: tuple[str, ...], table: str, stored: str, dialect: st
             "row, which fails outside the years 1677-2262: declare a view over "
             f"{table} with CAST(column AS TIMESTAMP), which never fails, and name the view."
         )
-    if _unconvertible_numeric(data_type, dialect) and dialect == "duckdb":
-        return (
-            "DuckDB compares it with constants and other columns in a common type it "
-            "converts to row by row, which fails for some values: declare a view over "
-            f"{table} with CAST(column AS DOUBLE), which never fails, and name the view."
-        )
     if _unconvertible_numeric(data_type, dialect):
+        if dialect == "duckdb":
+            return (
+                "DuckDB compares it with constants and other columns in a common type it "
+                "converts to row by row, which fails for some values: declare a view over "
+                f"{table} with CAST(column AS DOUBLE), which never fails, and name the view."
+            )
         return (
             "PostgreSQL converts a numeric to double precision row by row and fails on "
             "values beyond 1e308 or below 1e-307: give it a precision of at most 307 digits "

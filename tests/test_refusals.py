@@ -471,6 +471,10 @@ DATES_BEYOND = [
     "age = 40 AND CAST(day AS TIMESTAMP) IS NULL",
     "age = 40 AND DATE_TRUNC('day', ts) IS NULL",
     "age = 40 AND DATE_TRUNC('hour', day) IS NULL",
+    # repeated on the stored value inside the source, until only dates were
+    "age = 40 AND day IN (DATE_TRUNC('hour', TIMESTAMP '2020-01-05 01:00:00'), DATE '2020-01-01')",
+    "age = 40 AND day IN ((TIMESTAMP '2020-01-05 01:00:00'), DATE '2020-01-01')",
+    "age = 40 AND day IN (COALESCE(TIMESTAMP '2020-01-05 01:00:00', NULL), DATE '2020-01-01')",
 ]
 
 

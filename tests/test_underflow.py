@@ -199,3 +199,24 @@ def test_no_value_but_zero_is_nearer_zero_than_the_model_says(text: str) -> None
     for x in X_VALUES:
         for n in N_VALUES:
             _evaluate(node, {"x": x, "n": n})
+
+
+def test_postgresql_computes_decimal_constants_as_doubles(postgres_url, tmp_path) -> None:
+    """PostgreSQL rounds a numeric quotient to a scale of its own: LN(1.0 / 3 * 3) is
+    -1e-20 there, finer than the model's bound, and a product of 16 of them, 1e-320 to
+    PostgreSQL but proven above 1e-281, underflowed once divided by the one large x
+    (found by a review). Decimal constants go to PostgreSQL as doubles now."""
+    rows = [(pid, pid % 100, 1e6 if pid == 7 else 1.0) for pid in range(50)]
+    policy = {"version": 1, "analysts": {"default": {"epsilon": 100.0, "delta": 0.5}},
+              "tables": {"t": {"privacy_unit": "pid", "columns": {
+                  "pid": {"type": "int", "private": True},
+                  "age": {"type": "int", "lower": 0, "upper": 100},
+                  "x": {"type": "float", "lower": 1, "upper": 1e6}}}}}  # fmt: skip
+    product = " * ".join(["LN(1.0 / 3 * 3)"] * 16)
+    with (
+        postgres_tables(postgres_url, {"t (pid INT, age INT, x DOUBLE PRECISION)": rows}) as url,
+        dpsql.connect(url, policy=policy, ledger=tmp_path / "l.sqlite") as connection,
+    ):
+        for age in (7, 8):
+            sql = f"SELECT COUNT(*) FROM t WHERE age = {age} AND ({product}) / x < 1"
+            assert connection.execute(sql).fetchone()

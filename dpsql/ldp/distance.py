@@ -21,11 +21,31 @@ Corrections to the seed (digest 002-004):
 
 from __future__ import annotations
 
+import decimal
 import math
 
 import numpy as np
 
 from dpsql.ldp.base import FrequencyOracle, IntegerReports, bits_for
+
+
+def _window(epsilon: float) -> int:
+    """The largest theta with theta (theta + 1) <= e^eps, decided in 50 digits: the float
+    formula, nudged up by 1e-12, could give theta (theta + 1) just above e^eps (ln of a
+    whole number is irrational, so 50 digits never tie)."""
+    theta = math.floor((math.sqrt(4 * math.exp(epsilon) + 1) - 1) / 2)
+    with decimal.localcontext() as context:
+        context.prec = 50
+        bound = decimal.Decimal(epsilon)  # the float's exact value
+
+        def fits(t: int) -> bool:
+            return t < 1 or decimal.Decimal(t * (t + 1)).ln() <= bound
+
+        while not fits(theta):
+            theta -= 1
+        while fits(theta + 1):
+            theta += 1
+    return theta
 
 
 class DistanceSensitiveEncoding(IntegerReports, FrequencyOracle):
@@ -37,7 +57,7 @@ class DistanceSensitiveEncoding(IntegerReports, FrequencyOracle):
         super().__init__(epsilon, domain)
         if options:
             raise TypeError(f"unexpected options for {self.name}: {sorted(options)}")
-        theta = math.floor((math.sqrt(4 * math.exp(self.epsilon) + 1) - 1) / 2 + 1e-12)
+        theta = _window(self.epsilon)
         if theta < 1:
             raise ValueError(
                 f"distance-sensitive encoding needs epsilon >= ln 2 = 0.693, got {self.epsilon:g}; "

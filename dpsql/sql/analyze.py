@@ -745,7 +745,7 @@ def column_interval(column: Column) -> Interval | None:
 
     A float column's values other than 0 are at least NEAR_ZERO from it: the
     rewrite clamps a column to these bounds before computing with it and, on
-    PostgreSQL, reads a value nearer zero than that as 0 (rewrite.near_zero_flush)."""
+    PostgreSQL, reads a value nearer zero than that as 0 (rewrite.near_zero)."""
     if column.type not in NUMERIC_TYPES:
         return None
     if column.bounded:
@@ -776,7 +776,8 @@ def _interval_of(
         return ranges.get(column.name.lower()) or column_interval(column)
     value = _number(node)
     if value is not None:
-        # the constant itself, not the float nearest it (the databases read it exactly)
+        # the constant itself, not the float nearest it: the bounds hold its double and
+        # its exact value (PostgreSQL's numeric, where it is computed without a column)
         written = [literal.this for literal in node.find_all(exp.Literal)]
         exact = _exact(node)
         integer = exact.denominator == 1 and "." not in "".join(written)
@@ -860,8 +861,8 @@ def _rounding(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -
     if inner is None or decimals is None:
         return _whole(inner) if inner is not None else None
     places = _number(decimals)
-    if places is None or not -30 <= places <= 30:
-        return None
+    if places is None or not -30 <= places <= 30 or "." in decimals.sql():
+        return None  # places are a whole number written as one (no ROUND(x, 2.0) anywhere)
     pad = 10.0 ** -math.floor(places)  # rounding moves a value by less than one unit of it
     return Interval(inner.lower - pad, inner.upper + pad, tiny=pad / 2)  # whole units
 
@@ -952,11 +953,13 @@ def _outward(
     """The least and greatest of `operation` over the pairs, rounded outward to floats
     (None if one is not finite).
 
-    PostgreSQL and DuckDB compute with decimal constants exactly, and doubles round
-    each result: both must lie within the bounds, or a divisor proven nonzero by
-    rounded arithmetic (0.1 + 0.2 - 0.3 is 5.6e-17 in floats) is 0 in the database,
-    for the rows that reach it. Whole operands whose results are whole and within
-    2^53 are exact in floats already (the common case, kept cheap)."""
+    A database computes exactly where it can (integers; PostgreSQL's numeric and
+    DuckDB's DECIMAL, before constants with a decimal point went to them as
+    doubles) and rounds doubles: both results must lie within the bounds, or a
+    divisor proven nonzero by rounded arithmetic (0.1 + 0.2 - 0.3 is 5.6e-17 in
+    floats, 0 exactly) is 0 in the database, for the rows that reach it. Whole
+    operands whose results are whole and below 2^53 are exact in floats already
+    (the common case, kept cheap)."""
     results = [operation(a, b) for a, b in pairs]
     if not all(math.isfinite(r) for r in results):
         return None
@@ -964,7 +967,7 @@ def _outward(
         float(a).is_integer()
         and float(b).is_integer()
         and float(r).is_integer()
-        and abs(r) <= MAX_ROW_MAGNITUDE
+        and abs(r) < MAX_ROW_MAGNITUDE
         and (operation is not operator.truediv or r * b == a)
         for (a, b), r in zip(pairs, results, strict=True)
     ):
@@ -1376,6 +1379,17 @@ def _text_allowed_in(node: exp.Expression, table: Table) -> bool:
     ):
         return all(_text_like(o, table) for o in compared_operands(parent))
     return False
+
+
+def dates_only(operands: list[exp.Expression], table: Table) -> bool:
+    """Whether values compared with a date are dates too (or text or NULL), none of them
+    truncated: DuckDB converts a date compared with a TIMESTAMP to one, which fails for
+    dates past its timestamps' year 294247 (its dates reach 5881580)."""
+    return all(
+        value_kind(operand, table) in (None, "date", "string")
+        and operand.find(exp.DateTrunc, exp.TimestampTrunc) is None
+        for operand in operands
+    )
 
 
 def compared_operands(comparison: exp.Expression) -> list[exp.Expression]:

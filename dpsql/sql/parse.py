@@ -296,11 +296,20 @@ def _set_statement(tree: exp.Set, name: str) -> Statement:
 
 # SET/SHOW/RESET/DISCARD, then a setting's name (words, quoted or not, joined by dots)
 _SETTING = re.compile(
-    r"\s*(SET|SHOW|RESET|DISCARD)\s+(?:(?:SESSION|LOCAL)\s+)?"
+    r'\s*(SET|SHOW|RESET|DISCARD)(?:\s+|(?="))(?:(?:SESSION|LOCAL)\s+)?'
     r'((?:"[^"]*"|[\w$]+)(?:\s*\.\s*(?:"[^"]*"|[\w$]+))*)(.*)',
     re.IGNORECASE | re.DOTALL,
 )
-_COMMENT = re.compile(r"/\*.*?\*/|--[^\n]*", re.DOTALL)
+# PostgreSQL's block comments nest: the innermost first, until none is left
+_INNERMOST_COMMENT = re.compile(r"/\*(?:(?!/\*|\*/).)*\*/", re.DOTALL)
+_LINE_COMMENT = re.compile(r"--[^\n]*")
+
+
+def _without_comments(sql: str) -> str:
+    text, previous = _LINE_COMMENT.sub(" ", sql), None
+    while text != previous:
+        text, previous = _INNERMOST_COMMENT.sub(" ", text), text
+    return text
 
 
 def setting_name(sql: str) -> tuple[str, str, str]:
@@ -312,7 +321,7 @@ def setting_name(sql: str) -> tuple[str, str, str]:
     The one reading of these names, for the Session and for the server (which must
     pass on every statement of a dpsql option, however written: one it took for an
     ordinary setting and ignored left the client charged what it had not asked for)."""
-    match = _SETTING.fullmatch(_COMMENT.sub(" ", sql).strip().removesuffix(";"))
+    match = _SETTING.fullmatch(_without_comments(sql).strip().removesuffix(";"))
     if match is None:
         return "", "", ""
     keyword, name, rest = match.groups()

@@ -847,11 +847,11 @@ def _gaussian_sampler() -> Callable[[int, float, np.random.Generator], np.ndarra
 
 def _lattice(sigma: float) -> float:
     """The lattice z is drawn on: 2^-20 of sigma, but no coarser than 2^-10 of the unit
-    the totals count in (a count, or a SUM's grid step), nor so fine that sigma^2 in
-    lattice units passes the sampler's 2^80 (OutOfRange if that needs one coarser than
-    half a unit). A SUM's sigma is about 2^23 grid steps: its lattice was 8 steps, and
-    the first total, S_1 + z_1, kept S_1 modulo 8 steps, the exact total's low bits in
-    every release (found by an audit)."""
+    the totals count in (a count, or a SUM's grid step), unless sigma^2 in lattice
+    units would pass the sampler's 2^80 (sigma of 2^29 units or more): then sigma/2^39,
+    up to half a unit (OutOfRange beyond). A SUM's sigma is about 2^23 grid steps: its
+    lattice was 8 steps, and the first total, S_1 + z_1, kept S_1 modulo 8 steps, the
+    exact total's low bits in every release (found by an audit)."""
     top = math.floor(math.log2(sigma))
     exponent = max(min(top - 20, -10), top - 39)
     if exponent > -1:

@@ -21,8 +21,13 @@ there; the rewritten query must run there and mean the same:
 * DuckDB and Spark read a constant with a decimal point as a DECIMAL whose scale
   adds up under `*`: `age > 0.000000000000000001 * 0.000000000000000001` is a
   DECIMAL(38,36), which holds nothing of 100 or more, and DuckDB converted each
-  age to it, failing for the ages of 100. Such constants are cast to DOUBLE
-  there (PostgreSQL's numeric has no such limit).
+  age to it, failing for the ages of 100. PostgreSQL reads it as a numeric,
+  whose quotients it rounds to a scale of its own: `LN(1.0 / 3 * 3)` is -1e-20
+  there, finer than the analysis's bound on how near zero a value can be, and a
+  product of such values underflowed once divided by a large enough column
+  value. So such constants are sent as DOUBLE everywhere, and so is
+  PostgreSQL's EXTRACT(EPOCH ...), a numeric too: every value computed with is
+  then an integer or a double, which the analysis models (analyze.Interval).
 * Truncated to a decade, century or millennium, the first years of the
   calendar fall before the year 1 (DuckDB's century of the year 50 is the year
   0, PostgreSQL's decade of the year 5 is 1 BC), which Python cannot hold:
@@ -61,7 +66,16 @@ _TRUNCATIONS = (exp.DateTrunc, exp.TimestampTrunc)
 _DEFAULT_COLLATION = exp.Var(this='"default"')
 # The node kinds spell() may change or refuse, per dialect.
 _KINDS: dict[str, tuple[type[exp.Expression], ...]] = {
-    "postgres": (*_POSTGRES_PARTS, exp.Round, exp.Like, exp.ILike, exp.StartsWith, *_TRUNCATIONS),
+    "postgres": (
+        *_POSTGRES_PARTS,
+        exp.Round,
+        exp.Like,
+        exp.ILike,
+        exp.StartsWith,
+        exp.Literal,
+        exp.TimeToUnix,
+        *_TRUNCATIONS,
+    ),
     "duckdb": (exp.Literal, *_TRUNCATIONS),
     "spark": (exp.Extract, exp.Literal, *_TRUNCATIONS),
 }
@@ -86,13 +100,15 @@ def spell(node: exp.Expression, dialect: str) -> exp.Expression:
 
 
 def _as_double(literal: exp.Literal) -> exp.Expression:
-    """A constant with a decimal point as a DOUBLE (kinds: DuckDB and Spark only), unless
-    it is cast already."""
+    """A constant with a decimal point as a DOUBLE, unless it is cast already or stands
+    where a whole number goes (ROUND's places, SUBSTRING's positions: DuckDB, Spark and
+    PostgreSQL take no DOUBLE there)."""
     if (
         literal.is_string
         or "." not in literal.this
         or "e" in literal.this.lower()  # whole numbers are integers, 1e-5 a DOUBLE already
-        or isinstance(literal.parent, exp.Cast)
+        or isinstance(literal.parent, exp.Cast | exp.Substring)
+        or (isinstance(literal.parent, exp.Round) and literal.arg_key == "decimals")
     ):
         return literal
     return exp.cast(literal, exp.DataType.Type.DOUBLE)
@@ -116,6 +132,8 @@ def _early_years_null(truncation: exp.Expression) -> exp.Expression:
 
 
 def _postgres(node: exp.Expression) -> exp.Expression:
+    if isinstance(node, exp.TimeToUnix):  # EXTRACT(EPOCH ...), a numeric there
+        return exp.cast(node, exp.DataType.Type.DOUBLE)
     part = _POSTGRES_PARTS.get(type(node))
     if part is not None:
         extract = exp.Extract(this=exp.var(part), expression=node.this)

@@ -21,7 +21,8 @@ import datetime as dt
 
 from sqlglot import exp
 
-from dpsql.sql.analyze import conjuncts
+from dpsql.policy import Table
+from dpsql.sql.analyze import conjuncts, dates_only
 
 YEARS_PYTHON_HOLDS = {
     "date": ("0001-01-01", "9999-12-31"),
@@ -42,7 +43,9 @@ def temporal_or_null(value: exp.Expression, kind: str) -> exp.Expression:
 _CONSTANT_COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Between, exp.In)
 
 
-def prefilter(where: exp.Expression | None, guarded: dict[str, str]) -> list[exp.Expression]:
+def prefilter(
+    where: exp.Expression | None, guarded: dict[str, str], table: Table
+) -> list[exp.Expression]:
     """The conjuncts of `where` that compare one `guarded` column (name to its type) as
     stored with constants of its own kind, to be made again on the stored values,
     inside the source.
@@ -59,7 +62,9 @@ def prefilter(where: exp.Expression | None, guarded: dict[str, str]) -> list[exp
     if not guarded:
         return []
     return [
-        condition.copy() for condition in conjuncts(where) if _compares_bare(condition, guarded)
+        condition.copy()
+        for condition in conjuncts(where)
+        if _compares_bare(condition, guarded, table)
     ]
 
 
@@ -85,19 +90,17 @@ def _compared(condition: exp.Expression) -> tuple[exp.Column, list, bool, bool] 
     return subject, [o for o in others if o is not None], below, above
 
 
-def _compares_bare(condition: exp.Expression, kinds: dict[str, str]) -> bool:
+def _compares_bare(condition: exp.Expression, kinds: dict[str, str], table: Table) -> bool:
     """Whether `condition` compares one of the columns `kinds` names, as stored (no
     arithmetic or function on it: `(day - DATE '0001-01-01') * 2 > 0` fails on an
-    infinite day), with constants, none of them a timestamp beside a date."""
+    infinite day), with constants, and a date with dates only (analyze.dates_only)."""
     compared = _compared(condition)
     if compared is None or compared[0].name.lower() not in kinds:
         return False
-    date = kinds[compared[0].name.lower()] == "date"
-    return not any(
-        any(True for _ in other.find_all(exp.Column))
-        or (date and isinstance(other, exp.Cast) and not other.to.is_type("date"))
-        for other in compared[1]
-    )
+    column, others = compared[0], compared[1]
+    if any(True for other in others for _ in other.find_all(exp.Column)):
+        return False
+    return kinds[column.name.lower()] != "date" or dates_only(others, table)
 
 
 def held_by(where: exp.Expression | None, name: str) -> bool:

@@ -146,3 +146,20 @@ def test_randomised_response_keeps_with_the_exact_probability(name, options, oth
         kept = float(np.mean(reports == 0))
         p = float(exact)
         assert abs(kept - p) <= 5 * math.sqrt(p * (1 - p) / values.size)
+
+
+@pytest.mark.parametrize("epsilon", [math.log(6), math.log(12), math.log(2) + 1e-15, 1.0, 5.0])
+def test_distance_sensitive_window_never_exceeds_epsilon(epsilon):
+    """theta was floor((sqrt(4 e^eps + 1) - 1) / 2 + 1e-12): at eps = float(ln 6), just
+    below ln 6, it gave theta = 2, whose worst ratio theta (theta + 1) = 6 is above e^eps
+    (found by an audit). theta is the largest whole number whose ratio fits, exactly."""
+    from decimal import Decimal, localcontext
+
+    from dpsql.ldp.distance import _window
+
+    theta = _window(epsilon)
+    with localcontext() as context:
+        context.prec = 60
+        bound = Decimal(epsilon)
+        assert theta < 1 or Decimal(theta * (theta + 1)).ln() <= bound
+        assert Decimal((theta + 1) * (theta + 2)).ln() > bound
