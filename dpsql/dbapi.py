@@ -99,7 +99,7 @@ def connect(
     try:
         columns = {key: adapter.table_columns(key) for key in loaded.tables}
         loaded.check_schema(columns, adapter.dialect)
-        resolve = getattr(adapter, "table_identities", None)  # DuckDB, PostgreSQL, Spark
+        resolve = getattr(adapter, "table_identities", None)
         if resolve is not None:
             loaded.check_one_entry_per_table({key: resolve(key) for key in loaded.tables})
         book = ledger if isinstance(ledger, Ledger) else open_ledger(path)

@@ -248,6 +248,17 @@ def sqlite_url(tmp_path_factory):
     return f"sqlite:///{path}"
 
 
+def test_two_entries_for_one_sqlite_table_are_refused(sqlite_url, tmp_path):
+    """`pums_pid` and `main.pums_pid` name one table: an analyst could read it under the
+    weaker entry (DuckDB, PostgreSQL and Spark checked this; SQLAlchemy did not)."""
+    policy = pums_policy()
+    policy["tables"]["main.pums_pid"] = {"columns": {"pid": {"type": "int"}}}
+    with pytest.raises(dpsql.PolicyError, match="can name the same table"):
+        dpsql.connect(sqlite_url, policy=policy, ledger=tmp_path / "l")
+    del policy["tables"]["main.pums_pid"]
+    dpsql.connect(sqlite_url, policy=policy, ledger=tmp_path / "l").close()
+
+
 def test_sqlalchemy_on_sqlite_bounds_users_and_finds_unique_units(sqlite_url, tmp_path):
     adapter = SQLAlchemyAdapter(sqlite_url)
     assert adapter.dialect == "sqlite"

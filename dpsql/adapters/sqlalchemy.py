@@ -150,6 +150,19 @@ class SQLAlchemyAdapter:
             return None
         return {c["name"].lower(): _spelled(c["type"], self._engine.dialect) for c in columns}
 
+    def table_identities(self, name: str) -> set[tuple]:
+        """The table `name` reads: on PostgreSQL its oid, as the search path resolves it;
+        elsewhere its schema (the connection's default if none is written) and name."""
+        if self._inspect(name, "get_columns") is None:
+            return set()
+        schema, _, table = name.rpartition(".")
+        with self._connect() as connection:
+            if self._engine.dialect.name == "postgresql":
+                oid = connection.exec_driver_sql("SELECT to_regclass(%s)::oid", (name,)).scalar()
+                return {(oid,)} if oid is not None else set()
+            default = sqlalchemy.inspect(connection).default_schema_name or ""
+        return {((schema or default).lower(), table.lower())}
+
     def unique_columns(self, name: str) -> set[str]:
         """One-column keys the database enforces on what `name` reads: on PostgreSQL the
         PostgreSQL adapter's catalog query (valid indexes, no inheritance children);
