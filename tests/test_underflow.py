@@ -14,6 +14,7 @@ on a table of subnormal values each backend answers what it accepts.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Iterator
 from decimal import Decimal
@@ -150,44 +151,63 @@ N_VALUES = [-50, -7, -1, 0, 1, 2, 3, 49, 50]
 LITERALS = ["0.5", "3", "1e-5", "2.5e-3", "1000", "7", "0.1", "0.2", "0.3", "1e-40", "12.375"]
 
 _leaves = st.sampled_from(["x", "n", *LITERALS])
+# the functions the model bounds too, on arguments inside their domains
+_FUNCTIONS = ["ABS({})", "SQRT(ABS({}))", "LN(ABS({}) + 1)", "ROUND({}, 2)", "EXP({} / 1000)"]
 expressions = st.recursive(
     _leaves,
-    lambda inner: st.tuples(inner, st.sampled_from(["+", "-", "*", "/"]), inner).map(
-        lambda parts: f"({parts[0]} {parts[1]} {parts[2]})"
+    lambda inner: st.one_of(
+        st.tuples(inner, st.sampled_from(["+", "-", "*", "/"]), inner).map(
+            lambda parts: f"({parts[0]} {parts[1]} {parts[2]})"
+        ),
+        st.tuples(st.sampled_from(_FUNCTIONS), inner).map(lambda parts: parts[0].format(parts[1])),
     ),
     max_leaves=8,
 )
+_BINARY = {exp.Add: operator.add, exp.Sub: operator.sub, exp.Mul: operator.mul,
+           exp.Div: operator.truediv}  # fmt: skip
+_UNARY = {exp.Abs: abs, exp.Sqrt: math.sqrt, exp.Ln: math.log, exp.Exp: math.exp,
+          exp.Round: lambda value: round(value, 2)}  # fmt: skip
 
 
 def _evaluate(node: exp.Expression, row: dict[str, float]) -> tuple[float, Fraction]:
     """`node` in doubles (as DuckDB and PostgreSQL compute with a double) and exactly (as
-    they compute with decimal constants), checking each against the model's interval."""
+    they compute with decimal constants; a function's exact value is its double's),
+    checking each against the model's interval."""
     if isinstance(node, exp.Paren):
         return _evaluate(node.this, row)
     if isinstance(node, exp.Column):
         return row[node.name], Fraction(row[node.name])
     if isinstance(node, exp.Literal):
         return float(node.this), Fraction(Decimal(node.this))
+    interval = _interval(node, TABLE, {})
+    if type(node) in _UNARY:
+        inner, inner_exact = _evaluate(node.this, row)
+        value = _UNARY[type(node)](inner)
+        exact = abs(inner_exact) if isinstance(node, exp.Abs) else Fraction(value)
+        _check(node, interval, value, exact)
+        return value, exact
     (left, left_exact), (right, right_exact) = (
         _evaluate(node.this, row),
         _evaluate(node.expression, row),
     )
-    operation = {exp.Add: operator.add, exp.Sub: operator.sub, exp.Mul: operator.mul,
-                 exp.Div: operator.truediv}[type(node)]  # fmt: skip
-    interval = _interval(node, TABLE, {})
     if isinstance(node, exp.Div):
         # the model proved the divisor nonzero, computed either way
         assert right != 0 and right_exact != 0, node.sql()
+    operation = _BINARY[type(node)]
     value, exact = operation(left, right), operation(left_exact, right_exact)
-    if interval is None:
-        return value, exact
-    for result in (value, exact):
-        assert interval.lower <= result <= interval.upper, (node.sql(), result, interval)
-        assert result == 0 or abs(result) >= interval.least_nonzero, (node.sql(), result)
-    accepted = interval.least_nonzero >= MIN_NONZERO
+    _check(node, interval, value, exact)
+    accepted = interval is not None and interval.least_nonzero >= MIN_NONZERO
     if isinstance(node, exp.Mul | exp.Div) and accepted and left != 0 and right != 0:
         assert value != 0, (node.sql(), "underflowed, where PostgreSQL fails")
     return value, exact
+
+
+def _check(node: exp.Expression, interval, value: float, exact: Fraction) -> None:
+    if interval is None:
+        return
+    for result in (value, exact):
+        assert interval.lower <= result <= interval.upper, (node.sql(), result, interval)
+        assert result == 0 or abs(result) >= interval.least_nonzero, (node.sql(), result)
 
 
 @settings(max_examples=400, deadline=None, derandomize=True)

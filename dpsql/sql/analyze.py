@@ -913,9 +913,10 @@ def _arithmetic(node: exp.Expression, table: Table, ranges: dict[str, Interval])
         return None
     typed = left.integer_typed and right.integer_typed
     if isinstance(node, exp.Add | exp.Sub):
-        pairs = [(left.lower, right.lower), (left.upper, right.upper)]
-        if isinstance(node, exp.Sub):
-            pairs = [(left.lower, right.upper), (left.upper, right.lower)]
+        ends = (
+            (right.lower, right.upper) if isinstance(node, exp.Add) else (right.upper, right.lower)
+        )
+        pairs = list(zip((left.lower, left.upper), ends, strict=True))
         bounds = _outward(pairs, _OPERATIONS[type(node)])
         if bounds is None:
             return None
@@ -944,7 +945,7 @@ def _arithmetic(node: exp.Expression, table: Table, ranges: dict[str, Interval])
 
 
 _OPERATIONS = {exp.Add: operator.add, exp.Sub: operator.sub, exp.Mul: operator.mul,
-               exp.Div: operator.truediv, exp.IntDiv: operator.truediv}  # fmt: skip
+               exp.Div: operator.truediv}  # fmt: skip
 
 
 def _outward(
@@ -986,11 +987,14 @@ def _sum_tiny(left: Interval, right: Interval) -> float:
 def _last_place(number: exp.Expression) -> float:
     """The place of a number constant's last digit (0.25 -> 0.01, 3e-5 -> 1e-5): no value
     other than zero that sums and products of such constants take is nearer zero than
-    their places allow (PostgreSQL computes them exactly, in numeric). 1 for zero."""
+    their places allow, computed exactly or in doubles. 1 for zero."""
     while isinstance(number, exp.Neg | exp.Paren):
         number = number.this
     value = Decimal(number.this)
-    return 1.0 if value == 0 else float(Decimal(1).scaleb(value.as_tuple().exponent))
+    if value == 0:
+        return 1.0
+    exponent = value.as_tuple().exponent  # rounded down: 1e-5's double is above 10^-5
+    return _float_below(Fraction(10) ** exponent)
 
 
 def _branches(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -> Interval | None:
