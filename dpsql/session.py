@@ -17,7 +17,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -108,8 +108,12 @@ class Session:
         mechanism: str | None = None,
         seed: int | None = None,
         continual: str | None = None,
+        settings: Mapping[str, Any] | None = None,
         max_groups: int = MAX_GROUPS,
     ):
+        """`epsilon`, `mechanism`, `continual` and `settings` (option name, with or
+        without `dpsql.`, to value: what a wire client asked for at startup) are the
+        connection's starting options, which RESET returns to."""
         self.adapter = adapter
         self.policy = policy
         self.ledger = ledger
@@ -117,12 +121,10 @@ class Session:
         self.total = policy.budget(analyst)
         defaults = policy.defaults
         self.options = Options(defaults.epsilon_per_query, defaults.delta, defaults.mechanism)
-        if epsilon is not None:
-            self.set_option("epsilon", epsilon)
-        if mechanism is not None:
-            self.set_option("mechanism", mechanism)
-        if continual is not None:
-            self.set_option("continual", continual)
+        chosen = {"epsilon": epsilon, "mechanism": mechanism, "continual": continual}
+        for name, value in [*chosen.items(), *(settings or {}).items()]:
+            if value is not None:
+                self.set_option(name, value)
         self._defaults = self.options  # what RESET goes back to: the connection's start
         self.unique_units = frozenset(
             key for key, table in policy.tables.items()

@@ -66,6 +66,10 @@ ANSWERED = [
     "SELECT FLOOR(x / 100) AS b, COUNT(*) FROM near_zero GROUP BY 1",
     "SELECT COUNT(*) FROM near_zero WHERE w >= 0 AND w < 500",
     "SELECT w, SUM(COUNT(*)) OVER (ORDER BY w) FROM near_zero WHERE w < 100 GROUP BY w",
+    # constants compared as written: converted once, not per row
+    "SELECT COUNT(*) FROM near_zero WHERE x < 1e-320",
+    "SELECT COUNT(*) FROM near_zero WHERE x < -1e-320 OR x > (1e-320)",
+    "SELECT COUNT(*) FROM near_zero WHERE x >= -(1e-320)",
 ]
 REFUSED = [
     "SELECT COUNT(*) FROM near_zero WHERE (CASE WHEN age = 40 THEN 1 ELSE 0 END) "

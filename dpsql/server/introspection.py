@@ -34,7 +34,7 @@ from sqlglot import exp
 
 import dpsql
 from dpsql.policy import Policy
-from dpsql.server.sqlstate import FEATURE_NOT_SUPPORTED
+from dpsql.server.sqlstate import FEATURE_NOT_SUPPORTED, INVALID_PARAMETER_VALUE
 from dpsql.server.values import parameter_count
 from dpsql.sql.parse import setting_name
 
@@ -115,6 +115,60 @@ def _for_the_session(sql: str) -> bool:
     ignored, `SET /* x */ dpsql.epsilon = 0.001` left the client charged 1 per query."""
     keyword, name, _ = setting_name(sql)
     return name.startswith("dpsql.") or (keyword in ("RESET", "DISCARD") and name == "all")
+
+
+def startup_settings(parameters: dict[str, str]) -> dict[str, str]:
+    """The dpsql.* settings a client asked for when it connected: as startup parameters
+    (asyncpg's server_settings, JDBC) or in `options` as a PostgreSQL backend reads
+    them (libpq's PGOPTIONS or `options=-c dpsql.epsilon=0.1`: `-c name=value`,
+    `-cname=value` or `--name=value`, a backslash escaping the next character, dashes
+    in a name read as underscores). Other settings are accepted and ignored, as SET
+    of them is. Ignored, a client's `options=-c dpsql.epsilon=0.01` left its queries
+    charged the policy's default epsilon."""
+    settings = {name: value for name, value in parameters.items() if _is_dpsql(name)}
+    words = _option_words(parameters.get("options", ""))
+    for index, word in enumerate(words):
+        if word == "-c" and index + 1 < len(words):
+            setting = words[index + 1]
+        elif word.startswith(("-c", "--")) and word != "-c":
+            setting = word[2:]
+        else:
+            continue
+        name, equals, value = setting.partition("=")
+        name = name.replace("-", "_")
+        if _is_dpsql(name):
+            if not equals:
+                raise PgError(
+                    INVALID_PARAMETER_VALUE,
+                    f"the connection option {name} has no value; write -c {name}=<value>",
+                )
+            settings[name] = value
+    return settings
+
+
+def _is_dpsql(name: str) -> bool:
+    return name.lower().startswith("dpsql.")
+
+
+def _option_words(options: str) -> list[str]:
+    """`options` split at unescaped whitespace, backslashes dropped (PostgreSQL's rule)."""
+    words, word, escaped, started = [], [], False, False
+    for char in options:
+        if escaped:
+            word.append(char)
+            escaped = False
+        elif char == "\\":
+            escaped = started = True
+        elif char.isspace():
+            if started:
+                words.append("".join(word))
+            word, started = [], False
+        else:
+            word.append(char)
+            started = True
+    if started:
+        words.append("".join(word))
+    return words
 
 
 _DPSQL_FUNCTION = re.compile(r"\b(set_config|current_setting)\s*\(\s*'dpsql\.", re.I)

@@ -132,8 +132,11 @@ class Backend:
             self.shapes.put(key, shape, size)
         return shape
 
-    def open_session(self, analyst: str) -> Session:
-        return Session(self.adapter, self.policy, self.ledger, analyst, max_groups=self.max_groups)
+    def open_session(self, analyst: str, settings: dict[str, str] | None = None) -> Session:
+        return Session(
+            self.adapter, self.policy, self.ledger, analyst,
+            settings=settings, max_groups=self.max_groups,
+        )  # fmt: skip
 
     def execute(
         self, session: Session, sql: str, parameters: list[Any] | None, job: Job | None = None
@@ -221,7 +224,17 @@ class WireSession(MimicSession):
     async def init(self, connection: Any) -> None:
         await super().init(connection)
         connection.session_vars.update(introspection.SETTINGS)
-        self.session = await self.backend.run(self.backend.open_session, connection.username)
+        try:
+            settings = introspection.startup_settings(connection.startup_params)
+            self.session = await self.backend.run(
+                self.backend.open_session, connection.username, settings
+            )
+        except (PgError, Error) as exc:
+            # PostgreSQL too ends a connection whose startup options it cannot take
+            error = exc if isinstance(exc, PgError) else pg_error(exc)
+            await connection.stream.fatal(
+                error.sqlstate, f"{error.message} (in the connection's startup options)"
+            )
 
     async def schema(self) -> dict:
         return self.backend.schema

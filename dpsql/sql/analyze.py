@@ -1163,9 +1163,13 @@ def _require_clear_of_zero(node: exp.Expression, clause: str) -> None:
     """Refuse a constant whose last digit lies below MIN_NONZERO: PostgreSQL reads it as
     numeric, exactly, and fails to convert it (or what it adds up to) to a double. One
     compared as it is (`income < 1e-320`) is converted once, not per row, and fails
-    only where no double is that near zero (refused too, to save the charge)."""
+    only where no double is that near zero (refused too, to save the charge); so is one
+    negated or in parentheses (`income < -(1e-320)`)."""
     place = _last_place(node)
-    compared = isinstance(node.parent, _COMPARISONS) and _number(node) != 0
+    holder = node.parent
+    while isinstance(holder, exp.Neg | exp.Paren):
+        holder = holder.parent
+    compared = isinstance(holder, _COMPARISONS) and _number(node) != 0
     if place < MIN_NONZERO and not compared:
         raise _partial(
             node,

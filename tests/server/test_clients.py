@@ -295,6 +295,39 @@ def test_psycopg_introspection_and_options(served) -> None:
         assert ("pums",) in names
 
 
+def test_startup_options_set_dpsql_options(duck) -> None:
+    """dpsql.* settings asked for when connecting (libpq's options / PGOPTIONS, asyncpg's
+    server_settings) are the connection's starting options; ignored, a client that
+    connected with -c dpsql.epsilon=0.01 was charged the policy's default epsilon."""
+    options = r"-c dpsql.epsilon=0.125 --dpsql.mechanism=staircase -c search_path=public\ x"
+    with psycopg.connect(duck.dsn(), autocommit=True, options=options) as conn:
+        assert conn.execute("SHOW dpsql.epsilon").fetchone() == (0.125,)
+        assert conn.execute("SHOW dpsql.mechanism").fetchone() == ("staircase",)
+        plan = dict(conn.execute("EXPLAIN SELECT COUNT(*) FROM pums").fetchall())
+        assert "0.125" in plan["cost"]
+        conn.execute("SET dpsql.epsilon = 2")
+        conn.execute("RESET ALL")  # back to the connection's start, as PostgreSQL does
+        assert conn.execute("SHOW dpsql.epsilon").fetchone() == (0.125,)
+    asyncpg = pytest.importorskip("asyncpg")
+
+    async def shown() -> str:
+        conn = await asyncpg.connect(duck.url(), server_settings={"dpsql.epsilon": "0.25"})
+        try:
+            return await conn.fetchval("SHOW dpsql.epsilon")
+        finally:
+            await conn.close()
+
+    assert float(asyncio.run(shown())) == 0.25
+    for bad, message in (("-c dpsql.epsilon=-1", "positive"),
+                         ("-c dpsql.epsilon", "no value"),
+                         ("-c dpsql.mechanism=nope", "unknown mechanism"),
+                         ("-c dpsql.nope=1", "unknown option")):  # fmt: skip
+        with pytest.raises(psycopg.OperationalError, match=message):
+            psycopg.connect(duck.dsn(), options=bad)
+    with psycopg.connect(duck.dsn(), autocommit=True) as conn:  # the server is fine
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
 def test_asyncpg(served) -> None:
     asyncpg = pytest.importorskip("asyncpg")
 
