@@ -130,8 +130,26 @@ def ledger_path(ledger: str | os.PathLike | None, policy: Policy, database: Any)
             "'ledger: budget.sqlite' in the policy"
         )
     if isinstance(database, str | os.PathLike) and os.fspath(database) != ":memory:":
-        return f"{os.fspath(database)}.ledger.sqlite"
+        return _beside(os.fspath(database))
     return ":memory:"
+
+
+def _beside(database: str) -> str:
+    """The ledger beside a database file, named after the file itself: named as the path
+    was written, a symbolic link (or another relative path) to the file had a ledger,
+    and a budget, of its own. A ledger already kept under another name is refused, not
+    left behind with what it holds."""
+    written, resolved = f"{database}.ledger.sqlite", f"{os.path.realpath(database)}.ledger.sqlite"
+    if os.path.exists(written) and not (
+        os.path.exists(resolved) and os.path.samefile(written, resolved)
+    ):
+        raise InterfaceError(
+            f"the budget ledger of {database!r} is {written!r}, but the database file is "
+            f"{os.path.realpath(database)!r}, whose ledger is {resolved!r}: every name of a "
+            f"database must share one ledger. Move {written!r} to {resolved!r} (or merge "
+            "them), or pass ledger= to connect()"
+        )
+    return resolved
 
 
 class Connection:

@@ -254,7 +254,9 @@ class Policy:
                 if stored is None:
                     raise PolicyError(
                         f"column '{column.name}' is not in table '{table.name}' (it has: "
-                        f"{', '.join(sorted(actual))})",
+                        f"{', '.join(sorted(actual))}; names are read as the database folds "
+                        "unquoted names, so a column created in quotes in another case, such "
+                        'as "Income" in PostgreSQL, is read through a view that renames it)',
                         source=self.source,
                         key=where,
                     )

@@ -175,6 +175,7 @@ class Session:
             self.unique_units,
             _AnalystState(self.ledger, self.analyst),
             self.total,
+            self.adapter.identity,
         )
         return plan_query(tree, context)
 
@@ -261,7 +262,7 @@ class Session:
         text = json.dumps(
             [
                 key,
-                self.adapter.dialect,
+                self.adapter.identity,  # a ledger two databases share: one release each
                 self.policy.digest,
                 self.policy.data_version,
                 vars(self.options),  # flat: asdict's deep copy costs more than the hash

@@ -51,7 +51,8 @@ def test_postgres_catalog_follows_postgresql_name_rules(pg):
     expected = {"pid", "email", "team", "badge", "secret"}
     assert set(adapter.table_columns(f"{schema}.people")) == expected
     assert set(adapter.table_columns(f"{schema.upper()}.PEOPLE")) == expected  # unquoted: folded
-    assert set(adapter.table_columns(f'{schema}."Mixed"')) == {"value"}
+    # "Value" needs its quotes, which the rewrite, folding policy names, never writes
+    assert adapter.table_columns(f'{schema}."Mixed"') == {}
     assert adapter.table_columns(f"{schema}.mixed") is None  # "Mixed" needs its quotes
     assert adapter.table_columns("pums") is not None  # found through the URL's search_path
     assert adapter.table_columns("no_such_table") is None
@@ -156,6 +157,12 @@ def test_only_keys_postgresql_enforces_on_every_row_read_make_a_unit_unique(pg, 
     )
     admin.execute(f"CREATE TABLE {schema}.parts_low PARTITION OF {schema}.parts "
                   "FOR VALUES FROM (0) TO (100)")  # fmt: skip
+    # a key on "PID" says nothing of pid, the column the rewrite reads (folded): read
+    # as one, pid with 501 rows of one person was a unique unit (found by an audit)
+    admin.execute(f'CREATE TABLE {schema}.twins ("PID" serial PRIMARY KEY, pid int, age int)')
+    admin.execute(
+        f"INSERT INTO {schema}.twins (pid, age) SELECT 7, i FROM generate_series(1, 501) i"
+    )
     alchemy = SQLAlchemyAdapter(postgres_url.replace("postgresql://", "postgresql+psycopg://"))
     try:
         for each in (adapter, alchemy):
@@ -163,8 +170,26 @@ def test_only_keys_postgresql_enforces_on_every_row_read_make_a_unit_unique(pg, 
             assert each.unique_columns(f"{schema}.dups") == set()
             assert each.unique_columns(f"{schema}.parts") == {"pid"}
             assert each.unique_columns(f"{schema}.people") == {"pid", "email"}
+            assert each.unique_columns(f"{schema}.twins") == set()
+        assert set(adapter.table_columns(f"{schema}.twins")) == {"pid", "age"}
     finally:
         alchemy.close()
+
+
+def test_every_adapter_to_one_postgresql_database_names_it_alike(pg, postgres_url):
+    """Release caches, streams and synopses are kept per database (Adapter.identity): the
+    PostgreSQL and SQLAlchemy adapters to one database must name it alike, whatever
+    host name reaches it; the SQLAlchemy URL elsewhere, without user and password."""
+    adapter, _, _ = pg
+    alchemy = SQLAlchemyAdapter(postgres_url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        assert alchemy.identity == adapter.identity
+        assert adapter.identity.startswith("postgres:") and len(adapter.identity.split(":")) == 3
+    finally:
+        alchemy.close()
+    sqlite = SQLAlchemyAdapter("sqlite://")
+    assert sqlite.identity == "sqlalchemy:sqlite://"
+    sqlite.close()
 
 
 # -- which adapter a database argument opens ------------------------------------

@@ -104,6 +104,31 @@ def _spawn(pums_db: Path, policy: dict, ledger: str, worker: int, count: int):
     )  # fmt: skip
 
 
+def test_every_name_of_a_database_file_shares_its_default_ledger(pums_db, tmp_path):
+    """The default ledger sits beside the database file itself: named after the path as
+    written, a symbolic link to the file had a ledger, and a budget, of its own (found
+    by an audit: 3 + 3 queries of epsilon 1 on a budget of 3)."""
+    database = tmp_path / "pums.duckdb"
+    database.write_bytes(pums_db.read_bytes())
+    alias = tmp_path / "alias.duckdb"
+    alias.symlink_to(database)
+    for first, name in ((20, database), (40, alias)):
+        with dpsql.connect(str(name), policy=small_budget(3.0)) as connection:
+            for age in range(first, first + 2 - (name == alias)):
+                connection.execute(f"SELECT COUNT(*) FROM pums WHERE age > {age}")
+    with dpsql.connect(str(alias), policy=small_budget(3.0)) as connection:
+        assert connection.budget().epsilon_spent == pytest.approx(3.0)
+        with pytest.raises(dpsql.BudgetExhausted):
+            connection.execute("SELECT COUNT(*) FROM pums")
+    assert not (tmp_path / "alias.duckdb.ledger.sqlite").exists()
+    # a ledger kept under the other name before is refused, not left behind
+    other = tmp_path / "other.duckdb"
+    other.symlink_to(database)
+    (tmp_path / "other.duckdb.ledger.sqlite").write_bytes(b"")
+    with pytest.raises(dpsql.InterfaceError, match="must share one ledger"):
+        dpsql.connect(str(other), policy=small_budget(3.0))
+
+
 @pytest.fixture(params=STORES)
 def ledger_location(request: pytest.FixtureRequest, tmp_path: Path):
     """The ledger-level tests run on each store: an SQLite file, a PostgreSQL schema

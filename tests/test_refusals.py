@@ -121,6 +121,9 @@ HOSTILE = [
     "SELECT COUNT(*) FROM pums GROUP BY hash(age)",
     "SELECT COUNT(*), current_setting('threads') FROM pums",
     "SELECT read_text('/etc/passwd')",
+    # a statement without a table, cast to a catalog type: whether a table exists, its oid
+    "SELECT CAST('secret_schema.people' AS regclass)",
+    "SELECT 'secret_schema'::regnamespace",
     # malformed
     "SELEC COUNT(*) FROM pums",
     "SELECT COUNT(* FROM pums",
@@ -144,6 +147,10 @@ class RecordingAdapter:
     def stream(self, sql: str, *batching: int) -> Any:
         self.statements.append(sql)
         return self.adapter.stream(sql, *batching)
+
+    @property
+    def identity(self) -> str:
+        return self.adapter.identity
 
     def unique_columns(self, name: str) -> set[str]:
         return self.adapter.unique_columns(name)

@@ -92,6 +92,29 @@ def test_budget_is_charged_once_and_past_releases_never_change(events, tmp_path)
     assert again.budget().epsilon_spent == pytest.approx(2.0)
 
 
+def test_a_ledger_two_databases_share_keeps_their_streams_and_answers_apart(tmp_path):
+    """One policy and one ledger over two database files: the stream (and a cached
+    answer) of one was continued (served) on the other, for free; the second's rows
+    added to the first's totals moved a unit twice as far as the stream was charged
+    for (found by an audit)."""
+    ledger, totals = tmp_path / "ledger.sqlite", {}
+    for name, rows in (("a", 2000), ("b", 300)):
+        with duckdb.connect(str(tmp_path / f"{name}.duckdb")) as db:
+            db.execute("CREATE TABLE running_events "
+                       "(uid INT, day DATE, shop INT, city INT, amount DOUBLE)")  # fmt: skip
+            _add(db, 0, rows)
+            totals[name] = _truth(db, "2024-01-11")
+        with dpsql.connect(str(tmp_path / f"{name}.duckdb"), policy=_policy(1e4), ledger=ledger,
+                           seed=3) as con:  # fmt: skip
+            query = f"{RUNNING} WHERE day < '2024-01-11' GROUP BY day"
+            assert con.execute(query).fetchall() == [(d, int(n)) for d, n in totals[name]]
+            cursor = con.execute("SELECT COUNT(*) AS n FROM running_events")
+            # 6 scales (720) tell this database's count from the other's (1,700 apart)
+            assert abs(cursor.fetchone()[0] - rows) <= 6 * cursor.accuracy["n"].scale
+            spent = con.budget().epsilon_spent
+    assert spent == pytest.approx(2 * (1e4 + 1))  # each database its stream and its answer
+
+
 def test_late_rows_for_released_steps_are_ignored(events, tmp_path):
     con = _connect(events, tmp_path)
     before = con.execute(f"{RUNNING} WHERE day < '2024-01-06' GROUP BY day").fetchall()

@@ -53,6 +53,13 @@ class Adapter(Protocol):
         """Lower-case columns of table `name` that the database itself keeps unique
         (a single-column PRIMARY KEY or UNIQUE constraint)."""
 
+    @property
+    def identity(self) -> str:
+        """Which database this is, the same from every process and every name that reaches
+        it: release caches, streams and synopses are kept per database, so that a
+        ledger shared by two databases under one policy never answers one from the
+        other's release, nor continues one's stream with the other's rows."""
+
     def close(self) -> None: ...
 
 

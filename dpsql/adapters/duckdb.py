@@ -10,6 +10,8 @@ statement is stopped with its cursor's `interrupt()`.
 
 from __future__ import annotations
 
+import functools
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -90,6 +92,19 @@ class DuckDBAdapter:
 
     def interrupt(self, thread: int) -> None:
         self._running.interrupt(thread, lambda cursor: cursor.interrupt())
+
+    @functools.cached_property
+    def identity(self) -> str:
+        """The database file itself (its real path, whatever name opened it); every
+        in-memory database is one, whose contents are whatever its maker puts in (the
+        demo's, the same at every run, keeps its answers across runs)."""
+        rows = (
+            self._cursor()
+            .execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()")
+            .fetchall()
+        )
+        path = rows[0][0] if rows else None
+        return f"duckdb:{os.path.realpath(path)}" if path else "duckdb:memory"
 
     def _catalog(self, select: str, name: str, levels: tuple[str, ...]) -> list[tuple]:
         """Rows of a catalog query about table `name` (optionally schema/catalog-qualified).

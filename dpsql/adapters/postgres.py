@@ -23,8 +23,9 @@ are replaced rather than handed out: queries resume without restarting dpsql.
 
 from __future__ import annotations
 
+import functools
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import psycopg
@@ -42,7 +43,7 @@ _CONNECTION_LOST = ("08", "57P01", "57P02", "57P03")
 # Columns of a table, view or materialised view; `to_regclass` resolves the name
 # by PostgreSQL's rules: search_path, schema qualification, unquoted names folded.
 _COLUMNS = """
-SELECT lower(a.attname), format_type(a.atttypid, a.atttypmod)
+SELECT a.attname, format_type(a.atttypid, a.atttypmod)
 FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
 WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
   AND c.relkind IN ('r', 'v', 'm', 'p', 'f')
@@ -56,14 +57,31 @@ WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
 # inheritance children (a parent's key does not cover its children's rows, which a
 # plain FROM reads; a partitioned table's unique index does cover its partitions).
 UNIQUE_COLUMNS = """
-SELECT lower(a.attname) FROM pg_index i
+SELECT a.attname FROM pg_index i
 JOIN pg_class c ON c.oid = i.indrelid
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
 WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indnkeyatts = 1
   AND i.indisvalid AND i.indisready AND i.indislive
   AND i.indpred IS NULL AND i.indexprs IS NULL
   AND (c.relkind = 'p' OR NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhparent = c.oid))
+  AND a.attname = lower(a.attname) -- the names the rewrite reads (table_columns)
 """
+
+
+# Which database: the cluster's system identifier (set at initdb, the same however the
+# server is reached) and the database's name; where the role may not read the cluster's
+# control data, the address and port the server was reached at.
+IDENTITY = "SELECT current_database(), (SELECT system_identifier FROM pg_control_system())"
+_IDENTITY_BY_ADDRESS = "SELECT current_database(), inet_server_addr(), inet_server_port()"
+
+
+def postgres_identity(run: Callable[[str], list[tuple]]) -> str:
+    """`IDENTITY` read through `run` (a query's rows), or the address where it is denied."""
+    try:
+        row = run(IDENTITY)[0]
+    except BackendError:
+        row = run(_IDENTITY_BY_ADDRESS)[0]
+    return "postgres:" + ":".join(str(part) for part in row)
 
 
 class PostgresAdapter:
@@ -170,11 +188,21 @@ class PostgresAdapter:
         self._running.interrupt(thread, lambda connection: connection.cancel_safe(timeout=5))
 
     def table_columns(self, name: str) -> dict[str, str] | None:
+        """Only the columns named in lower case: the rewrite folds policy names as
+        PostgreSQL folds unquoted ones, so it never reads "Income" or "PID"; and a table
+        may hold both "PID" and pid (folded as one, a key on "PID" made pid, with
+        duplicates, a unique unit: read without bounding; found by an audit)."""
         try:
             _, rows = self._run(_COLUMNS, [name])
         except BackendError:
             return None  # not a name PostgreSQL can parse, e.g. too many dots
-        return dict(rows) or None
+        if not rows:
+            return None
+        return {column: kind for column, kind in rows if column == column.lower()}
+
+    @functools.cached_property
+    def identity(self) -> str:
+        return postgres_identity(lambda sql: self._run(sql)[1])
 
     def table_identities(self, name: str) -> set[tuple]:
         """The table `name` reads (its oid), as the search path resolves it."""

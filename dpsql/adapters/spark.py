@@ -32,6 +32,7 @@ and only when such a row was in the result.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -270,6 +271,17 @@ class SparkAdapter:
         except self._errors:
             return None
         return {field.name.lower(): field.dataType.simpleString() for field in fields}
+
+    @functools.cached_property
+    def identity(self) -> str:
+        """The catalog the session reads: its warehouse and current catalog (the tables
+        the policy names by path are in the policy, and so in every key already)."""
+        try:
+            warehouse = self._session.conf.get("spark.sql.warehouse.dir")
+            catalog = self._session.catalog.currentCatalog()
+        except self._errors as exc:
+            raise self._error(exc) from None
+        return f"spark:{warehouse}:{catalog}"
 
     def table_identities(self, name: str) -> set[tuple]:
         """The table or view `name` reads, as the session resolves it: a temporary view

@@ -13,6 +13,7 @@ interrupt); other drivers finish the statement.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -149,6 +150,24 @@ class SQLAlchemyAdapter:
         if not columns:
             return None
         return {c["name"].lower(): _spelled(c["type"], self._engine.dialect) for c in columns}
+
+    @functools.cached_property
+    def identity(self) -> str:
+        """On PostgreSQL the PostgreSQL adapter's; elsewhere the URL without its user and
+        password (another user's connection reads the same database)."""
+        if self._engine.dialect.name == "postgresql":
+            from dpsql.adapters.postgres import postgres_identity
+
+            def run(sql: str) -> list[tuple]:
+                try:
+                    with self._connect() as connection:
+                        return list(connection.exec_driver_sql(sql).fetchall())
+                except sqlalchemy.exc.DBAPIError as exc:
+                    raise self._error(exc) from None
+
+            return postgres_identity(run)
+        url = self._engine.url.set(username=None, password=None)
+        return "sqlalchemy:" + url.render_as_string(hide_password=False)
 
     def table_identities(self, name: str) -> set[tuple]:
         """The table `name` reads: on PostgreSQL its oid, as the search path resolves it;

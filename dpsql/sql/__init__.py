@@ -56,6 +56,7 @@ class PlanContext:
     unique_units: frozenset[str] = frozenset()
     stored: StoredState = field(default_factory=_NothingStored)
     budget: Cost | None = None  # the analyst's whole budget, when a planner needs to know it
+    database: str = ""  # the adapter's identity: streams and synopses are kept per database
 
 
 # Planners for checked queries whose shape has a plan of its own (tables of

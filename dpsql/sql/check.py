@@ -101,9 +101,29 @@ def check_query(select: exp.Select, policy: Policy) -> Table | None:
     source = select.args.get("from_")
     if source is None:
         _check_nodes(select, CONNECTION_CHECKS)
+        _check_constant_casts(select)
         return None
     _check_nodes(select, ())
     return _resolve_table(source.this, policy)
+
+
+# What a statement without a table may cast to: a cast to a catalog type (regclass,
+# regnamespace, ...) reads the database's catalog, beyond the policy's tables (found by
+# an audit: CAST('schema.table' AS regclass) told whether a table exists, and its oid).
+_CONSTANT_CAST_TYPES = (
+    *exp.DataType.TEXT_TYPES, *exp.DataType.NUMERIC_TYPES, *exp.DataType.TEMPORAL_TYPES,
+    exp.DataType.Type.BOOLEAN, exp.DataType.Type.INTERVAL,
+)  # fmt: skip
+
+
+def _check_constant_casts(select: exp.Select) -> None:
+    for target in select.find_all(exp.DataType):
+        if not target.is_type(*_CONSTANT_CAST_TYPES):
+            raise QueryRefused(
+                f"a cast to {target.sql()}",
+                "it can read the database's catalog, which is not in the policy",
+                "cast constants to text, numbers, truth values, dates, times or intervals",
+            )
 
 
 def check_clauses(select: exp.Select) -> None:

@@ -116,6 +116,7 @@ def plan_running(select: exp.Select, context: Any) -> RunningPlan | None:
         _tree_key(select),
         context.policy.digest,
         context.policy.data_version,
+        context.database,
         context.options,
         context.dialect,
         context.unique_units,
@@ -616,6 +617,7 @@ class _Stream:
                     filters.sql(dialect="duckdb", normalize=True) if filters is not None else None,
                     context.policy.digest,
                     context.policy.data_version,
+                    context.database,  # one stream per database, its rows its own
                     [choice.mechanism, spec.epsilon, choice.delta, sensitivity],
                     *grid_step,
                 ]

@@ -28,6 +28,13 @@ there; the rewritten query must run there and mean the same:
   value. So such constants are sent as DOUBLE everywhere, and so is
   PostgreSQL's EXTRACT(EPOCH ...), a numeric too: every value computed with is
   then an integer or a double, which the analysis models (analyze.Interval).
+* PostgreSQL has no `%` of double precision: `ROUND(income) % 7` (a whole number,
+  which is all `%` takes) failed for every row, after the charge. Its operands
+  are cast to BIGINT there (exactly: the analysis keeps them within 2^53).
+* DuckDB's SIGN returns a TINYINT, to which it fits the constants beside it:
+  `SIGN(income - 17000) * 127 + SIGN(income - 17000)` overflowed exactly when an
+  income was above 17000, a bit of one person's income per query. It is cast to
+  BIGINT there, the integer every other number computed with is.
 * Truncated to a decade, century or millennium, the first years of the
   calendar fall before the year 1 (DuckDB's century of the year 50 is the year
   0, PostgreSQL's decade of the year 5 is 1 BC), which Python cannot hold:
@@ -74,9 +81,10 @@ _KINDS: dict[str, tuple[type[exp.Expression], ...]] = {
         exp.StartsWith,
         exp.Literal,
         exp.TimeToUnix,
+        exp.Mod,
         *_TRUNCATIONS,
     ),
-    "duckdb": (exp.Literal, *_TRUNCATIONS),
+    "duckdb": (exp.Literal, exp.Sign, *_TRUNCATIONS),
     "spark": (exp.Extract, exp.Literal, *_TRUNCATIONS),
 }
 
@@ -90,6 +98,8 @@ def spell(node: exp.Expression, dialect: str) -> exp.Expression:
     """`node` as `dialect` can run it (itself if it can as it is); QueryRefused if it cannot."""
     if isinstance(node, exp.Literal):
         return _as_double(node)
+    if isinstance(node, exp.Sign):  # DuckDB's, a TINYINT
+        return exp.cast(node, exp.DataType.Type.BIGINT)
     if dialect == "spark":
         _refuse_on_spark(node)
     if isinstance(node, _TRUNCATIONS):
@@ -134,6 +144,10 @@ def _early_years_null(truncation: exp.Expression) -> exp.Expression:
 def _postgres(node: exp.Expression) -> exp.Expression:
     if isinstance(node, exp.TimeToUnix):  # EXTRACT(EPOCH ...), a numeric there
         return exp.cast(node, exp.DataType.Type.DOUBLE)
+    if isinstance(node, exp.Mod):  # whole numbers, perhaps doubles, which % does not take
+        for side in ("this", "expression"):
+            node.set(side, exp.cast(node.args[side], exp.DataType.Type.BIGINT))
+        return node
     part = _POSTGRES_PARTS.get(type(node))
     if part is not None:
         extract = exp.Extract(this=exp.var(part), expression=node.this)

@@ -74,8 +74,8 @@ class Domain:
 
     Bin i holds the (clamped) values in [lower + i*width, lower + (i+1)*width).
     `step` is the spacing of the values themselves: 1 for int, a day for date,
-    None for float and timestamp (continuous). `data_version` is the policy's: a
-    synopsis of other data is another synopsis.
+    None for float and timestamp (continuous). `data_version` is the policy's and
+    `database` the adapter's identity: a synopsis of other data is another synopsis.
     """
 
     table: Table
@@ -85,15 +85,16 @@ class Domain:
     width: Fraction
     step: Fraction | None
     data_version: str = ""
+    database: str = ""
 
     @classmethod
-    def of(cls, table: Table, column: Column, data_version: str = "") -> Domain:
+    def of(cls, table: Table, column: Column, data_version: str = "", database: str = "") -> Domain:
         spec = column.synopsis
         timed = column.type in ("date", "timestamp")
         width = Fraction(int(spec.bin.total_seconds())) if timed else _fraction(spec.bin)
         step = {"int": Fraction(1), "date": Fraction(_DAY)}.get(column.type)
         lower, upper = _coordinate(column.lower), _coordinate(column.upper)
-        return cls(table, column, lower, upper, width, step, data_version)
+        return cls(table, column, lower, upper, width, step, data_version, database)
 
     @functools.cached_property
     def bins(self) -> int:
@@ -192,6 +193,7 @@ class Domain:
                  self.table.privacy_unit, self.contributions]  # fmt: skip
         if self.data_version:  # only when set: keys of policies without one stay as they were
             parts.append(self.data_version)
+        parts.append(self.database)
         return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
 
     @property
@@ -307,7 +309,7 @@ class Request:
     summary: str
 
 
-def _match(analysis: Analysis, table: Table, data_version: str) -> Request | None:
+def _match(analysis: Analysis, table: Table, context: Any) -> Request | None:
     """The request the synopsis answers; None if the query does not touch a synopsis column.
 
     Raises _Decline with the reason when it touches one but cannot be answered exactly.
@@ -318,7 +320,7 @@ def _match(analysis: Analysis, table: Table, data_version: str) -> Request | Non
     if len(touched) > 1:
         raise _Decline(f"it involves several synopsis columns ({', '.join(touched)})")
     column = table.column(touched[0])
-    domain = Domain.of(table, column, data_version)
+    domain = Domain.of(table, column, context.policy.data_version, context.database)
     _check_measurement(analysis, column)
     start, stop, constrained = _where_bins(analysis.where, domain)
     if not analysis.keys:
@@ -571,7 +573,7 @@ def plan_synopsis(select: exp.Select, table: Table, context: PlanContext) -> Any
         return None
     analysis = analyze(select, bounded_table(table, context))
     try:
-        request = _match(analysis, analysis.table, context.policy.data_version)
+        request = _match(analysis, analysis.table, context)
     except _Decline as reason:
         return _direct_with_note(analysis, context, str(reason))
     if request is None:  # not a synopsis query: answered directly, from this analysis
