@@ -62,6 +62,8 @@ MAX_WATCH_INTERVAL = 365 * 86400.0
 #: The last two are found by their fingerprints' prefix; answers are the rest.
 STORED_KINDS = ("answers", "synopses", "streams")
 _KIND_PREFIXES = {"synopses": SYNOPSIS_PREFIX, "streams": STREAM_PREFIX}
+# How old (seconds) the session's reading of which units the database keeps unique may be.
+UNITS_READ_AGAIN = 1.0
 # How often a statement is planned again on the state a concurrent session stored first.
 _RACES = 5
 
@@ -126,10 +128,7 @@ class Session:
             if value is not None:
                 self.set_option(name, value)
         self._defaults = self.options  # what RESET goes back to: the connection's start
-        self.unique_units = frozenset(
-            key for key, table in policy.tables.items()
-            if table.privacy_unit and table.privacy_unit in adapter.unique_columns(key)
-        )  # fmt: skip
+        self._units_read_at = -math.inf
         self._rng = secure_generator(seed)
         self._rng_lock = threading.Lock()
         # Released groups per query: the result is read in batches and only kept
@@ -163,6 +162,22 @@ class Session:
             plan = self.plan(statement.tree)
             return Release(["item", "detail"], plan.explain())
         return self._answer(statement, fingerprint=fingerprint)
+
+    @property
+    def unique_units(self) -> frozenset[str]:
+        """Tables (policy keys) whose privacy unit the database keeps unique, read again
+        when older than UNITS_READ_AGAIN seconds: read once per session, a key the owner
+        dropped (and the duplicates then added) went on being read as one row per unit,
+        without bounding, for as long as a connection lasted."""
+        now = time.monotonic()
+        if now - self._units_read_at > UNITS_READ_AGAIN:
+            self._unique_units = frozenset(
+                key for key, table in self.policy.tables.items()
+                if table.privacy_unit
+                and table.privacy_unit in self.adapter.unique_columns(key)
+            )  # fmt: skip
+            self._units_read_at = now
+        return self._unique_units
 
     def plan(self, tree: Any) -> Plan:
         with self._rng_lock:

@@ -299,6 +299,31 @@ def test_a_unit_the_database_keeps_unique_needs_no_bounding(tmp_path):
     assert "ROW_NUMBER" in plain["sql"] and "3 rows per group" in plain["privacy"]
 
 
+def test_a_dropped_key_stops_making_a_unit_unique_within_a_session(tmp_path, monkeypatch):
+    """Which units the database keeps unique was read once per session: a table whose key
+    the owner replaced by duplicates went on being read without bounding, for as long
+    as the connection (a `dpsql serve` client's, say) lasted (found by an audit)."""
+    from dpsql import session as sessions
+
+    database = duckdb.connect()
+    database.execute("CREATE TABLE t (pid INTEGER PRIMARY KEY, age INTEGER)")
+    database.execute("INSERT INTO t SELECT i, i % 90 FROM range(100) r(i)")
+    policy = {"version": 1, "analysts": {"default": {"epsilon": 10.0}},
+              "tables": {"t": {"privacy_unit": "pid", "max_rows_per_unit": 2, "columns": {
+                  "pid": {"type": "int", "private": True},
+                  "age": {"type": "int", "lower": 0, "upper": 100}}}}}  # fmt: skip
+    with dpsql.connect(database, policy=policy, ledger=tmp_path / "l.sqlite") as connection:
+        assert (
+            "keeps unique" in dict(connection.execute("EXPLAIN SELECT COUNT(*) FROM t"))["privacy"]
+        )
+        database.execute("CREATE TABLE u AS SELECT 7 AS pid, age FROM t")  # no key
+        database.execute("DROP TABLE t")
+        database.execute("ALTER TABLE u RENAME TO t")
+        monkeypatch.setattr(sessions, "UNITS_READ_AGAIN", 0.0)  # no wait for the clock
+        plan = dict(connection.execute("EXPLAIN SELECT COUNT(*) FROM t"))
+        assert "ROW_NUMBER" in plan["sql"] and "2 rows per group" in plan["privacy"]
+
+
 def test_a_key_on_a_same_named_table_elsewhere_does_not_make_a_unit_unique(tmp_path):
     """DuckDB's catalog was searched by table name alone: a PRIMARY KEY on archive.census
     made main.census's unit, with 501 rows for one person, "unique" (sensitivity 1;

@@ -47,6 +47,26 @@ def test_dse_is_unbiased_with_its_exact_covariance():
     )
 
 
+@pytest.mark.parametrize("epsilon, d", [(math.log(12), 12), (1.0, 200), (math.log(90), 60)])
+def test_dse_reports_come_from_the_exact_channel(epsilon, d, monkeypatch):
+    """Reports were drawn from the float CDF alone, up to about 1e-13 off the channel.
+    The float CDF must lie well within the margin of the exact one, and draws decided by
+    the exact CDF (every draw, with the margin widened) must follow the channel."""
+    from dpsql.ldp import distance
+
+    m = ldp.mechanism("dse", epsilon, range(d))
+    for value in (0, d // 2, d - 1):
+        exact = np.array([float(step) for step in m._exact_cdf(value)])
+        assert np.abs(exact - m._cdf[value][:-1]).max() < distance._MARGIN / 2**10
+    monkeypatch.setattr(distance, "_MARGIN", 0.5)  # every draw near a step: all exact
+    n, value = 4_000, d // 3
+    reports = m.perturb_indices(np.full(n, value), np.random.default_rng(8))
+    frequencies = np.bincount(reports, minlength=d) / n
+    expected = m.channel()[value]
+    # within 5 standard errors of each report's probability (a fixed seed)
+    assert np.all(np.abs(frequencies - expected) <= 5 * np.sqrt(expected * (1 - expected) / n))
+
+
 def test_random_matrix_columns_have_unit_norm_and_the_ratio_is_e_eps():
     m = ldp.mechanism("rm", 1.5, range(10), rows=6)
     np.testing.assert_allclose((m.matrix**2).sum(axis=0), 1.0, rtol=1e-12)
