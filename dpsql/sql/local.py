@@ -13,6 +13,7 @@ ratio of the two.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -97,28 +98,49 @@ class LocalPlan:
 
     def _estimate(self, rows: list[tuple]) -> tuple[np.ndarray, np.ndarray, int]:
         """Per domain value: the (post-processed) estimate and its variance; n reports."""
-        counts = np.array([int(row[1]) for row in rows], dtype=np.int64)
-        n = int(counts.sum())
+        aggregate, n = self._aggregate(rows)
         if n == 0:
             zeros = np.zeros(self.oracle.d)
             return zeros, zeros, 0
-        try:
-            distinct = self.oracle.parse_reports([str(row[0]) for row in rows])
-        except (ValueError, IndexError):
-            # Not the parser's message: it quotes the cell, which may hold a true value
-            # that a client uploaded unrandomised, and the refusal is free.
-            raise QueryRefused(
-                f"the reports in column {self.spec.report}",
-                f"some are not {self.spec.mechanism} reports",
-                "store the reports exactly as `dpsql ldp perturb` writes them; the data "
-                "owner can find the malformed ones in the table",
-            ) from None
-        # The database counted each distinct report once; expanding by the count
-        # gives the oracle the report multiset its counting step expects.
-        aggregate = self.oracle.aggregate(np.repeat(distinct, counts, axis=0))
         unbiased = self.oracle.estimate_from_counts(aggregate, n)
         plug_in = np.clip(unbiased, 0, n)
         return ldp.postprocess(unbiased, self.method, n), self._variances(n, plug_in), n
+
+    def _aggregate(self, rows: list[tuple]) -> tuple[np.ndarray | None, int]:
+        """The oracle's aggregate of the reports and how many there are. The database
+        counted each distinct report once; expanded by its count, they are the report
+        multiset the oracle's counting step expects. A row the oracle cannot read or
+        count (a value a client uploaded unrandomised, an index beyond the domain) is no
+        report and is left out: refusing the whole table for it, or failing, told every
+        analyst whether one existed, for free."""
+        fields = [str(row[0]) for row in rows]
+        counts = np.array([int(row[1]) for row in rows], dtype=np.int64)
+        counted = self._counted(fields, counts)
+        if counted is None:  # some row is no report: find which, one at a time
+            kept = [
+                i
+                for i in range(len(fields))
+                if self._counted(fields[i : i + 1], counts[:1]) is not None
+            ]
+            fields, counts = [fields[i] for i in kept], counts[kept]
+            counted = self._counted(fields, counts) if kept else None
+        return counted, int(counts.sum())
+
+    def _counted(self, fields: list[str], counts: np.ndarray) -> np.ndarray | None:
+        """The oracle's aggregate of `fields` repeated `counts` times, or None if any of
+        them is not one of its reports."""
+        try:
+            distinct = self.oracle.parse_reports(fields)
+            aggregate = self.oracle.aggregate(np.repeat(distinct, counts, axis=0))
+        except (ValueError, IndexError, TypeError, OverflowError):
+            return None
+        # an index beyond the domain is counted in a longer aggregate
+        return aggregate if np.shape(aggregate) == self._aggregate_shape else None
+
+    @functools.cached_property
+    def _aggregate_shape(self) -> tuple[int, ...]:
+        """What the aggregate of valid reports looks like (of none at all)."""
+        return np.shape(self.oracle.aggregate(self.oracle.parse_reports([])))
 
     def _variances(self, n: int, counts: np.ndarray) -> np.ndarray:
         """Each estimate's variance at the plugged-in counts, without a loop where possible."""
@@ -199,7 +221,8 @@ class LocalPlan:
     def _notes(self, n: int) -> list[str]:
         return [
             f"estimated from {n} local reports ({self.spec.mechanism}, epsilon "
-            f"{self.spec.epsilon:g}); no central budget is charged"
+            f"{self.spec.epsilon:g}; rows that are not such reports are left out); no "
+            "central budget is charged"
         ]
 
     def explain(self) -> list[tuple[str, str]]:
