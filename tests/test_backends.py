@@ -5,8 +5,10 @@ in test_queries, test_refusals, test_sensitivity and test_budget."""
 from __future__ import annotations
 
 import csv
+import os
 import sqlite3
 import threading
+from pathlib import Path
 
 import pytest
 from conftest import PUMS_TABLES, pums_policy, require_pums
@@ -171,25 +173,34 @@ def test_only_keys_postgresql_enforces_on_every_row_read_make_a_unit_unique(pg, 
             assert each.unique_columns(f"{schema}.parts") == {"pid"}
             assert each.unique_columns(f"{schema}.people") == {"pid", "email"}
             assert each.unique_columns(f"{schema}.twins") == set()
-        assert set(adapter.table_columns(f"{schema}.twins")) == {"pid", "age"}
+            assert set(each.table_columns(f"{schema}.twins")) == {"pid", "age"}
     finally:
         alchemy.close()
 
 
-def test_every_adapter_to_one_postgresql_database_names_it_alike(pg, postgres_url):
+def test_every_adapter_to_one_postgresql_database_names_it_alike(pg, postgres_url, tmp_path):
     """Release caches, streams and synopses are kept per database (Adapter.identity): the
     PostgreSQL and SQLAlchemy adapters to one database must name it alike, whatever
-    host name reaches it; the SQLAlchemy URL elsewhere, without user and password."""
+    host name reaches it (the cluster's system identifier); a SQLite file is named by
+    its real path, whatever relative name reached it."""
     adapter, _, _ = pg
-    alchemy = SQLAlchemyAdapter(postgres_url.replace("postgresql://", "postgresql+psycopg://"))
+    other_name = postgres_url.replace("127.0.0.1", "localhost")
+    assert other_name != postgres_url
+    alchemy = SQLAlchemyAdapter(other_name.replace("postgresql://", "postgresql+psycopg://"))
     try:
         assert alchemy.identity == adapter.identity
-        assert adapter.identity.startswith("postgres:") and len(adapter.identity.split(":")) == 3
+        cluster = adapter.identity.split(":")[1]
+        assert cluster.isdigit() and adapter.identity.startswith("postgres:")
     finally:
         alchemy.close()
-    sqlite = SQLAlchemyAdapter("sqlite://")
-    assert sqlite.identity == "sqlalchemy:sqlite://"
-    sqlite.close()
+    here = Path.cwd()
+    try:
+        os.chdir(tmp_path)
+        relative = SQLAlchemyAdapter("sqlite:///people.db")
+        assert relative.identity == f"sqlalchemy:sqlite:///{tmp_path / 'people.db'}"
+        relative.close()
+    finally:
+        os.chdir(here)
 
 
 # -- which adapter a database argument opens ------------------------------------
@@ -331,3 +342,25 @@ def test_date_parts_and_rounding_run_on_every_backend(visits):
         f"SELECT SUM(ROUND(age / 3, 2)) FROM {table} WHERE DAYOFYEAR(day) < 150"
     ).fetchone()
     assert total is not None
+
+
+def test_a_duckdb_database_is_named_by_its_file_and_what_it_attaches(tmp_path):
+    """Two in-memory connections that attach different files (and read them through
+    views) were one database to the ledger: one's cached answer was served for the
+    other (found by a review). A file is named by its real path, however reached."""
+    import duckdb
+
+    for name in ("a", "b"):
+        duckdb.connect(str(tmp_path / f"{name}.duckdb")).close()
+    (tmp_path / "link.duckdb").symlink_to(tmp_path / "a.duckdb")
+    names = []
+    for name in ("a", "b"):
+        connection = duckdb.connect()
+        connection.execute(f"ATTACH '{tmp_path / name}.duckdb' AS source")
+        names.append(DuckDBAdapter(connection).identity)
+        connection.close()
+    assert names[0] != names[1] and str(tmp_path / "a.duckdb") in names[0]
+    assert DuckDBAdapter(duckdb.connect()).identity == "duckdb:memory"
+    by_link = DuckDBAdapter(str(tmp_path / "link.duckdb"))
+    assert by_link.identity == f"duckdb:{os.path.realpath(tmp_path / 'a.duckdb')}"
+    by_link.close()

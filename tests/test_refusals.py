@@ -6,6 +6,7 @@ test asserts that no statement reached the database and no budget was spent.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from decimal import Decimal
 from typing import Any
@@ -533,3 +534,67 @@ def test_like_reads_text_of_a_nondeterministic_collation(postgres_url, tmp_path)
         for test in ("state LIKE 'C%'", "state ILIKE 'c%'", "STARTS_WITH(state, 'C')"):
             sql = f"SELECT COUNT(CASE WHEN age = 40 AND {test} THEN 1 END) FROM t"
             assert connection.execute(sql).fetchone()
+
+
+# Each failed in the database for one row only, after the charge (found by an audit):
+# (backend, the trigger row's values, the query, what is expected: None = answered)
+ONE_ROW_FAILURES = [
+    # DuckDB's nanosecond timestamps hold the years 1677-2262 only
+    ("duckdb", (1, 7, "1500-01-01", "2020-01-01 00:00:00", 600.0, "x"),
+     "SELECT COUNT(*) FROM one WHERE k = 7 AND CAST(d AS TIMESTAMP_NS) > "
+     "TIMESTAMP '2000-01-01 00:00:00'", "TIMESTAMP_NS"),
+    # PostgreSQL rounds to a precision: 23:59:59.5 became 24:00:00, which no driver reads
+    ("postgres", (1, 7, "2020-01-01", "2020-01-01 23:59:59.7", 600.0, "x"),
+     "SELECT CAST(ts AS TIME(0)) AS t, COUNT(*) FROM one WHERE k = 7 GROUP BY 1", "TIME"),
+    ("postgres", (1, 7, "2020-01-01", "9999-12-31 23:59:59.999999", 600.0, "x"),
+     "SELECT COUNT(*) FROM one WHERE k = 7 AND CAST(ts AS TIMESTAMP(0)) IS NULL", "TIMESTAMP"),
+    # PostgreSQL read constants with an exponent, and whole numbers beyond 64 bits, as
+    # numerics, whose quotients it rounds: SQRT of -2.4e-19 for the rows with x > 500
+    ("postgres", (1, 7, "2020-01-01", "2020-01-01 00:00:00", 600.0, "x"),
+     "SELECT COUNT(*) FROM one WHERE k = 7 AND SQRT(CASE WHEN x > 500 THEN "
+     "1.0e0 / 1152921504606846976 * 1152921504606846976 - 1 ELSE 0 END) >= 0", None),
+    ("postgres", (1, 7, "2020-01-01", "2020-01-01 00:00:00", 600.0, "x"),
+     "SELECT COUNT(*) FROM one WHERE k = 7 AND SQRT(CASE WHEN x > 500 THEN "
+     "1 - 1 / 18446744073709551616 * 18446744073709551616 ELSE 0 END) >= 0", None),
+    # a long text joined to itself past the database's limit (DuckDB's failure also
+    # invalidated the database)
+    ("postgres", (1, 7, "2020-01-01", "2020-01-01 00:00:00", 600.0, "y" * 120_000),
+     "SELECT COUNT(*) FROM one WHERE k = 7 AND LENGTH(CONCAT(" + ", ".join(
+         ["CONCAT(" + ", ".join(["s"] * 100) + ")"] * 100) + ")) > 5", "joins 10000"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("backend, row, sql, refused", ONE_ROW_FAILURES)
+def test_a_query_fails_for_no_one_row(request, tmp_path, backend, row, sql, refused):
+    """Answered alike with the trigger row and without it, or refused before the charge."""
+    columns = "(pid INT, k INT, d DATE, ts TIMESTAMP, x DOUBLE PRECISION, s TEXT)"
+    plain = (2, 3, "2020-01-02", "2020-01-02 10:00:00", 10.0, "z")
+    span = {"lower": "2020-01-01", "upper": "2023-12-31"}
+    policy = {"version": 1, "analysts": {"default": {"epsilon": 100.0, "delta": 0.5}},
+              "tables": {"one": {"privacy_unit": "pid", "columns": {
+                  "pid": {"type": "int", "private": True},
+                  "k": {"type": "int", "lower": 0, "upper": 10},
+                  "d": {"type": "date", **span}, "ts": {"type": "timestamp", **span},
+                  "x": {"type": "float", "lower": 0, "upper": 1000},
+                  "s": {"type": "string"}}}}}  # fmt: skip
+    for rows in ([plain, row], [plain]):
+        if backend == "duckdb":
+            import duckdb
+
+            database = duckdb.connect()
+            database.execute(f"CREATE TABLE one {columns}")
+            database.executemany("INSERT INTO one VALUES (?, ?, ?, ?, ?, ?)", rows)
+            opened = contextlib.nullcontext(database)
+        else:
+            from conftest import postgres_tables
+
+            url = request.getfixturevalue("postgres_url")
+            opened = postgres_tables(url, {f"one {columns}": rows})
+        ledger = tmp_path / f"{len(rows)}.sqlite"
+        with opened as database, dpsql.connect(database, policy=policy, ledger=ledger) as con:
+            if refused is None:
+                assert con.execute(sql).fetchall() is not None
+            else:
+                with pytest.raises(dpsql.QueryRefused, match=refused):
+                    con.execute(sql)
+                assert con.budget().epsilon_spent == 0

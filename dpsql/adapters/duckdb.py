@@ -95,16 +95,21 @@ class DuckDBAdapter:
 
     @functools.cached_property
     def identity(self) -> str:
-        """The database file itself (its real path, whatever name opened it); every
-        in-memory database is one, whose contents are whatever its maker puts in (the
-        demo's, the same at every run, keeps its answers across runs)."""
+        """The database file itself (its real path, whatever name opened it), with every
+        database file attached to it; an in-memory database is named by those alone (the
+        demo's, built alike at every run, keeps its answers across runs). Read once: a
+        connection dpsql opens can attach nothing later."""
         rows = (
             self._cursor()
-            .execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()")
+            .execute(
+                "SELECT path, database_name = current_database() FROM duckdb_databases() "
+                "WHERE NOT internal"
+            )
             .fetchall()
         )
-        path = rows[0][0] if rows else None
-        return f"duckdb:{os.path.realpath(path)}" if path else "duckdb:memory"
+        main = [os.path.realpath(path) if path else "memory" for path, is_main in rows if is_main]
+        attached = sorted(os.path.realpath(path) for path, is_main in rows if path and not is_main)
+        return "duckdb:" + "|".join(main + attached)
 
     def _catalog(self, select: str, name: str, levels: tuple[str, ...]) -> list[tuple]:
         """Rows of a catalog query about table `name` (optionally schema/catalog-qualified).

@@ -70,18 +70,23 @@ WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indnkeyatts = 1
 
 # Which database: the cluster's system identifier (set at initdb, the same however the
 # server is reached) and the database's name; where the role may not read the cluster's
-# control data, the address and port the server was reached at.
-IDENTITY = "SELECT current_database(), (SELECT system_identifier FROM pg_control_system())"
-_IDENTITY_BY_ADDRESS = "SELECT current_database(), inet_server_addr(), inet_server_port()"
+# control data, the address and port the server listens at. (A cluster copied from one
+# data directory, a restored backup or a promoted replica, keeps its identifier: such
+# copies are one database to dpsql, as they are meant to hold the same data.)
+IDENTITY = """
+SELECT current_database(),
+  has_function_privilege('pg_catalog.pg_control_system()', 'EXECUTE'),
+  coalesce(host(inet_server_addr()), 'local') || ':' || current_setting('port')
+"""
+_SYSTEM_IDENTIFIER = "SELECT system_identifier::text FROM pg_catalog.pg_control_system()"
 
 
 def postgres_identity(run: Callable[[str], list[tuple]]) -> str:
-    """`IDENTITY` read through `run` (a query's rows), or the address where it is denied."""
-    try:
-        row = run(IDENTITY)[0]
-    except BackendError:
-        row = run(_IDENTITY_BY_ADDRESS)[0]
-    return "postgres:" + ":".join(str(part) for part in row)
+    """The identity of the PostgreSQL database that `run` (a query's rows) reaches. Two
+    queries: PostgreSQL checks the right to call a function in a CASE branch it skips."""
+    database, readable, address = run(IDENTITY)[0]
+    cluster = run(_SYSTEM_IDENTIFIER)[0][0] if readable else address
+    return f"postgres:{cluster}:{database}"
 
 
 class PostgresAdapter:

@@ -274,14 +274,16 @@ class SparkAdapter:
 
     @functools.cached_property
     def identity(self) -> str:
-        """The catalog the session reads: its warehouse and current catalog (the tables
-        the policy names by path are in the policy, and so in every key already)."""
+        """The catalog the session reads: its warehouse, current catalog and database (the
+        tables the policy names by path are in the policy, and so in every key already;
+        temporary views a caller made are not seen)."""
         try:
             warehouse = self._session.conf.get("spark.sql.warehouse.dir")
             catalog = self._session.catalog.currentCatalog()
+            database = self._session.catalog.currentDatabase()
         except self._errors as exc:
             raise self._error(exc) from None
-        return f"spark:{warehouse}:{catalog}"
+        return f"spark:{warehouse}:{catalog}.{database}"
 
     def table_identities(self, name: str) -> set[tuple]:
         """The table or view `name` reads, as the session resolves it: a temporary view

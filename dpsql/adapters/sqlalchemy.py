@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -149,24 +151,43 @@ class SQLAlchemyAdapter:
         columns = self._inspect(name, "get_columns")
         if not columns:
             return None
-        return {c["name"].lower(): _spelled(c["type"], self._engine.dialect) for c in columns}
+        reachable = self._reachable([c["name"] for c in columns])
+        return {
+            c["name"].lower(): _spelled(c["type"], self._engine.dialect)
+            for c in columns
+            if c["name"] in reachable
+        }
+
+    def _reachable(self, names: list[str]) -> set[str]:
+        """The column names the rewrite can read, whose policy name is their lower case: on
+        PostgreSQL those stored in lower case (the rewrite folds names as it folds
+        unquoted ones, so "PID" is never read, and a key on it made pid, beside it with
+        duplicates, a unique unit: found by an audit); elsewhere any name but one that
+        another differs from only in case (which of them would be read is the dialect's
+        business)."""
+        if self._engine.dialect.name == "postgresql":
+            return {name for name in names if name == name.lower()}
+        folded = Counter(name.lower() for name in names)
+        return {name for name in names if folded[name.lower()] == 1}
 
     @functools.cached_property
     def identity(self) -> str:
         """On PostgreSQL the PostgreSQL adapter's; elsewhere the URL without its user and
-        password (another user's connection reads the same database)."""
+        password (another user's connection reads the same database), a SQLite file by
+        its real path."""
         if self._engine.dialect.name == "postgresql":
             from dpsql.adapters.postgres import postgres_identity
 
-            def run(sql: str) -> list[tuple]:
-                try:
-                    with self._connect() as connection:
-                        return list(connection.exec_driver_sql(sql).fetchall())
-                except sqlalchemy.exc.DBAPIError as exc:
-                    raise self._error(exc) from None
-
-            return postgres_identity(run)
+            try:
+                with self._connect() as connection:
+                    return postgres_identity(
+                        lambda sql: list(connection.exec_driver_sql(sql).fetchall())
+                    )
+            except sqlalchemy.exc.DBAPIError as exc:
+                raise self._error(exc) from None
         url = self._engine.url.set(username=None, password=None)
+        if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+            url = url.set(database=os.path.realpath(url.database))
         return "sqlalchemy:" + url.render_as_string(hide_password=False)
 
     def table_identities(self, name: str) -> set[tuple]:
@@ -207,7 +228,9 @@ class SQLAlchemyAdapter:
             for i in self._inspect(name, "get_indexes") or []
             if i.get("unique") and not _partial(i)
         ]
-        return {key[0].lower() for key in keys if len(key) == 1 and key[0] is not None}
+        columns = self._inspect(name, "get_columns") or []
+        reachable = self._reachable([c["name"] for c in columns])
+        return {key[0].lower() for key in keys if len(key) == 1 and key[0] in reachable}
 
     def close(self) -> None:
         self._engine.dispose()

@@ -125,7 +125,7 @@ def startup_settings(parameters: dict[str, str]) -> dict[str, str]:
     in a name read as underscores). Other settings are accepted and ignored, as SET
     of them is. Ignored, a client's `options=-c dpsql.epsilon=0.01` left its queries
     charged the policy's default epsilon."""
-    settings = {name: value for name, value in parameters.items() if _is_dpsql(name)}
+    settings = {}
     words = _option_words(parameters.get("options", ""))
     for index, word in enumerate(words):
         if word == "-c" and index + 1 < len(words):
@@ -143,6 +143,8 @@ def startup_settings(parameters: dict[str, str]) -> dict[str, str]:
                     f"the connection option {name} has no value; write -c {name}=<value>",
                 )
             settings[name] = value
+    # a startup parameter wins over the same setting in `options`, as in PostgreSQL
+    settings.update((name, value) for name, value in parameters.items() if _is_dpsql(name))
     return settings
 
 

@@ -34,7 +34,7 @@ from pg_mimic.middleware import resolve
 from pg_mimic.session import Portal, Statement
 
 from dpsql.dbapi import Connection as DbapiConnection
-from dpsql.errors import Error, InterfaceError
+from dpsql.errors import Error, InterfaceError, ProgrammingError
 from dpsql.lru import WeightedLru
 from dpsql.mechanisms.samplers import secure_generator
 from dpsql.server import introspection
@@ -229,12 +229,16 @@ class WireSession(MimicSession):
             self.session = await self.backend.run(
                 self.backend.open_session, connection.username, settings
             )
-        except (PgError, Error) as exc:
-            # PostgreSQL too ends a connection whose startup options it cannot take
+        except (PgError, ProgrammingError) as exc:
+            # PostgreSQL too ends a connection whose startup options it cannot take (a
+            # bad value is a ProgrammingError of Session.set_option)
             error = exc if isinstance(exc, PgError) else pg_error(exc)
             await connection.stream.fatal(
                 error.sqlstate, f"{error.message} (in the connection's startup options)"
             )
+        except Error as exc:
+            error = pg_error(exc)
+            await connection.stream.fatal(error.sqlstate, error.message)
 
     async def schema(self) -> dict:
         return self.backend.schema

@@ -1043,6 +1043,8 @@ def require_total(
             continue  # a number written down, such as -1e308, is not computed
         _require_argument_kind(sub, table, clause)
         _require_plain_call(sub, clause)
+        if isinstance(sub, _CONCATENATIONS) and not isinstance(sub.parent, _CONCATENATIONS):
+            _require_short_concatenation(sub, clause)
         if isinstance(sub, exp.Cast | exp.TryCast):
             _require_safe_cast(sub, table, clause)
         elif isinstance(sub, _COMPUTATIONS):
@@ -1631,6 +1633,39 @@ def _partial(
     )
 
 
+_CONCATENATIONS = (exp.Concat, exp.DPipe)
+# How many column values one concatenation may join: text grows with each, and a
+# database fails past its limit (PostgreSQL 1 GB, DuckDB 4 GB, where the failure also
+# invalidated the database) only for rows long enough: nested CONCATs of one text
+# column 10,000 times failed for a row of 108 kB (found by an audit).
+MAX_CONCATENATED = 8
+
+
+def _require_short_concatenation(node: exp.Expression, clause: str) -> None:
+    columns = sum(1 for _ in node.find_all(exp.Column))
+    if columns > MAX_CONCATENATED:
+        raise _partial(
+            node,
+            clause,
+            f"it joins {columns} column values into one text, which fails in the database "
+            "once a row's text is long enough",
+            f"join at most {MAX_CONCATENATED} column values in one concatenation",
+        )
+
+
+# Casts between dates and times: to these only. TIMESTAMP_NS holds the years 1677-2262
+# (DuckDB failed the rest), and a precision rounds (PostgreSQL's TIME(0) made 23:59:59.5
+# the 24:00:00 no driver reads, TIMESTAMP(0) the year 9999's last second the year 10000).
+_TEMPORAL_CAST_TARGETS = (
+    exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPNTZ,
+    exp.DataType.Type.DATETIME, exp.DataType.Type.TIMESTAMPTZ, exp.DataType.Type.TIME,
+)  # fmt: skip
+
+
+def _plain_temporal(target: exp.DataType) -> bool:
+    return target.is_type(*_TEMPORAL_CAST_TARGETS) and not target.expressions
+
+
 def _require_safe_cast(node: exp.Cast | exp.TryCast, table: Table, clause: str) -> None:
     target = node.to
     if target.is_type(*exp.DataType.TEXT_TYPES) or isinstance(node.this, exp.Null):
@@ -1649,17 +1684,16 @@ def _require_safe_cast(node: exp.Cast | exp.TryCast, table: Table, clause: str) 
         raise _partial(node, clause, _why_partial(interval))
     inner = node.this
     column = table.column(inner.name) if isinstance(inner, exp.Column) else None
-    if (
-        column is not None
-        and column.type in _TEMPORAL_TYPES
-        and target.is_type(*exp.DataType.TEMPORAL_TYPES)
-    ):
+    if column is not None and column.type in _TEMPORAL_TYPES and _plain_temporal(target):
         return
     raise _partial(
         node,
         clause,
         f"a cast to {target.sql()} can fail or overflow for some values (only casts to text, "
-        "to BIGINT or DOUBLE from a bounded number, and between dates and times are safe)",
+        "to BIGINT or DOUBLE from a bounded number, and between dates and times (DATE, "
+        "TIMESTAMP, TIMESTAMPTZ, TIME, without a precision) are safe)",
+        "cast to DATE, TIMESTAMP, TIMESTAMPTZ or TIME without a precision; truncate with "
+        "DATE_TRUNC('second', ...)",
     )
 
 

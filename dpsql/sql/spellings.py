@@ -25,7 +25,9 @@ there; the rewritten query must run there and mean the same:
   whose quotients it rounds to a scale of its own: `LN(1.0 / 3 * 3)` is -1e-20
   there, finer than the analysis's bound on how near zero a value can be, and a
   product of such values underflowed once divided by a large enough column
-  value. So such constants are sent as DOUBLE everywhere, and so is
+  value. So such constants are sent as DOUBLE everywhere (on PostgreSQL those with an
+  exponent and whole numbers beyond 64 bits too, numerics there, unless compared as
+  written), and so is
   PostgreSQL's EXTRACT(EPOCH ...), a numeric too: every value computed with is
   then an integer or a double, which the analysis models (analyze.Interval).
 * PostgreSQL has no `%` of double precision: `ROUND(income) % 7` (a whole number,
@@ -69,6 +71,8 @@ _SPARK_TRUNC = "year, quarter, month, week, day, hour, minute, second, milliseco
 # "1 BC" nor DuckDB's can be held by Python), and the first year that does not.
 _FIRST_YEAR_KEPT = {"decade": 10, "century": 100, "millennium": 1000}
 _TRUNCATIONS = (exp.DateTrunc, exp.TimestampTrunc)
+_COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ,
+                exp.NullSafeNEQ, exp.In, exp.Between)  # fmt: skip
 # Quoted as written: `default` is a keyword, and the rewrite unquotes identifiers
 _DEFAULT_COLLATION = exp.Var(this='"default"')
 # The node kinds spell() may change or refuse, per dialect.
@@ -97,7 +101,7 @@ def kinds(dialect: str) -> tuple[type[exp.Expression], ...]:
 def spell(node: exp.Expression, dialect: str) -> exp.Expression:
     """`node` as `dialect` can run it (itself if it can as it is); QueryRefused if it cannot."""
     if isinstance(node, exp.Literal):
-        return _as_double(node)
+        return _as_double(node, dialect)
     if isinstance(node, exp.Sign):  # DuckDB's, a TINYINT
         return exp.cast(node, exp.DataType.Type.BIGINT)
     if dialect == "spark":
@@ -109,19 +113,40 @@ def spell(node: exp.Expression, dialect: str) -> exp.Expression:
     return node
 
 
-def _as_double(literal: exp.Literal) -> exp.Expression:
-    """A constant with a decimal point as a DOUBLE, unless it is cast already or stands
-    where a whole number goes (ROUND's places, SUBSTRING's positions: DuckDB, Spark and
-    PostgreSQL take no DOUBLE there)."""
+def _as_double(literal: exp.Literal, dialect: str) -> exp.Expression:
+    """A constant with a decimal point (on PostgreSQL also one with an exponent, or whole
+    beyond 64 bits, unless compared as written) as a DOUBLE, unless
+    it is cast already or stands where a whole number goes (ROUND's places, SUBSTRING's
+    positions: DuckDB, Spark and PostgreSQL take no DOUBLE there)."""
+    text = literal.this.lower() if not literal.is_string else ""
+    # 1e-5 is a DOUBLE already in DuckDB and Spark, but a numeric in PostgreSQL, and so
+    # is a whole number beyond 64 bits (1.0e0 / 2^60 * 2^60 - 1 was -2.4e-19 there, and
+    # 1 - 1 / 2^64 * 2^64 -5.4e-18, found by an audit); one compared as it is, converted
+    # once, is left as written
+    numeric = "e" in text or ("." not in text and _beyond_64_bits(text))
     if (
         literal.is_string
-        or "." not in literal.this
-        or "e" in literal.this.lower()  # whole numbers are integers, 1e-5 a DOUBLE already
+        or ("." not in text and not numeric)
+        or (numeric and (dialect != "postgres" or _compared(literal)))
         or isinstance(literal.parent, exp.Cast | exp.Substring)
         or (isinstance(literal.parent, exp.Round) and literal.arg_key == "decimals")
     ):
         return literal
     return exp.cast(literal, exp.DataType.Type.DOUBLE)
+
+
+def _beyond_64_bits(text: str) -> bool:
+    try:
+        return abs(int(text)) >= 2**63
+    except ValueError:  # not a decimal whole number (hexadecimal, say)
+        return False
+
+
+def _compared(literal: exp.Literal) -> bool:
+    holder = literal.parent
+    while isinstance(holder, exp.Neg | exp.Paren):
+        holder = holder.parent
+    return isinstance(holder, _COMPARISONS)
 
 
 def _unit(node: exp.Expression) -> str:

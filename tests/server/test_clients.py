@@ -295,6 +295,17 @@ def test_psycopg_introspection_and_options(served) -> None:
         assert ("pums",) in names
 
 
+def test_startup_settings_are_read_as_postgresql_reads_them() -> None:
+    from dpsql.server.introspection import startup_settings
+
+    options = r"-c dpsql.epsilon=1 --dpsql.continual=binary -cdpsql.mechanism=a\ b -c x=1"
+    assert startup_settings({"options": options, "dpsql.epsilon": "2"}) == {
+        "dpsql.epsilon": "2",  # a startup parameter wins over `options`
+        "dpsql.continual": "binary",
+        "dpsql.mechanism": "a b",
+    }
+
+
 def test_startup_options_set_dpsql_options(duck) -> None:
     """dpsql.* settings asked for when connecting (libpq's options / PGOPTIONS, asyncpg's
     server_settings) are the connection's starting options; ignored, a client that
