@@ -151,3 +151,168 @@ def test_a_tree_whose_node_variance_underflows_releases_exact_totals():
         assert tree.node_variance < 1e-300
         noise = tree.noise(np.random.default_rng(1))
         assert np.all(noise == 0) and np.all(np.isfinite(tree.variance()))
+
+
+# -- the factorization as released: exact integers up to the noise ---------------------
+
+
+def _brute_convolution(horizon: int, values: list[int]) -> list[Fraction]:
+    """(R~ x)_t 2^B with Fractions from the coefficients' definition: F(k) is f(k) 2^B
+    rounded, f(k) = C(2k, k) / 4^k exactly."""
+    from dpsql.mechanisms.continual import PRECISION_BITS
+
+    scale = 1 << PRECISION_BITS
+    exact = [Fraction(math.comb(2 * k, k), 4**k) * scale for k in range(horizon)]
+    rounded = [math.floor(v + Fraction(1, 2)) for v in exact]
+    return [
+        sum(Fraction(rounded[t - i]) * values[i] for i in range(t + 1)) for t in range(len(values))
+    ]
+
+
+def test_integer_coefficients_are_the_rounded_square_root_coefficients():
+    from dpsql.mechanisms.continual import PRECISION_BITS, integer_coefficients
+
+    integers = integer_coefficients(3000)
+    for k in [*range(60), 255, 1024, 2999]:
+        exact = Fraction(math.comb(2 * k, k), 4**k) * (1 << PRECISION_BITS)
+        assert abs(integers[k] - exact) <= Fraction(1, 2)
+    assert integer_coefficients(40) == integers[:40]
+
+
+def test_exact_convolution_direct_and_kronecker_agree_with_fractions():
+    from dpsql.mechanisms.continual import (
+        _convolve_direct,
+        _convolve_kronecker,
+        convolve_exact,
+        integer_coefficients,
+    )
+
+    rng = np.random.default_rng(5)
+    coefficients = integer_coefficients(64)
+    for _ in range(60):
+        size = int(rng.integers(1, 50))
+        magnitude = 10 ** int(rng.integers(0, 19))
+        values = [int(v) for v in rng.integers(-magnitude, magnitude + 1, size)]
+        if rng.random() < 0.3:
+            values = [abs(v) for v in values]  # no offset
+        start = int(rng.integers(0, size + 1))
+        brute = _brute_convolution(64, values)[start:]
+        assert _convolve_direct(coefficients, values, start, size) == brute
+        assert _convolve_kronecker(coefficients, values, start, size) == brute
+        assert convolve_exact(coefficients, values, start, size) == brute
+    # the extremes a step can take: +/- 2^62 (exact_integers' clamp), and a long prefix
+    values = [(-1) ** i * (1 << 62) for i in range(3000)]
+    coefficients = integer_coefficients(3000)
+    assert _convolve_kronecker(coefficients, values, 2990, 3000) == _convolve_direct(
+        coefficients, values, 2990, 3000
+    )
+
+
+def test_rounding_is_half_up_on_any_lattice():
+    from dpsql.mechanisms.continual import PRECISION_BITS, ExactFactorization
+
+    counter = ExactFactorization(8, 0.5, 1)
+    for exponent in (-60, -48, -47, -10, 0, 3):
+        counter.exponent = exponent
+        lattice = Fraction(2) ** exponent
+        convolved = [-7, -3, -1, 0, 1, 3, 2**50 + 1, -(2**50) - 5, 12345678901234567]
+        for c, q in zip(convolved, counter.quantize(convolved), strict=True):
+            value = Fraction(c, 1 << PRECISION_BITS) / lattice
+            assert q == math.floor(value + Fraction(1, 2))
+
+
+def test_the_norm_bound_is_the_largest_column_norm_of_r_tilde_rounded_up():
+    from dpsql.mechanisms.continual import PRECISION_BITS, ExactFactorization
+
+    counter = ExactFactorization(300, 0.5, 1)
+    columns = [
+        sum(Fraction(v, 1 << PRECISION_BITS) ** 2 for v in counter.integers[: 300 - j])
+        for j in range(300)
+    ]
+    assert max(columns) == columns[0] <= counter.norm_bound**2
+    assert counter.norm_bound**2 - columns[0] < Fraction(1, 2**40)
+    assert float(counter.norm_bound) == pytest.approx(math.sqrt(column_norm_squared(300)))
+
+
+@pytest.mark.parametrize("exponent", [None, -3, 0, 2])
+def test_neighbours_q_differ_by_at_most_the_sensitivity_bound(exponent):
+    """||q(x) - q(x')||_2 <= Delta ||R~||_{1->2} / h + sqrt(T), the bound sigma_z is made of,
+    for delta with ||delta||_1 <= Delta spread over the steps, at the counter's own lattice
+    and at coarse ones (where the rounding term matters)."""
+    from dpsql.mechanisms.continual import ExactFactorization, convolve_exact
+
+    horizon, sensitivity = 120, 7
+    counter = ExactFactorization(horizon, 0.05, sensitivity)
+    if exponent is not None:
+        counter.exponent = exponent
+    lattice = Fraction(2) ** counter.exponent
+    bound = sensitivity * counter.norm_bound / lattice + math.isqrt(horizon - 1) + 1
+    if exponent is None:
+        assert bound == counter.sensitivity_bound
+        assert counter.sigma2 >= bound**2 / (2 * Fraction(0.05))
+    rng = np.random.default_rng(11)
+
+    def q(values: list[int]) -> np.ndarray:
+        convolved = convolve_exact(counter.integers, values, 0, horizon)
+        return np.array(counter.quantize(convolved), dtype=object)
+
+    worst = Fraction(0)
+    for trial in range(80):
+        values = [int(v) for v in rng.integers(-50, 1000, horizon)]
+        delta = [0] * horizon
+        parts = int(rng.integers(1, sensitivity + 1)) if trial % 4 else 1
+        budget = sensitivity
+        for _ in range(parts):  # split the L1 budget over random steps, random signs
+            amount = budget if _ == parts - 1 else int(rng.integers(0, budget + 1))
+            budget -= amount
+            delta[int(rng.integers(0, 3 if trial % 4 == 0 else horizon))] += int(
+                rng.choice([-1, 1]) * amount
+            )
+        assert sum(map(abs, delta)) <= sensitivity
+        neighbour = [v + d for v, d in zip(values, delta, strict=True)]
+        gap = q(values) - q(neighbour)
+        squared = sum(int(g) ** 2 for g in gap)
+        assert squared <= bound**2
+        worst = max(worst, Fraction(squared))
+    # the bound is nearly attained (a whole Delta on the first step): it is not loose
+    if exponent is None:
+        assert worst >= (bound - 2 * (math.isqrt(horizon) + 1)) ** 2
+
+
+def test_exact_factorization_continues_identically_from_stored_steps():
+    """A stream extended tick by tick (one step, a few, many: direct sums, then Kronecker)
+    has the q of one tick over every step, so a restarted process that reads the stored
+    exact values and q continues the same mechanism; its releases agree to float rounding."""
+    from dpsql.mechanisms.continual import ExactFactorization
+
+    counter = ExactFactorization(4000, 0.5, 2)
+    z = counter.noise(keyed_generator(3, 1))
+    assert np.array_equal(z, counter.noise(keyed_generator(3, 1)))
+    values = [int(v) for v in np.random.default_rng(2).integers(-3, 40, 4000)]
+    whole_q, whole_r = counter.extend([], [], z, values)
+    exact, quantized, releases = [], [], []
+    for cut in (1, 2, 40, 41, 3999, 4000):
+        fresh_q, fresh_r = counter.extend(exact, quantized, z, values[len(exact) : cut])
+        exact, quantized = exact + values[len(exact) : cut], quantized + fresh_q
+        releases.extend(fresh_r)
+    assert quantized == whole_q
+    np.testing.assert_allclose(releases, whole_r, rtol=0, atol=1e-9 * np.abs(whole_r).max())
+    with pytest.raises(ValueError, match="horizon"):
+        counter.extend(exact, quantized, z, [1])
+
+
+def test_exact_factorization_is_exact_at_a_huge_budget_and_refuses_what_it_cannot_draw():
+    from dpsql.mechanisms.base import OutOfRange
+    from dpsql.mechanisms.continual import EXACT_HORIZON, ExactFactorization
+
+    counter = ExactFactorization(500, 1e12, 1)
+    counter.prepare()
+    values = [int(v) for v in np.random.default_rng(4).integers(0, 10**6, 500)]
+    _, releases = counter.extend([], [], counter.noise(keyed_generator(9)), values)
+    assert np.array_equal(np.rint(releases), np.cumsum(values))
+    with pytest.raises(OutOfRange):
+        ExactFactorization(1024, 1e-48, 1).prepare()  # a count's noise beyond int64
+    with pytest.raises(OutOfRange):
+        ExactFactorization(1024, 0.0, 1).prepare()  # no rho
+    with pytest.raises(ValueError, match="horizon"):
+        ExactFactorization(EXACT_HORIZON + 1, 0.5, 1)

@@ -225,13 +225,26 @@ def test_factorization_stream_is_exact_at_a_huge_budget_and_charged_as_epsilon_d
     assert budget.epsilon_spent == pytest.approx(1e4) and budget.delta_spent == pytest.approx(1e-9)
 
 
-def test_factorization_noise_has_its_closed_form_variance():
-    from dpsql.mechanisms.continual import Factorization, keyed_generator
+def test_factorization_releases_have_their_closed_form_variance():
+    """The released r_t = h (L (q + z))_t minus the exact running total, over 1500 keys (the
+    release path is ExactFactorization's; it replaced the float L z of lattice noise,
+    whose privacy was unproven): the bias of q's rounding is below h sqrt(t), 2^-36 of
+    sigma, so the sample variance is the closed form's within its sampling error."""
+    from dpsql.mechanisms.continual import ExactFactorization, keyed_generator
 
-    counter = Factorization(16, 0.5, 1.0, running._gaussian_sampler())
-    draws = np.stack([counter.noise(keyed_generator(k)) for k in range(1, 1501)])
+    counter = ExactFactorization(16, 0.5, 3)
+    counter.prepare()
+    values = [5, 0, -2, 7, 1, 1, 0, 3, 9, 2, 0, 0, 4, 1, 6, 2]
+    truth = np.cumsum(values)
+    draws = np.stack(
+        [
+            counter.extend([], [], counter.noise(keyed_generator(k)), values)[1] - truth
+            for k in range(1, 1501)
+        ]
+    )
     ratio = draws.var(axis=0, ddof=1) / counter.variance()
     assert np.abs(ratio - 1).max() < 5 * math.sqrt(2 / 1500)
+    assert abs(draws.mean(axis=0) / np.sqrt(counter.variance())).max() < 5 / math.sqrt(1500)
 
 
 def test_set_continual_picks_the_mechanism_and_makes_its_own_stream(events, tmp_path):
@@ -525,10 +538,10 @@ def test_a_tick_reads_only_the_ticks_stored_since_it_last_decoded(monkeypatch):
     stored = _Stored(("ledger-a", "default"))
     stored[f"{prefix}meta"] = '{"key": 7}'
     stored[f"{prefix}from00000000"] = "[[1.0, 2.0]]"
-    assert running._released(stored, prefix, 7, 1).tolist() == [[1.0, 2.0]]
+    assert running._released(stored, prefix, 7, 1).values.tolist() == [[1.0, 2.0]]
     stored[f"{prefix}from00000002"] = "[[3.0]]"
-    assert running._released(stored, prefix, 7, 1).tolist() == [[1.0, 2.0, 3.0]]
-    assert running._released(stored, prefix, 7, 1).tolist() == [[1.0, 2.0, 3.0]]
+    assert running._released(stored, prefix, 7, 1).values.tolist() == [[1.0, 2.0, 3.0]]
+    assert running._released(stored, prefix, 7, 1).values.tolist() == [[1.0, 2.0, 3.0]]
     assert decoded == ["[[1.0, 2.0]]", "[[3.0]]"]
     assert stored.reads == [
         [f"{prefix}from00000000", f"{prefix}meta"],
@@ -537,7 +550,7 @@ def test_a_tick_reads_only_the_ticks_stored_since_it_last_decoded(monkeypatch):
     ]
     other = _Stored(("ledger-b", "default"))  # the same stream and key in another ledger
     other[f"{prefix}from00000000"] = "[[9.0]]"
-    assert running._released(other, prefix, 7, 1).tolist() == [[9.0]]
+    assert running._released(other, prefix, 7, 1).values.tolist() == [[9.0]]
     assert decoded[-1] == "[[9.0]]"
 
 
@@ -673,3 +686,90 @@ def test_a_factorization_sum_hides_its_exact_totals_low_bits(events, tmp_path):
         first = con.execute(query).fetchall()[0][1]
         residues.add(first / step % 8)  # S_1 + z_1 in grid steps: z_1 took 2 values mod 8
     assert len(residues) > 2, residues
+
+
+def _fresh_process(monkeypatch) -> None:
+    """Empty the process's caches of planned streams, noise and decoded ticks: what a
+    restarted process starts with."""
+    monkeypatch.setattr(running, "_planned", running.WeightedLru(running._PLANNED_STREAMS))
+    monkeypatch.setattr(running, "_noises", running.WeightedLru(running._NOISE_VALUES))
+    monkeypatch.setattr(running, "_decoded", running.WeightedLru(running._RELEASED_VALUES))
+
+
+def test_a_restarted_factorization_stream_continues_as_one_tick_would(
+    events, tmp_path, monkeypatch
+):
+    """The factorization's later steps need every earlier step's exact value and q, which
+    each tick stores with its releases: a stream ticked in three processes releases what
+    one tick over all its steps releases under the same key (up to float rounding of the
+    post-processing), and its stored past releases never change."""
+    query = "SELECT day, SUM(SUM(amount)) OVER (ORDER BY day) AS s FROM running_events "
+
+    def run(ledger: str, bound: str) -> list[tuple]:
+        con = dpsql.connect(events, policy=_policy(1.0), ledger=tmp_path / ledger, seed=5,
+                            continual="factorization")  # fmt: skip
+        return con.execute(f"{query} WHERE day < '{bound}' GROUP BY day").fetchall()
+
+    whole = run("one.sqlite", "2024-01-15")
+    first = run("three.sqlite", "2024-01-04")
+    _fresh_process(monkeypatch)
+    second = run("three.sqlite", "2024-01-05")
+    _fresh_process(monkeypatch)
+    _add(events, 5000, 5100, day=1)  # late rows for a released step: ignored
+    third = run("three.sqlite", "2024-01-15")
+    assert second[:3] == first and third[:4] == second and len(third) == 14
+    assert [d for d, _ in third] == [d for d, _ in whole]
+    assert [v for _, v in third] == pytest.approx([v for _, v in whole], rel=1e-12)
+    assert [v for _, v in third] != [v for _, v in _truth_sums(events, "2024-01-15")]
+
+
+def _truth_sums(db, bound: str) -> list[tuple]:
+    return db.execute(
+        f"SELECT day, SUM(SUM(amount)) OVER (ORDER BY day) FROM running_events "
+        f"WHERE day < DATE '{bound}' GROUP BY day ORDER BY day"
+    ).fetchall()
+
+
+def test_a_factorization_stream_longer_than_exact_arithmetic_affords_is_refused_uncharged(
+    events, tmp_path
+):
+    """The factorization is computed exactly over at most 2^16 steps: a longer stream is
+    refused before its charge, saying to use the binary tree or a coarser step; the
+    binary tree keeps it."""
+    policy = _policy(1.0, delta=1e-9, mechanism="factorization")
+    policy["tables"]["running_events"]["columns"]["day"]["upper"] = "2204-01-01"
+    con = dpsql.connect(events, policy=policy, ledger=tmp_path / "ledger.sqlite", seed=3)
+    query = f"{RUNNING} WHERE day < '2024-01-05' GROUP BY day"
+    with pytest.raises(QueryRefused, match="binary") as refused:
+        con.execute(query)
+    assert "65,536" in str(refused.value) and "coarser" in str(refused.value)
+    assert con.budget().epsilon_spent == 0
+    con.execute("SET dpsql.continual = 'binary'")
+    assert len(con.execute(query).fetchall()) == 4
+
+
+def test_a_factorization_streams_identity_is_versioned_and_the_trees_is_not(monkeypatch):
+    """A factorization stream stored by the earlier noise path (float L z of lattice noise)
+    is not continued by the exact one: what its identity hashes carries a version, and
+    the tree's (whose streams go on) does not."""
+    from dpsql.policy import load_policy
+    from dpsql.sql import PlanContext
+    from dpsql.sql.plan import Options
+
+    hashed = []
+    sha256 = running.hashlib.sha256
+    monkeypatch.setattr(running.hashlib, "sha256", lambda data: hashed.append(data) or sha256(data))
+    sql = f"{RUNNING} WHERE day < '2024-01-05' GROUP BY day"
+    for mechanism in ("binary", "factorization"):
+        stream = running.plan_running(
+            parse_statement(sql, "duckdb").tree,
+            PlanContext(load_policy(_policy(1.0)), Options(epsilon=1.0, delta=1e-6,
+                        continual=mechanism), "duckdb", seed=11),
+        ).stream  # fmt: skip
+        assert isinstance(stream.counter, running.ExactFactorization) == (
+            mechanism == "factorization"
+        )
+    identities = [data for data in hashed if data.startswith(b'["running_events"')]
+    tree, factorization = (running.json.loads(data) for data in identities)
+    assert factorization[-1] == "factorization: exact, lattice-rounded"
+    assert len(tree) == len(factorization) - 1 and tree[-1] != factorization[-1]

@@ -19,23 +19,33 @@ noise, and a past release never changes:
   L (R x + z) = M x + L z with z Gaussian is rho-zCDP when z has standard
   deviation Delta * ||R||_{1->2} / sqrt(2 rho), ||R||_{1->2} = sqrt(sum f(k)^2)
   (not 1, and not the seed README's L_t R(t) z, which is the naive sum).
-  The noise L z is precomputed for the whole horizon by one FFT convolution,
-  O(T log T) once, after which a step costs O(1).
+  `Factorization` computes the noise L z by one float FFT: it models the
+  mechanism's variance (the simulations of examples/ and benchmarks/), and is
+  not what dpsql releases.
+- `ExactFactorization`: the factorization as dpsql releases it, rho-zCDP by the
+  discrete Gaussian mechanism on the integer query q = round(R~ x / h) (R~ the
+  Toeplitz matrix of f rounded to PRECISION_BITS, computed exactly in Python
+  integers), released as h L (q + z), a post-processing of q + z; over at most
+  EXACT_HORIZON steps. See its docstring for the proof.
 
-The release is S_t + eta_t with eta independent of the data and snapped to a
-power-of-two grid, so no floating-point arithmetic ever touches the data:
+The tree's release is S_t + eta_t with eta independent of the data and snapped
+to a power-of-two grid, so no floating-point arithmetic ever touches the data:
 adding a grid value to an integer (or grid) total is exact.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Sequence
+from fractions import Fraction
 
 import numpy as np
 from randomgen import AESCounter
 
 from dpsql.mechanisms.base import OutOfRange
+from dpsql.mechanisms.gaussian import discrete_gaussian
 from dpsql.mechanisms.laplace import DiscreteLaplace
 from dpsql.mechanisms.samplers import discrete_laplace
 
@@ -224,6 +234,225 @@ class Factorization:
             )
 
 
+# -- the factorization as released: exact integers up to the noise --------------------
+
+# F(k) = f(k) * 2^PRECISION_BITS rounded to an integer: the released mechanism's R~.
+PRECISION_BITS = 48
+# The longest factorization stream: its first tick convolves the whole horizon exactly
+# (Kronecker substitution, about a second at 2^16 steps; the product's cost grows as
+# T^1.58), and each later step sums its whole prefix in Python integers.
+EXACT_HORIZON = 1 << 16
+# z's standard deviation is 2^36 to 2^37 lattice steps (before the rounding term): the
+# rounding adds sqrt(T) <= 2^8 to a sensitivity of 2^36 sqrt(2 rho) or more, and sigma_z^2
+# stays far below the sampler's 2^80 unless rho is below about 2^-60.
+LATTICE_BITS = 36
+_MAX_SIGMA2 = Fraction(1 << 80)
+_DIRECT_TERMS = 1 << 23  # products (about 40 ns each) a direct convolution may cost
+
+
+def _ceil_sqrt(value: int) -> int:
+    root = math.isqrt(value)
+    return root if root * root == value else root + 1
+
+
+@functools.lru_cache(maxsize=4)
+def integer_coefficients(horizon: int) -> tuple[int, ...]:
+    """F(0..T-1): integers within 1/2 + 2^-24 of f(k) * 2^PRECISION_BITS (exactly f(k) * 2^B
+    rounded, unless that is within 2^-24 of a half), from an exact integer recurrence
+    with 40 guard bits: g(k) = floor(g(k-1) (2k-1) / (2k)) loses less than one guard
+    unit per step. Any fixed integer sequence would do for privacy, whose bound is
+    computed from F itself; this one keeps R~ within 2^-B of R."""
+    guard = 40
+    g = 1 << (PRECISION_BITS + guard)
+    half = 1 << (guard - 1)
+    values = [1 << PRECISION_BITS]
+    for k in range(1, horizon):
+        g = g * (2 * k - 1) // (2 * k)
+        values.append((g + half) >> guard)
+    return tuple(values)
+
+
+def _convolve_direct(
+    coefficients: Sequence[int], values: Sequence[int], start: int, stop: int
+) -> list[int]:
+    """c_t = sum_{i<=t} F(t-i) x_i for start <= t < stop, by exact sums over the prefix."""
+    reverse = coefficients[stop - 1 :: -1] if stop else ()  # F(stop-1), ..., F(0)
+    offset = len(reverse)
+    return [
+        sum(map(operator.mul, reverse[offset - 1 - t :], values[: t + 1]))
+        for t in range(start, stop)
+    ]
+
+
+def _pack(values: Sequence[int], width: int) -> int:
+    """sum_i values[i] 2^(8 width i) for values in [0, 2^(8 width))."""
+    return int.from_bytes(b"".join(v.to_bytes(width, "little") for v in values), "little")
+
+
+def _convolve_kronecker(
+    coefficients: Sequence[int], values: Sequence[int], start: int, stop: int
+) -> list[int]:
+    """c_t for start <= t < stop by one big-integer product (Kronecker substitution).
+
+    x is shifted by m = max(0, -min x) to be nonnegative, so every field of the product,
+    sum_{i<=t} F(t-i) (x_i + m) < T max F (max x + m) < 2^(8 width), is a digit in base
+    2^(8 width) with no carries; c_t is that field minus m (F(0) + ... + F(t)).
+    """
+    if stop <= start:
+        return []
+    values = list(values[:stop])
+    coefficients = coefficients[:stop]
+    shift = max(0, -min(values))
+    shifted = [v + shift for v in values]
+    bits = max(coefficients).bit_length() + max(shifted).bit_length() + stop.bit_length() + 1
+    width = (bits + 7) // 8
+    product = _pack(coefficients, width) * _pack(shifted, width)
+    raw = product.to_bytes(width * (2 * stop), "little")
+    prefix = 0
+    prefixes = []
+    for t in range(stop):
+        prefix += coefficients[t]
+        if t >= start:
+            prefixes.append(prefix)
+    return [
+        int.from_bytes(raw[t * width : (t + 1) * width], "little") - shift * prefixes[t - start]
+        for t in range(start, stop)
+    ]
+
+
+def convolve_exact(
+    coefficients: Sequence[int], values: Sequence[int], start: int, stop: int
+) -> list[int]:
+    """(F * x)_t = sum_{i<=t} F(t-i) x_i for start <= t < stop, exact Python integers
+    (x may be negative): direct sums for a few new steps, Kronecker substitution for many."""
+    if (stop - start) * stop <= _DIRECT_TERMS:
+        return _convolve_direct(coefficients, values, start, stop)
+    return _convolve_kronecker(coefficients, values, start, stop)
+
+
+class ExactFactorization:
+    """The square-root factorization as dpsql releases it: rho-zCDP by the discrete Gaussian
+    mechanism on an integer query, with floating point only in its post-processing.
+
+    In units of a lattice h = 2^e (relative to the stream's unit: a count, or one SUM
+    grid step), with F(k) the integers of `integer_coefficients` and R~ the lower
+    triangular Toeplitz matrix of F(k) / 2^B:
+
+    1. q_t = round((R~ x)_t / h), half up, computed exactly in Python integers from
+       the exact per-step values x (`quantize(convolve_exact(...))`);
+    2. y_t = q_t + z_t, z_t exact discrete Gaussian N_Z(0, sigma_z^2) from the key;
+    3. r_t = h (L y)_t = h sum_{i<=t} f(t-i) y_i, in floating point.
+
+    Privacy: neighbours' per-step values differ by delta with ||delta||_1 <= Delta, so
+    ||R~ delta||_2 <= Delta ||R~||_{1->2}, ||R~||_{1->2} = sqrt(sum_k (F(k)/2^B)^2) (its
+    first column's norm, the largest), bounded above here by a rational (`norm_bound`);
+    rounding moves each q_t by less than 1/2, so a pair of neighbours' q differ by less
+    than 1 per coordinate more: ||q(x) - q(x')||_2 <= Delta ||R~||_{1->2} / h + sqrt(T)
+    (`sensitivity_bound`, in lattice units). q is an integer-valued query of that L2
+    sensitivity, so y with sigma_z = that bound / sqrt(2 rho) is rho-zCDP (Canonne,
+    Kamath and Steinke 2020, Theorem 14), and r, a function of y alone, is too.
+
+    h is 2^-LATTICE_BITS of sigma_units = Delta ||R~|| / sqrt(2 rho) (rounded to a
+    power of two), so the sqrt(T) term adds at most 2^-28 / sqrt(2 rho) to sigma_z.
+
+    Error: r_t = (L R~ x)_t + h (L e)_t + h (L z)_t with |e_i| <= 1/2 the rounding of q,
+    so r_t - S_t has variance h^2 sigma_z^2 sum_{k<t} f(k)^2 (`variance`) and a
+    deterministic bias below h/2 sum_{k<t} f(k) < h sqrt(t) from the rounding, plus
+    (L (R~ - R) x)_t, below 2^-B sqrt(t) sum_i |x_i| from F's rounding.
+    """
+
+    name = "square-root factorization"
+
+    def __init__(self, horizon: int, rho: float, sensitivity: int):
+        if not 1 <= horizon <= EXACT_HORIZON:
+            raise ValueError(f"the horizon must be 1 to {EXACT_HORIZON} steps, got {horizon}")
+        self.horizon = horizon
+        self.coefficients = sqrt_coefficients(horizon)
+        self.integers = integer_coefficients(horizon)
+        self.norm = math.sqrt(float(np.sum(self.coefficients**2)))
+        self.rho = rho
+        self.delta_units = sensitivity
+        # ||R~||_{1->2} rounded up to a multiple of 2^-B
+        self.norm_bound = Fraction(
+            _ceil_sqrt(sum(v * v for v in self.integers)), 1 << PRECISION_BITS
+        )
+        sigma_units = (
+            sensitivity * float(self.norm_bound) / math.sqrt(2 * rho) if rho > 0 else math.inf
+        )
+        if math.isfinite(sigma_units) and sigma_units > 0:
+            self.exponent = math.floor(math.log2(sigma_units)) - LATTICE_BITS
+            lattice = Fraction(2) ** self.exponent
+            self.sensitivity_bound = sensitivity * self.norm_bound / lattice + _ceil_sqrt(horizon)
+            exact = self.sensitivity_bound**2 / (2 * Fraction(rho))
+            # rounded up to a multiple of 2^-20 (a shorter key for the sampler's plans)
+            self.sigma2 = Fraction(math.ceil(exact * (1 << 20)), 1 << 20)
+            self.lattice = float(lattice)
+            # z's standard deviation in the stream's units
+            self.sigma = self.lattice * math.sqrt(float(self.sigma2))
+        else:  # no rho: infinite noise, which `prepare` refuses
+            self.exponent, self.lattice, self.sigma = 0, 1.0, math.inf
+            self.sensitivity_bound, self.sigma2 = Fraction(0), Fraction(0)
+
+    def prepare(self) -> None:
+        """OutOfRange unless z can be drawn exactly (sigma_z^2 <= 2^80) and the releases
+        stay well inside int64 (r_T's standard deviation at most MAX_DEVIATION)."""
+        deviation = self.sigma * self.norm
+        if not deviation <= MAX_DEVIATION:  # also NaN
+            raise OutOfRange(
+                f"Gaussian noise of standard deviation {deviation:.4g} cannot be drawn exactly "
+                "(running totals are exact up to a standard deviation of 2^48)"
+            )
+        if not 0 < self.sigma2 <= _MAX_SIGMA2:
+            raise OutOfRange(
+                f"Gaussian noise of variance {float(self.sigma2):.4g} lattice steps cannot be "
+                "drawn exactly (the sampler's range ends at 2^80)"
+            )
+
+    def noise(self, rng: np.random.Generator) -> np.ndarray:
+        """z_1..z_T: exact discrete Gaussian draws in lattice units (int64)."""
+        return discrete_gaussian(self.sigma2, self.horizon, rng)
+
+    def quantize(self, convolved: Sequence[int]) -> list[int]:
+        """q_t = round(c_t 2^-B / h), half up, for c = F * x (exact)."""
+        shift = PRECISION_BITS + self.exponent  # c_t / 2^shift
+        if shift <= 0:
+            return [c << -shift for c in convolved]
+        half = 1 << (shift - 1)
+        return [(c + half) >> shift for c in convolved]
+
+    def releases(self, y: np.ndarray, start: int) -> np.ndarray:
+        """r_t = h (L y)_t for start <= t < len(y), in floating point (post-processing)."""
+        stop = len(y)
+        if stop - start <= 32:
+            f = self.coefficients
+            out = [float(np.dot(f[t::-1], y[: t + 1])) for t in range(start, stop)]
+            return np.array(out, dtype=np.float64) * self.lattice
+        size = 1 << (2 * stop - 1).bit_length()
+        spectrum = np.fft.rfft(self.coefficients[:stop], size) * np.fft.rfft(y, size)
+        return np.fft.irfft(spectrum, size)[start:stop] * self.lattice
+
+    def extend(
+        self, exact: Sequence[int], quantized: Sequence[int], z: np.ndarray, new: Sequence[int]
+    ) -> tuple[list[int], np.ndarray]:
+        """The new steps' q and releases, given the past steps' exact values and q, z for the
+        whole horizon, and the new steps' exact values."""
+        start = len(exact)
+        stop = start + len(new)
+        if stop > self.horizon:
+            raise ValueError(f"the stream's horizon of {self.horizon} steps is over")
+        values = [*exact, *(int(v) for v in new)]
+        fresh = self.quantize(convolve_exact(self.integers, values, start, stop))
+        y = np.array(
+            [float(q + int(d)) for q, d in zip([*quantized, *fresh], z[:stop], strict=True)],
+            dtype=np.float64,
+        )
+        return fresh, self.releases(y, start)
+
+    def variance(self) -> np.ndarray:
+        """Var(r_t) = h^2 sigma_z^2 sum_{k<t} f(k)^2 for t = 1..T (around the bias above)."""
+        return self.sigma**2 * np.cumsum(self.coefficients**2)
+
+
 def laplace_tree(
     horizon: int, epsilon: float, sensitivity: int, *, honaker: bool = True
 ) -> BinaryTree:
@@ -286,12 +515,17 @@ class ContinualStream:
 
 
 __all__ = [
+    "EXACT_HORIZON",
     "MAX_DEVIATION",
     "NOISE_GRID",
+    "PRECISION_BITS",
     "BinaryTree",
     "ContinualStream",
+    "ExactFactorization",
     "Factorization",
     "column_norm_squared",
+    "convolve_exact",
+    "integer_coefficients",
     "keyed_generator",
     "laplace_tree",
     "sqrt_coefficients",

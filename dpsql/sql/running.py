@@ -30,7 +30,6 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from fractions import Fraction
 from functools import cached_property
 from typing import Any
 
@@ -42,14 +41,14 @@ from dpsql.errors import IntegrityError, QueryRefused
 from dpsql.lru import WeightedLru
 from dpsql.mechanisms.base import OutOfRange
 from dpsql.mechanisms.continual import (
+    EXACT_HORIZON,
     BinaryTree,
     ContinualStream,
-    Factorization,
+    ExactFactorization,
     column_norm_squared,
     keyed_generator,
     laplace_tree,
 )
-from dpsql.mechanisms.gaussian import discrete_gaussian
 from dpsql.policy import Column, ContinualSpec, Table
 from dpsql.sql.analyze import Analysis, Interval, analyze, conjuncts
 from dpsql.sql.check import AGGREGATES, check_clauses, check_query, over_the_release
@@ -541,7 +540,7 @@ class _Stream:
     watermark: Any
     partition_values: tuple[Any, ...]
     identity: str
-    counter: BinaryTree | Factorization
+    counter: BinaryTree | ExactFactorization
     cost: Cost
     grid: SumGrid | None
     sensitivity: int
@@ -586,6 +585,13 @@ class _Stream:
         )
         base = analyze(_plain_query(shape, table.name, filters), table)
         choice = _choose(spec, column.name, context)
+        if choice.mechanism == "factorization" and horizon > EXACT_HORIZON:
+            raise _refuse(
+                f"a factorization stream of {horizon:,} steps",
+                f"dpsql computes the factorization exactly over at most {EXACT_HORIZON:,} steps",
+                "SET dpsql.continual = 'binary' (the binary tree, any horizon up to "
+                f"{MAX_HORIZON:,} steps), or ask the data owner for a coarser continual step",
+            )
         grid, sensitivity = None, contributions
         try:
             rho = _rho(spec, choice)
@@ -607,6 +613,14 @@ class _Stream:
         # And so is the sensitivity (a unit the database came to keep unique moves the
         # stream less): one noise key drawn at two scales would not be the noise of either.
         grid_step = [grid.step] if grid is not None else []
+        # The factorization's release changed (exact integers up to the noise, see
+        # ExactFactorization): a stream stored by the earlier noise path is not continued
+        # by this one, it starts afresh (and is charged once more). The tree's is unchanged.
+        version = (
+            ["factorization: exact, lattice-rounded"]
+            if isinstance(counter, ExactFactorization)
+            else []
+        )
         identity = hashlib.sha256(
             json.dumps(
                 [
@@ -620,6 +634,7 @@ class _Stream:
                     context.database,  # one stream per database, its rows its own
                     [choice.mechanism, spec.epsilon, choice.delta, sensitivity],
                     *grid_step,
+                    *version,
                 ]
             ).encode()
         ).hexdigest()[:32]
@@ -802,11 +817,11 @@ def _grid(bounds: Interval, contributions: int, epsilon: float) -> tuple[SumGrid
         return SumGrid(math.inf, bounds), 1
 
 
-def _check_finite(counter: BinaryTree | Factorization, grid: SumGrid | None) -> None:
+def _check_finite(counter: BinaryTree | ExactFactorization, grid: SumGrid | None) -> None:
     """OutOfRange when the noise, in the column's units, could overflow a float: a running
     SUM of values near float's range at a small epsilon (it released inf)."""
-    if isinstance(counter, Factorization):
-        deviation = counter.sigma * counter.norm  # eta_T's, the largest
+    if isinstance(counter, ExactFactorization):
+        deviation = counter.sigma * counter.norm  # r_T's, the largest
     else:  # each eta_t sums at most one estimate per level, none noisier than a node
         deviation = math.sqrt(counter.levels * counter.node_variance)
     deviation *= grid.step if grid is not None else 1.0
@@ -820,48 +835,13 @@ def _check_finite(counter: BinaryTree | Factorization, grid: SumGrid | None) -> 
 
 def _counter(
     spec: ContinualSpec, choice: _Choice, horizon: int, sensitivity: int, rho: float | None
-) -> tuple[BinaryTree | Factorization, Cost]:
+) -> tuple[BinaryTree | ExactFactorization, Cost]:
     """The stream's counter, its noise prepared (OutOfRange now, before the charge)."""
     if rho is None:
         return laplace_tree(horizon, spec.epsilon, sensitivity), Cost.of(spec.epsilon)
-    counter = Factorization(horizon, rho, sensitivity, _gaussian_sampler())
+    counter = ExactFactorization(horizon, rho, sensitivity)
     counter.prepare()
-    _lattice(counter.sigma)  # OutOfRange now, before the charge
     return counter, Cost.of(spec.epsilon, choice.delta)
-
-
-def _gaussian_sampler() -> Callable[[int, float, np.random.Generator], np.ndarray]:
-    """Exact discrete Gaussian noise on a fine power-of-two lattice (_lattice).
-
-    The factorization adds L z, a real combination, so z must not sit on the
-    integers (a lattice aligned with the counts would make the fractional
-    parts of the releases reveal the data); on a lattice this fine, z is the
-    continuous Gaussian up to a relative 2^-20.
-    """
-
-    def sample(size: int, sigma: float, rng: np.random.Generator) -> np.ndarray:
-        lattice = _lattice(sigma)
-        units = Fraction(sigma) / Fraction(lattice)
-        return discrete_gaussian(units * units, size, rng).astype(np.float64) * lattice
-
-    return sample
-
-
-def _lattice(sigma: float) -> float:
-    """The lattice z is drawn on: 2^-20 of sigma, but no coarser than 2^-10 of the unit
-    the totals count in (a count, or a SUM's grid step), unless sigma^2 in lattice
-    units would pass the sampler's 2^80 (sigma of 2^29 units or more): then sigma/2^39,
-    up to half a unit (OutOfRange beyond). A SUM's sigma is about 2^23 grid steps: its
-    lattice was 8 steps, and the first total, S_1 + z_1, kept S_1 modulo 8 steps, the
-    exact total's low bits in every release (found by an audit)."""
-    top = math.floor(math.log2(sigma))
-    exponent = max(min(top - 20, -10), top - 39)
-    if exponent > -1:
-        raise OutOfRange(
-            f"Gaussian noise of standard deviation {sigma:.4g} cannot be drawn exactly on a "
-            "lattice finer than the totals it is added to"
-        )
-    return math.ldexp(1.0, exponent)
 
 
 # -- the plan -----------------------------------------------------------------
@@ -878,9 +858,8 @@ class RunningPlan:
         self.prefix = f"{STATE_PREFIX}{stream.identity}:"
         meta = context.stored.get(f"{self.prefix}meta")
         self.key = json.loads(meta)["key"] if meta is not None else None
-        self.released = _released(
-            context.stored, self.prefix, self.key, len(stream.partition_values)
-        )
+        self.past = _released(context.stored, self.prefix, self.key, len(stream.partition_values))
+        self.released = self.past.values
         self.steps = stream.complete_steps()
         self.cost = stream.cost if self.key is None else Cost()
         self.sql = (
@@ -903,16 +882,20 @@ class RunningPlan:
             "ignored, so releases never change"
         ]
         if self.steps > self.done:
-            fresh = self._extend(rows)
+            fresh, kept = self._extend(rows)
             # named by the step it starts from: of two releases built on the same released
             # steps (concurrent sessions), the ledger keeps the first and withholds the other
-            state[f"{self.prefix}{_FROM}{self.done:08d}"] = json.dumps(fresh.tolist())
+            state[f"{self.prefix}{_FROM}{self.done:08d}"] = json.dumps(
+                fresh.tolist() if kept is None else {"released": fresh.tolist(), **kept}
+            )
             values = np.concatenate([values, fresh], axis=1)
         values = values[:, : self.steps]  # a lower watermark shows fewer of the released steps
         return Release(self._columns(), self._rows(values), self._accuracy(), notes, state=state)
 
-    def _extend(self, rows: list[tuple]) -> np.ndarray:
-        """Noisy running totals for steps done+1..steps, per partition."""
+    def _extend(self, rows: list[tuple]) -> tuple[np.ndarray, dict[str, list] | None]:
+        """Noisy running totals for steps done+1..steps, per partition, and for a
+        factorization what later ticks need stored with them: the new steps' exact values
+        and their q (see ExactFactorization)."""
         width, new = len(self.stream.partition_values), self.steps - self.done
         where = {_key(v): i for i, v in enumerate(self.stream.partition_values)}
         totals: dict[tuple[int, int], int] = {}
@@ -925,16 +908,29 @@ class RunningPlan:
         if totals:
             exact[tuple(zip(*totals, strict=True))] = exact_integers(list(totals.values()))
         fresh = np.zeros((width, new))
+        counter = self.stream.counter
+        if isinstance(counter, ExactFactorization):
+            kept: dict[str, list] = {"exact": exact.tolist(), "quantized": []}
+            past = self.past
+            for part in range(width):
+                exact_past = past.exact[part] if past.exact is not None else []
+                quantized_past = past.quantized[part] if past.quantized is not None else []
+                quantized, fresh[part] = counter.extend(
+                    exact_past, quantized_past, self._noise(part), kept["exact"][part]
+                )
+                kept["quantized"].append(quantized)
+            return fresh, kept
         for part in range(width):
-            stream = ContinualStream(self.stream.counter, self.key, part, noise=self._noise(part))
+            stream = ContinualStream(counter, self.key, part, noise=self._noise(part))
             if self.done:
                 last = self.released[part, -1]
                 stream.resume(self.done, last - float(stream.noise[self.done - 1]))
             fresh[part] = stream.extend(exact[part])
-        return fresh
+        return fresh, None
 
     def _noise(self, part: int) -> np.ndarray:
-        """The stream's noise for one partition, from the cache or derived from its key."""
+        """The stream's noise for one partition, from the cache or derived from its key:
+        the tree's eta, or the factorization's z (in lattice units)."""
         stream = self.stream
         cached = (stream.identity, self.key, part, stream.sensitivity, stream.domain.horizon)
         noise = _noises.get(cached)
@@ -985,7 +981,18 @@ class RunningPlan:
         ]
 
 
-def _released(stored: Any, prefix: str, key: int | None, width: int) -> np.ndarray:
+@dataclass(frozen=True)
+class _Past:
+    """A stream's stored ticks, decoded: the values released so far (partitions, steps),
+    and for a factorization the exact per-step values and q (per partition, Python
+    integers) its later steps are computed from."""
+
+    values: np.ndarray
+    exact: tuple[list[int], ...] | None = None
+    quantized: tuple[list[int], ...] | None = None
+
+
+def _released(stored: Any, prefix: str, key: int | None, width: int) -> _Past:
     """The values released so far, per partition, from the stored ticks in step order.
 
     The ledger never changes or drops one stored tick (clearing the cache drops
@@ -999,16 +1006,29 @@ def _released(stored: Any, prefix: str, key: int | None, width: int) -> np.ndarr
     Each tick must start where the ones before it end: ledgers written before
     ticks were named by their first step (`<prefix><last step>`) could hold two
     ticks built on the same steps, and such a stream is not released again.
+
+    A factorization's tick is an object: its releases, and its steps' exact values
+    and q; a tree's is the list of its releases.
     """
     kept_as = (*stored.owner, prefix, key)
-    last, values = _decoded.get(kept_as) or ("", np.zeros((width, 0)))
+    last, past = _decoded.get(kept_as) or ("", _Past(np.zeros((width, 0))))
     fresh = stored.find(prefix, after=last)
     fresh.pop(f"{prefix}meta", None)  # sorts after the ticks' names
     if not fresh:
-        return values
-    ticks, done = [values], values.shape[1]
+        return past
+    ticks, done = [past.values], past.values.shape[1]
+    exact = [list(v) for v in past.exact] if past.exact is not None else None
+    quantized = [list(v) for v in past.quantized] if past.quantized is not None else None
     for name, payload in sorted(fresh.items()):  # zero-padded: old names sort first, as they came
-        tick = np.array(json.loads(payload), dtype=np.float64).reshape(width, -1)
+        decoded = json.loads(payload)
+        if isinstance(decoded, dict):
+            exact = exact if exact is not None else [[] for _ in range(width)]
+            quantized = quantized if quantized is not None else [[] for _ in range(width)]
+            for part in range(width):
+                exact[part].extend(decoded["exact"][part])
+                quantized[part].extend(decoded["quantized"][part])
+            decoded = decoded["released"]
+        tick = np.array(decoded, dtype=np.float64).reshape(width, -1)
         suffix = name.rsplit(":", 1)[1]
         start = (
             int(suffix[len(_FROM) :]) if suffix.startswith(_FROM) else int(suffix) - tick.shape[1]
@@ -1025,8 +1045,14 @@ def _released(stored: Any, prefix: str, key: int | None, width: int) -> np.ndarr
         last = name
     values = np.concatenate(ticks, axis=1)
     values.flags.writeable = False  # shared with later ticks of the process
-    _decoded.put(kept_as, (last, values), values.size)
-    return values
+    past = _Past(
+        values,
+        tuple(exact) if exact is not None else None,
+        tuple(quantized) if quantized is not None else None,
+    )
+    weight = values.size * (3 if exact is not None else 1)
+    _decoded.put(kept_as, (last, past), weight)
+    return past
 
 
 def _key(value: Any) -> Any:
