@@ -279,6 +279,35 @@ def test_neighbours_q_differ_by_at_most_the_sensitivity_bound(exponent):
         assert worst >= (bound - 2 * (math.isqrt(horizon) + 1)) ** 2
 
 
+def test_partitions_share_one_bound_with_every_partitions_rounding():
+    """A unit's Delta may be spread over every partition of a stream, each with its own q
+    and z: by the triangle inequality the concatenated q move by at most Delta ||R~|| / h
+    plus the rounding of every coordinate of every partition, sqrt(P T), which sigma_z
+    must be made of (it was sqrt(T): found reviewing the exact factorization)."""
+    from dpsql.mechanisms.continual import ExactFactorization, convolve_exact
+
+    horizon, sensitivity, partitions = 64, 6, 6
+    counter = ExactFactorization(horizon, 0.05, sensitivity, partitions)
+    lattice = Fraction(2) ** counter.exponent
+    rounding = math.isqrt(partitions * horizon - 1) + 1
+    assert counter.sensitivity_bound == sensitivity * counter.norm_bound / lattice + rounding
+    assert counter.sigma2 >= counter.sensitivity_bound**2 / (2 * Fraction(0.05))
+    counter.exponent = 4  # a lattice of 16 units: rounding is most of what moves q
+    bound = sensitivity * counter.norm_bound / 16 + rounding
+
+    def q(values: list[int]) -> list[int]:
+        return counter.quantize(convolve_exact(counter.integers, values, 0, horizon))
+
+    rng = np.random.default_rng(5)
+    for _ in range(100):
+        squared = 0
+        for _part in range(partitions):  # one unit's row in each partition's first step
+            values = [int(v) for v in rng.integers(0, 1000, horizon)]
+            neighbour = [values[0] + 1, *values[1:]]
+            squared += sum((a - b) ** 2 for a, b in zip(q(values), q(neighbour), strict=True))
+        assert squared <= bound**2
+
+
 def test_exact_factorization_continues_identically_from_stored_steps():
     """A stream extended tick by tick (one step, a few, many: direct sums, then Kronecker)
     has the q of one tick over every step, so a restarted process that reads the stored

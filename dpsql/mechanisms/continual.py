@@ -347,8 +347,12 @@ class ExactFactorization:
     ||R~ delta||_2 <= Delta ||R~||_{1->2}, ||R~||_{1->2} = sqrt(sum_k (F(k)/2^B)^2) (its
     first column's norm, the largest), bounded above here by a rational (`norm_bound`);
     rounding moves each q_t by less than 1/2, so a pair of neighbours' q differ by less
-    than 1 per coordinate more: ||q(x) - q(x')||_2 <= Delta ||R~||_{1->2} / h + sqrt(T)
-    (`sensitivity_bound`, in lattice units). q is an integer-valued query of that L2
+    than 1 per coordinate more: ||q(x) - q(x')||_2 <= Delta ||R~||_{1->2} / h + sqrt(T).
+    A stream of P partitions runs one counter per partition, each with its own z, and a
+    unit's Delta is spread over all of them: the q of every partition, concatenated,
+    move by at most sum_p ||R~ delta_p||_2 / h + sqrt(P T) <= Delta ||R~||_{1->2} / h +
+    sqrt(P T) (`sensitivity_bound`, in lattice units; rounding moves every coordinate of
+    every partition a unit touches). That is an integer-valued query of that L2
     sensitivity, so y with sigma_z = that bound / sqrt(2 rho) is rho-zCDP (Canonne,
     Kamath and Steinke 2020, Theorem 14), and r, a function of y alone, is too.
 
@@ -363,7 +367,7 @@ class ExactFactorization:
 
     name = "square-root factorization"
 
-    def __init__(self, horizon: int, rho: float, sensitivity: int):
+    def __init__(self, horizon: int, rho: float, sensitivity: int, partitions: int = 1):
         if not 1 <= horizon <= EXACT_HORIZON:
             raise ValueError(f"the horizon must be 1 to {EXACT_HORIZON} steps, got {horizon}")
         self.horizon = horizon
@@ -382,7 +386,9 @@ class ExactFactorization:
         if math.isfinite(sigma_units) and sigma_units > 0:
             self.exponent = math.floor(math.log2(sigma_units)) - LATTICE_BITS
             lattice = Fraction(2) ** self.exponent
-            self.sensitivity_bound = sensitivity * self.norm_bound / lattice + _ceil_sqrt(horizon)
+            self.sensitivity_bound = sensitivity * self.norm_bound / lattice + _ceil_sqrt(
+                partitions * horizon
+            )
             exact = self.sensitivity_bound**2 / (2 * Fraction(rho))
             # rounded up to a multiple of 2^-20 (a shorter key for the sampler's plans)
             self.sigma2 = Fraction(math.ceil(exact * (1 << 20)), 1 << 20)

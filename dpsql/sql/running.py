@@ -600,7 +600,7 @@ class _Stream:
                 grid, sensitivity = _sum_grid(
                     base.measurements[0].bounds, contributions, spec.epsilon, rho, horizon
                 )
-            counter, cost = _counter(spec, choice, horizon, sensitivity, rho)
+            counter, cost = _counter(spec, choice, horizon, sensitivity, rho, len(partition_values))
             _check_finite(counter, grid)
         except OutOfRange as exc:
             larger = f"declare a larger continual epsilon for {table.name}.{column.name}"
@@ -834,12 +834,17 @@ def _check_finite(counter: BinaryTree | ExactFactorization, grid: SumGrid | None
 
 
 def _counter(
-    spec: ContinualSpec, choice: _Choice, horizon: int, sensitivity: int, rho: float | None
+    spec: ContinualSpec,
+    choice: _Choice,
+    horizon: int,
+    sensitivity: int,
+    rho: float | None,
+    partitions: int,
 ) -> tuple[BinaryTree | ExactFactorization, Cost]:
     """The stream's counter, its noise prepared (OutOfRange now, before the charge)."""
     if rho is None:
         return laplace_tree(horizon, spec.epsilon, sensitivity), Cost.of(spec.epsilon)
-    counter = ExactFactorization(horizon, rho, sensitivity)
+    counter = ExactFactorization(horizon, rho, sensitivity, partitions)
     counter.prepare()
     return counter, Cost.of(spec.epsilon, choice.delta)
 
