@@ -748,6 +748,21 @@ def test_a_factorization_stream_longer_than_exact_arithmetic_affords_is_refused_
     assert len(con.execute(query).fetchall()) == 4
 
 
+def test_a_stream_whose_noise_is_drawn_otherwise_is_not_continued(events, tmp_path, monkeypatch):
+    """On a later tick the last released step's stored q, with z drawn again from the
+    key, must give back its stored release: a sampler or platform that drew other noise
+    would add a second noise to q already released (found reviewing the exact
+    factorization)."""
+    con = _connect(events, tmp_path, epsilon=2.0, delta=1e-9, mechanism="factorization")
+    con.execute(f"{RUNNING} WHERE day < '2024-01-06' GROUP BY day").fetchall()
+    monkeypatch.setattr(running, "_noises", running.WeightedLru(running._NOISE_VALUES))
+    monkeypatch.setattr(
+        running.ExactFactorization, "noise", lambda self, rng: np.zeros(self.horizon, np.int64)
+    )
+    with pytest.raises(dpsql.IntegrityError, match="drawn again"):
+        con.execute(f"{RUNNING} WHERE day < '2024-01-08' GROUP BY day").fetchall()
+
+
 def test_a_factorization_streams_identity_is_versioned_and_the_trees_is_not(monkeypatch):
     """A factorization stream stored by the earlier noise path (float L z of lattice noise)
     is not continued by the exact one: what its identity hashes carries a version, and
@@ -771,5 +786,11 @@ def test_a_factorization_streams_identity_is_versioned_and_the_trees_is_not(monk
         )
     identities = [data for data in hashed if data.startswith(b'["running_events"')]
     tree, factorization = (running.json.loads(data) for data in identities)
-    assert factorization[-1] == "factorization: exact, lattice-rounded"
-    assert len(tree) == len(factorization) - 1 and tree[-1] != factorization[-1]
+    # the version, and the noise's parameters: z drawn at another variance or lattice
+    # would be other noise beside the q already released
+    counter = stream.counter
+    assert factorization[-4:] == [
+        "factorization: exact, lattice-rounded", str(counter.sigma2), counter.exponent,
+        running.PRECISION_BITS,
+    ]  # fmt: skip
+    assert len(tree) == len(factorization) - 4 and tree[-1] != factorization[-1]

@@ -1,9 +1,10 @@
 """Continual counting: noisy running totals over a fixed horizon of T steps (knows nothing of SQL).
 
-Two counters, each a data-independent noise vector eta (one value per step)
-drawn once from a keyed generator, so that the release at step t is
-S_t + eta_t, a stream restarted from the same key continues with the same
-noise, and a past release never changes:
+Counters whose noise is drawn once from a keyed generator, so that a stream
+restarted from the same key continues with the same noise and a past release
+never changes. The tree's is a data-independent vector eta (one value per step),
+released as S_t + eta_t; the released factorization's is z, added to an exact
+integer query (`ExactFactorization`):
 
 - `BinaryTree`: the binary (dyadic) tree mechanism. Every step lies in one
   node per level, so with `levels = ceil(log2 T) + 1` the tree has L1
@@ -243,8 +244,9 @@ PRECISION_BITS = 48
 # T^1.58), and each later step sums its whole prefix in Python integers.
 EXACT_HORIZON = 1 << 16
 # z's standard deviation is 2^36 to 2^37 lattice steps (before the rounding term): the
-# rounding adds sqrt(T) <= 2^8 to a sensitivity of 2^36 sqrt(2 rho) or more, and sigma_z^2
-# stays far below the sampler's 2^80 unless rho is below about 2^-60.
+# rounding adds sqrt(P T) <= 2^8 sqrt(P) (P partitions) to a sensitivity of 2^36 sqrt(2 rho)
+# or more, a relative 2^-28 sqrt(P / (2 rho)); sigma_z^2 stays below the sampler's 2^80
+# unless rho (or the partitions' share of the rounding) is extreme, refused by prepare().
 LATTICE_BITS = 36
 _MAX_SIGMA2 = Fraction(1 << 80)
 _DIRECT_TERMS = 1 << 23  # products (about 40 ns each) a direct convolution may cost
@@ -356,8 +358,9 @@ class ExactFactorization:
     sensitivity, so y with sigma_z = that bound / sqrt(2 rho) is rho-zCDP (Canonne,
     Kamath and Steinke 2020, Theorem 14), and r, a function of y alone, is too.
 
-    h is 2^-LATTICE_BITS of sigma_units = Delta ||R~|| / sqrt(2 rho) (rounded to a
-    power of two), so the sqrt(T) term adds at most 2^-28 / sqrt(2 rho) to sigma_z.
+    h is 2^-LATTICE_BITS of sigma_units = Delta ||R~|| / sqrt(2 rho) (rounded down to a
+    power of two, exactly: math.frexp), so the sqrt(P T) term adds at most a relative
+    2^-28 sqrt(P / (2 rho)) to sigma_z (at tiny rho, more: an accuracy cost only).
 
     Error: r_t = (L R~ x)_t + h (L e)_t + h (L z)_t with |e_i| <= 1/2 the rounding of q,
     so r_t - S_t has variance h^2 sigma_z^2 sum_{k<t} f(k)^2 (`variance`) and a
@@ -384,7 +387,8 @@ class ExactFactorization:
             sensitivity * float(self.norm_bound) / math.sqrt(2 * rho) if rho > 0 else math.inf
         )
         if math.isfinite(sigma_units) and sigma_units > 0:
-            self.exponent = math.floor(math.log2(sigma_units)) - LATTICE_BITS
+            # floor(log2(sigma_units)) exactly, whatever the platform's log2 rounds to
+            self.exponent = math.frexp(sigma_units)[1] - 1 - LATTICE_BITS
             lattice = Fraction(2) ** self.exponent
             self.sensitivity_bound = sensitivity * self.norm_bound / lattice + _ceil_sqrt(
                 partitions * horizon

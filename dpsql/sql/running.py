@@ -42,6 +42,7 @@ from dpsql.lru import WeightedLru
 from dpsql.mechanisms.base import OutOfRange
 from dpsql.mechanisms.continual import (
     EXACT_HORIZON,
+    PRECISION_BITS,
     BinaryTree,
     ContinualStream,
     ExactFactorization,
@@ -616,11 +617,14 @@ class _Stream:
         # The factorization's release changed (exact integers up to the noise, see
         # ExactFactorization): a stream stored by the earlier noise path is not continued
         # by this one, it starts afresh (and is charged once more). The tree's is unchanged.
+        # Its noise's parameters are part of it too: z drawn again at another variance or
+        # lattice would be other noise beside q's already released.
         version = (
-            ["factorization: exact, lattice-rounded"]
+            ["factorization: exact, lattice-rounded", str(counter.sigma2), counter.exponent,
+             PRECISION_BITS]
             if isinstance(counter, ExactFactorization)
             else []
-        )
+        )  # fmt: skip
         identity = hashlib.sha256(
             json.dumps(
                 [
@@ -920,8 +924,10 @@ class RunningPlan:
             for part in range(width):
                 exact_past = past.exact[part] if past.exact is not None else []
                 quantized_past = past.quantized[part] if past.quantized is not None else []
+                noise = self._noise(part)
+                self._check_noise(counter, quantized_past, noise, part)
                 quantized, fresh[part] = counter.extend(
-                    exact_past, quantized_past, self._noise(part), kept["exact"][part]
+                    exact_past, quantized_past, noise, kept["exact"][part]
                 )
                 kept["quantized"].append(quantized)
             return fresh, kept
@@ -932,6 +938,23 @@ class RunningPlan:
                 stream.resume(self.done, last - float(stream.noise[self.done - 1]))
             fresh[part] = stream.extend(exact[part])
         return fresh, None
+
+    def _check_noise(
+        self, counter: ExactFactorization, quantized: list[int], z: np.ndarray, part: int
+    ) -> None:
+        """IntegrityError unless the last released step's stored q, with z drawn again
+        from the key, gives back its stored release: a sampler or platform that drew other
+        noise would add a second noise to q already released, which no proof covers."""
+        if not self.done:
+            return
+        if len(quantized) != self.done:
+            raise _not_continued(self.stream, "its stored steps and their q do not match")
+        y = np.array([float(q + int(d)) for q, d in zip(quantized, z, strict=False)])
+        again = float(counter.releases(y, self.done - 1)[0])
+        stored = float(self.released[part, self.done - 1])
+        tolerance = 2.0**-20 * counter.sigma * counter.norm + 2.0**-40 * abs(stored)
+        if not abs(again - stored) <= tolerance:
+            raise _not_continued(self.stream, "its noise, drawn again, is not what it released")
 
     def _noise(self, part: int) -> np.ndarray:
         """The stream's noise for one partition, from the cache or derived from its key:
@@ -1055,9 +1078,17 @@ def _released(stored: Any, prefix: str, key: int | None, width: int) -> _Past:
         tuple(exact) if exact is not None else None,
         tuple(quantized) if quantized is not None else None,
     )
-    weight = values.size * (3 if exact is not None else 1)
+    # Python integers (two per value, about 36 bytes each) beside the 8-byte floats
+    weight = values.size * (10 if exact is not None else 1)
     _decoded.put(kept_as, (last, past), weight)
     return past
+
+
+def _not_continued(stream: _Stream, why: str) -> IntegrityError:
+    return IntegrityError(
+        f"stream {stream.identity} is not continued: {why}. Instead: ask the data owner to "
+        "bump data_version in the policy, which starts a new stream (and charges it once)"
+    )
 
 
 def _key(value: Any) -> Any:
