@@ -135,6 +135,12 @@ class FrequencyOracle(ABC):
     def estimate_from_counts(self, counts: np.ndarray, n: int) -> np.ndarray:
         """Unbiased count per domain value from `aggregate`'s output and the report count."""
 
+    def valid_reports(self, reports: np.ndarray) -> np.ndarray:
+        """Per parsed report, whether this oracle's randomiser could have sent it (the
+        server leaves out the rest: a value a client uploaded unrandomised, an index
+        beyond the domain). Every report of the right shape, unless overridden."""
+        return np.ones(len(reports), dtype=bool)
+
     def estimate(self, reports: np.ndarray) -> np.ndarray:
         """Unbiased estimate of how many people hold each domain value."""
         return self.estimate_from_counts(self.aggregate(reports), len(reports))
@@ -207,6 +213,24 @@ class IntegerReports:
 
     def parse_reports(self, fields: Sequence[str]) -> np.ndarray:
         return np.asarray(fields, dtype=np.int64)
+
+    @property
+    def outputs(self) -> int:
+        """How many output indices there are: a report is one of 0..outputs-1."""
+        return self.d
+
+    def valid_reports(self, reports: np.ndarray) -> np.ndarray:
+        reports = np.asarray(reports, dtype=np.int64)
+        return (reports >= 0) & (reports < self.outputs)
+
+
+def split_fields(fields: Sequence[str], separator: str, count: int) -> list[list[str]]:
+    """Each field's `count` integers: ValueError unless every field has exactly that many
+    (a field of two reports, read as two, was counted as two)."""
+    parts = [field.split(separator) for field in fields]
+    if any(len(part) != count for part in parts):
+        raise ValueError(f"a report has other than {count} parts")
+    return parts
 
 
 def max_privacy_ratio(channel: np.ndarray) -> float:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import bisect
 import decimal
-import functools
 import math
 from fractions import Fraction
 
@@ -85,6 +84,7 @@ class DistanceSensitiveEncoding(IntegerReports, FrequencyOracle):
         self._cdf = np.cumsum(self._channel, axis=1)
         self._cdf[:, -1] = 1.0
         self._inverse_t = np.linalg.inv(self._channel.T)
+        self._exact_rows: dict[int, list[Fraction]] = {}  # _exact_cdf's, by value
 
     @property
     def effective_epsilon(self) -> float:
@@ -128,9 +128,15 @@ class DistanceSensitiveEncoding(IntegerReports, FrequencyOracle):
             low += width * int(rng.integers(0, _MORE, dtype=np.int64)) / _MORE
             width /= _MORE
 
-    @functools.lru_cache(maxsize=16)  # noqa: B019 (a few rows, kept as long as the oracle)
     def _exact_cdf(self, value: int) -> list[Fraction]:
-        """The exact CDF of row `value` but its last step (1), as _build_channel makes it."""
+        """The exact CDF of row `value` but its last step (1), as _build_channel makes it;
+        kept by the oracle (an lru_cache on the method kept oracles alive)."""
+        steps = self._exact_rows.get(value)
+        if steps is None:
+            steps = self._exact_rows[value] = self._exact_steps(value)
+        return steps
+
+    def _exact_steps(self, value: int) -> list[Fraction]:
         theta, d = self.theta, self.d
         a = Fraction(theta * (theta + 1), 3 * theta**2 - theta + d - 1)
         gaps = [min(abs(i - value), theta) for i in range(d)]

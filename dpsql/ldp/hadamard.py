@@ -112,6 +112,10 @@ class HadamardResponse(IntegerReports, FrequencyOracle):
         outside = np.where(elsewhere, other_block * b + r % b, inside)
         return np.where(own, inside, outside)
 
+    @property
+    def outputs(self) -> int:
+        return self.size
+
     def aggregate(self, reports: np.ndarray) -> np.ndarray:
         """Histogram of output indices (COUNT(*) GROUP BY report in SQL)."""
         return np.bincount(np.asarray(reports, dtype=np.int64), minlength=self.size)
@@ -172,6 +176,10 @@ class OneBitProjection(IntegerReports, FrequencyOracle):
     @functools.cached_property
     def _keep(self) -> ExactReal:
         return keep_probability(self.epsilon, 1)
+
+    @property
+    def outputs(self) -> int:
+        return 2 * self.size
 
     def aggregate(self, reports: np.ndarray) -> np.ndarray:
         """Histogram of report codes 2 j + bit (COUNT(*) GROUP BY report in SQL)."""

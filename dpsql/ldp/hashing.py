@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dpsql.ldp.base import PureProtocol, bits_for
+from dpsql.ldp.base import PureProtocol, bits_for, split_fields
 from dpsql.ldp.unary import bernoulli_bools, keep_probability
 
 _CHUNK_ELEMENTS = 1 << 22
@@ -165,5 +165,11 @@ class LocalHashing(PureProtocol):
         return [f"{s}:{y}" for s, y in np.asarray(reports, dtype=np.int64).tolist()]
 
     def parse_reports(self, fields: Sequence[str]) -> np.ndarray:
-        pairs = [f.split(":") for f in fields]
-        return np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+        return np.asarray(split_fields(fields, ":", 2), dtype=np.int64).reshape(-1, 2)
+
+    def valid_reports(self, reports: np.ndarray) -> np.ndarray:
+        """A seed its randomiser draws (a seed beyond them made a = 0: a report supporting
+        one value P / g times over) and a bucket below g (a negative one made counting
+        allocate without bound)."""
+        seeds, y = np.asarray(reports, dtype=np.int64).reshape(-1, 2).T
+        return (seeds >= 0) & (seeds < (self.prime - 1) * self.prime) & (y >= 0) & (y < self.g)

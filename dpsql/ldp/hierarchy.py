@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dpsql.ldp.base import FrequencyOracle, bits_for
+from dpsql.ldp.base import FrequencyOracle, bits_for, split_fields
 from dpsql.ldp.direct import DirectEncoding
 from dpsql.ldp.hadamard import HadamardMechanism, HadamardResponse
 from dpsql.ldp.hashing import LocalHashing
@@ -175,7 +175,21 @@ class LocalHierarchy(FrequencyOracle):
         return [":".join(map(str, row)) for row in np.asarray(reports, np.int64).tolist()]
 
     def parse_reports(self, fields: Sequence[str]) -> np.ndarray:
-        return np.asarray([f.split(":") for f in fields], dtype=np.int64).reshape(-1, 3)
+        return np.asarray(split_fields(fields, ":", 3), dtype=np.int64).reshape(-1, 3)
+
+    def valid_reports(self, reports: np.ndarray) -> np.ndarray:
+        """A level 1..h and a valid report of that level's oracle (a field it leaves
+        unused, 0): a report of another level was counted in n but in no level."""
+        reports = np.asarray(reports, dtype=np.int64).reshape(-1, 3)
+        valid = np.zeros(len(reports), dtype=bool)
+        for level, oracle in enumerate(self.oracles, start=1):
+            mine = np.flatnonzero(reports[:, 0] == level)
+            inner = reports[mine, 1:]
+            if _fields(oracle) == 2:
+                valid[mine] = oracle.valid_reports(inner)
+            else:
+                valid[mine] = oracle.valid_reports(inner[:, 0]) & (inner[:, 1] == 0)
+        return valid
 
 
 def _fields(oracle: FrequencyOracle) -> int:

@@ -23,7 +23,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from dpsql.ldp.base import FrequencyOracle
+from dpsql.ldp.base import FrequencyOracle, split_fields
 from dpsql.mechanisms.samplers import laplace_sampler
 
 _CHUNK_ELEMENTS = 1 << 21
@@ -160,4 +160,4 @@ class HistogramEncoding(FrequencyOracle):
         return [";".join(map(str, row)) for row in np.asarray(reports).tolist()]
 
     def parse_reports(self, fields: Sequence[str]) -> np.ndarray:
-        return np.asarray([f.split(";") for f in fields], dtype=np.int32).reshape(-1, self.d)
+        return np.asarray(split_fields(fields, ";", self.d), dtype=np.int32).reshape(-1, self.d)

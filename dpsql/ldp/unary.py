@@ -280,5 +280,16 @@ class UnaryEncoding(PureProtocol):
     def parse_reports(self, fields: Sequence[str]) -> np.ndarray:
         if not len(fields):
             return np.zeros((0, self.row_bytes), np.uint8)
+        if any(len(field) != 2 * self.row_bytes for field in fields):
+            # joined, two fields of the wrong lengths read as reports, and shifted the rest
+            raise ValueError(f"a report is not {2 * self.row_bytes} hexadecimal digits")
         raw = np.frombuffer(bytes.fromhex("".join(fields)), dtype=np.uint8)
         return raw.reshape(len(fields), self.row_bytes)
+
+    def valid_reports(self, reports: np.ndarray) -> np.ndarray:
+        """No bit set beyond the d values (the randomiser leaves them 0)."""
+        reports = np.asarray(reports, dtype=np.uint8).reshape(-1, self.row_bytes)
+        spare = 8 * self.row_bytes - self.d
+        if not spare or not len(reports):
+            return np.ones(len(reports), dtype=bool)
+        return (reports[:, -1] >> (8 - spare)) == 0

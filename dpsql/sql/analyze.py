@@ -861,7 +861,7 @@ def _rounding(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -
     if inner is None or decimals is None:
         return _whole(inner) if inner is not None else None
     places = _number(decimals)
-    if places is None or not -30 <= places <= 30 or "." in decimals.sql():
+    if places is None or not -30 <= places <= 30 or not _written_whole(decimals):
         return None  # places are a whole number written as one (no ROUND(x, 2.0) anywhere)
     pad = 10.0 ** -math.floor(places)  # rounding moves a value by less than one unit of it
     return Interval(inner.lower - pad, inner.upper + pad, tiny=pad / 2)  # whole units
@@ -1044,7 +1044,7 @@ def require_total(
         _require_argument_kind(sub, table, clause)
         _require_plain_call(sub, clause)
         if isinstance(sub, _CONCATENATIONS) and not isinstance(sub.parent, _CONCATENATIONS):
-            _require_short_concatenation(sub, clause)
+            _require_short_concatenation(sub, table, clause)
         if isinstance(sub, exp.Cast | exp.TryCast):
             _require_safe_cast(sub, table, clause)
         elif isinstance(sub, _COMPUTATIONS):
@@ -1277,6 +1277,14 @@ def _require_plain_call(node: exp.Expression, clause: str) -> None:
             )
 
 
+def _written_whole(number: exp.Expression) -> bool:
+    """Whether a number constant is written as a whole number (no point, no exponent):
+    SUBSTRING's positions and ROUND's places take no DOUBLE or NUMERIC anywhere, so
+    `ROUND(x, 2.0)` and `SUBSTRING(s, 1e0, 2)` failed for every row, after the charge."""
+    text = number.sql().lower()
+    return "." not in text and "e" not in text
+
+
 def _require_fixed_operands(node: exp.Expression, clause: str) -> None:
     """LIKE patterns, ESCAPE characters and SUBSTRING positions are constants every
     backend accepts: PostgreSQL fails a negative SUBSTRING length, and DuckDB an
@@ -1301,7 +1309,7 @@ def _require_fixed_operands(node: exp.Expression, clause: str) -> None:
     for position in operands if isinstance(node, exp.Substring) else []:
         value = _number(position)
         lowest = 0 if position is node.args.get("length") else -_MAX_POSITION
-        if value is None or not value.is_integer() or not lowest <= value <= _MAX_POSITION:
+        if value is None or not _written_whole(position) or not lowest <= value <= _MAX_POSITION:
             why = f"its positions are not whole numbers from {lowest}"
             raise _partial(node, clause, why, _FIXED_HINT)
 
@@ -1641,15 +1649,16 @@ _CONCATENATIONS = (exp.Concat, exp.DPipe)
 MAX_CONCATENATED = 8
 
 
-def _require_short_concatenation(node: exp.Expression, clause: str) -> None:
-    columns = sum(1 for _ in node.find_all(exp.Column))
+def _require_short_concatenation(node: exp.Expression, table: Table, clause: str) -> None:
+    """Counted: text columns (a number cast to text is short, whatever it is)."""
+    columns = sum(1 for column in node.find_all(exp.Column) if _is_text(column, table))
     if columns > MAX_CONCATENATED:
         raise _partial(
             node,
             clause,
-            f"it joins {columns} column values into one text, which fails in the database "
+            f"it joins {columns} text column values into one text, which fails in the database "
             "once a row's text is long enough",
-            f"join at most {MAX_CONCATENATED} column values in one concatenation",
+            f"join at most {MAX_CONCATENATED} text column values in one concatenation",
         )
 
 
@@ -1684,7 +1693,12 @@ def _require_safe_cast(node: exp.Cast | exp.TryCast, table: Table, clause: str) 
         raise _partial(node, clause, _why_partial(interval))
     inner = node.this
     column = table.column(inner.name) if isinstance(inner, exp.Column) else None
-    if column is not None and column.type in _TEMPORAL_TYPES and _plain_temporal(target):
+    if (
+        column is not None
+        and column.type in _TEMPORAL_TYPES
+        and _plain_temporal(target)
+        and not (column.type == "date" and target.is_type(exp.DataType.Type.TIME))
+    ):  # a date has no time of day: CAST(day AS TIME) failed for every row
         return
     raise _partial(
         node,

@@ -13,7 +13,6 @@ ratio of the two.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -106,41 +105,33 @@ class LocalPlan:
         plug_in = np.clip(unbiased, 0, n)
         return ldp.postprocess(unbiased, self.method, n), self._variances(n, plug_in), n
 
-    def _aggregate(self, rows: list[tuple]) -> tuple[np.ndarray | None, int]:
+    def _aggregate(self, rows: list[tuple]) -> tuple[np.ndarray, int]:
         """The oracle's aggregate of the reports and how many there are. The database
         counted each distinct report once; expanded by its count, they are the report
-        multiset the oracle's counting step expects. A row the oracle cannot read or
-        count (a value a client uploaded unrandomised, an index beyond the domain) is no
-        report and is left out: refusing the whole table for it, or failing, told every
-        analyst whether one existed, for free."""
+        multiset the oracle's counting step expects. A row that is not one report its
+        randomiser could have sent (a value a client uploaded unrandomised, an index
+        beyond the domain, two reports in one field) is left out: refusing the whole
+        table for it, or failing, told every analyst whether one existed, for free; and
+        counted, a seed beyond OLH's moved one value by P / g people, a negative bucket
+        made the count allocate without bound (found by audits)."""
         fields = [str(row[0]) for row in rows]
         counts = np.array([int(row[1]) for row in rows], dtype=np.int64)
-        counted = self._counted(fields, counts)
-        if counted is None:  # some row is no report: find which, one at a time
-            kept = [
-                i
-                for i in range(len(fields))
-                if self._counted(fields[i : i + 1], counts[:1]) is not None
-            ]
-            fields, counts = [fields[i] for i in kept], counts[kept]
-            counted = self._counted(fields, counts) if kept else None
-        return counted, int(counts.sum())
+        parsed = self._parsed(fields)
+        if parsed is None:  # some field is not one report: read them one at a time
+            readable = [i for i, field in enumerate(fields) if self._parsed([field]) is not None]
+            fields, counts = [fields[i] for i in readable], counts[readable]
+            parsed = self._parsed(fields)
+        kept = self.oracle.valid_reports(parsed)
+        counts = counts[kept]
+        return self.oracle.aggregate(np.repeat(parsed[kept], counts, axis=0)), int(counts.sum())
 
-    def _counted(self, fields: list[str], counts: np.ndarray) -> np.ndarray | None:
-        """The oracle's aggregate of `fields` repeated `counts` times, or None if any of
-        them is not one of its reports."""
+    def _parsed(self, fields: list[str]) -> np.ndarray | None:
+        """`fields` read as one report each, or None if any is not."""
         try:
-            distinct = self.oracle.parse_reports(fields)
-            aggregate = self.oracle.aggregate(np.repeat(distinct, counts, axis=0))
+            parsed = self.oracle.parse_reports(fields)
         except (ValueError, IndexError, TypeError, OverflowError):
             return None
-        # an index beyond the domain is counted in a longer aggregate
-        return aggregate if np.shape(aggregate) == self._aggregate_shape else None
-
-    @functools.cached_property
-    def _aggregate_shape(self) -> tuple[int, ...]:
-        """What the aggregate of valid reports looks like (of none at all)."""
-        return np.shape(self.oracle.aggregate(self.oracle.parse_reports([])))
+        return parsed if len(parsed) == len(fields) else None
 
     def _variances(self, n: int, counts: np.ndarray) -> np.ndarray:
         """Each estimate's variance at the plugged-in counts, without a loop where possible."""

@@ -164,8 +164,15 @@ def test_policy_errors_for_local_tables():
 
 @pytest.mark.parametrize(
     "mechanism, malformed",
-    [("grr", "alice@example.org lives in nice"), ("oue", "alice"), ("olh", "alice:nice"),
-     ("grr", "99"), ("grr", "-1"), ("dse", "8")],
+    [("grr", ["alice@example.org lives in nice"]), ("oue", ["alice"]), ("olh", ["alice:nice"]),
+     ("grr", ["99"]), ("grr", ["-1"]), ("dse", ["8"]),
+     # two reports in one field; a seed that makes a = 0 (one row supporting one value
+     # P / g times), negative or beyond the seeds drawn; a bucket beyond g or negative
+     # (counting allocated without bound); a level beyond the hierarchy's; two fields of
+     # wrong lengths that, joined, read as two reports (found by a review)
+     ("olh", ["1:2:3:4"]), ("olh", ["-11:0"]), ("olh", ["110:0"]), ("olh", ["3:999"]),
+     ("olh", ["3:-4000000000"]), ("hh", ["1:0:0:1:0:0"]), ("hh", ["0:1:0"]),
+     ("hh", ["9:1:0"]), ("hh", ["1:1:5"]), ("oue", ["abc", "d"])],
 )  # fmt: skip
 def test_a_row_that_is_no_report_is_left_out(mechanism, malformed):
     """The parser's message quoted the cell, for free: a client that uploaded its true
@@ -179,10 +186,26 @@ def test_a_row_that_is_no_report_is_left_out(mechanism, malformed):
     query = "SELECT value, COUNT(*) AS n FROM reports GROUP BY value"
     with dpsql.connect(database, policy=policy, seed=3) as connection:
         clean = connection.execute(query).fetchall()
-    database.execute(f"INSERT INTO reports VALUES (50, '{malformed}')")
+    for i, field in enumerate(malformed):
+        database.execute(f"INSERT INTO reports VALUES ({50 + i}, '{field}')")
     with dpsql.connect(database, policy=policy, seed=3) as connection:
         cursor = connection.execute(query)
         assert cursor.fetchall() == clean
         assert "50 local reports" in cursor.notes[0] and "left out" in cursor.notes[0]
         assert "alice" not in " ".join(cursor.notes)
         assert connection.budget().epsilon_spent == 0
+
+
+@pytest.mark.parametrize("mechanism", sorted(ldp.MECHANISMS))
+def test_every_report_a_randomiser_sends_is_valid(mechanism):
+    """The server leaves out what no randomiser sends (FrequencyOracle.valid_reports): it
+    must never leave out a report one did, whatever the domain's size (13 values: unary
+    rows with spare bits, hierarchies of several levels, OLH's and Hadamard's ranges)."""
+    domain = [f"v{i}" for i in range(13)]
+    epsilon = 2.0 if mechanism != "dse" else 3.0
+    oracle = ldp.mechanism(mechanism, epsilon, domain)
+    values = np.random.default_rng(9).choice(domain, size=3_000)
+    fields = oracle.format_reports(oracle.perturb(values, rng=10))
+    parsed = oracle.parse_reports(fields)
+    assert len(parsed) == len(fields)
+    assert oracle.valid_reports(parsed).all()
