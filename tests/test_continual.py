@@ -345,3 +345,20 @@ def test_exact_factorization_is_exact_at_a_huge_budget_and_refuses_what_it_canno
         ExactFactorization(1024, 0.0, 1).prepare()  # no rho
     with pytest.raises(ValueError, match="horizon"):
         ExactFactorization(EXACT_HORIZON + 1, 0.5, 1)
+
+
+def test_exact_factorization_refuses_past_steps_that_do_not_match():
+    """Stored q of another length than the stored exact values (ticks of another format
+    before), or a last release its q and z do not give again: the stream is not
+    continued, since its new steps would add other noise to released q."""
+    from dpsql.mechanisms.continual import ExactFactorization, NoiseMismatch, keyed_generator
+
+    counter = ExactFactorization(64, 0.5, 1)
+    z = counter.noise(keyed_generator(5))
+    quantized, released = counter.extend([], [], z, [3, 1, 4])
+    with pytest.raises(NoiseMismatch, match="do not match"):
+        counter.extend([3, 1, 4], quantized[:2], z, [1])
+    counter.extend([3, 1, 4], quantized, z, [1], float(released[-1]))  # the same noise
+    with pytest.raises(NoiseMismatch, match="drawn again"):
+        other = counter.noise(keyed_generator(6))  # noise drawn otherwise
+        counter.extend([3, 1, 4], quantized, other, [1], float(released[-1]))

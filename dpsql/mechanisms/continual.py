@@ -252,6 +252,10 @@ _MAX_SIGMA2 = Fraction(1 << 80)
 _DIRECT_TERMS = 1 << 23  # products (about 40 ns each) a direct convolution may cost
 
 
+class NoiseMismatch(ValueError):
+    """A stream's stored steps do not match the noise drawn again from its key."""
+
+
 def _ceil_sqrt(value: int) -> int:
     root = math.isqrt(value)
     return root if root * root == value else root + 1
@@ -442,20 +446,33 @@ class ExactFactorization:
         return np.fft.irfft(spectrum, size)[start:stop] * self.lattice
 
     def extend(
-        self, exact: Sequence[int], quantized: Sequence[int], z: np.ndarray, new: Sequence[int]
+        self,
+        exact: Sequence[int],
+        quantized: Sequence[int],
+        z: np.ndarray,
+        new: Sequence[int],
+        last_release: float | None = None,
     ) -> tuple[list[int], np.ndarray]:
         """The new steps' q and releases, given the past steps' exact values and q, z for the
-        whole horizon, and the new steps' exact values."""
+        whole horizon, and the new steps' exact values. `last_release`, the last past
+        step's stored release, must be what its q and z give again (NoiseMismatch if not:
+        other noise, from another sampler or platform, would be a second noise on q
+        already released, which no proof covers)."""
         start = len(exact)
         stop = start + len(new)
         if stop > self.horizon:
             raise ValueError(f"the stream's horizon of {self.horizon} steps is over")
+        if len(quantized) != start:
+            raise NoiseMismatch("the stored steps and their q do not match")
         values = [*exact, *(int(v) for v in new)]
         fresh = self.quantize(convolve_exact(self.integers, values, start, stop))
-        y = np.array(
-            [float(q + int(d)) for q, d in zip([*quantized, *fresh], z[:stop], strict=True)],
-            dtype=np.float64,
-        )
+        # q as floats (q beyond 2^53 rounds: post-processing of y, which floats may round)
+        y = np.array([*quantized, *fresh], dtype=np.float64) + z[:stop]
+        if start and last_release is not None:
+            again = float(self.releases(y[:start], start - 1)[0])
+            tolerance = 2.0**-20 * self.sigma * self.norm + 2.0**-40 * abs(last_release)
+            if not abs(again - last_release) <= tolerance:
+                raise NoiseMismatch("its noise, drawn again, is not what it released")
         return fresh, self.releases(y, start)
 
     def variance(self) -> np.ndarray:
@@ -533,6 +550,7 @@ __all__ = [
     "ContinualStream",
     "ExactFactorization",
     "Factorization",
+    "NoiseMismatch",
     "column_norm_squared",
     "convolve_exact",
     "integer_coefficients",

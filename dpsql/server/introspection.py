@@ -153,7 +153,8 @@ def _is_dpsql(name: str) -> bool:
 
 
 def _option_words(options: str) -> list[str]:
-    """`options` split at unescaped whitespace, backslashes dropped (PostgreSQL's rule)."""
+    """`options` split at unescaped whitespace, backslashes dropped (PostgreSQL's rule,
+    hand-written: shlex would also read quotes, which PostgreSQL keeps as they are)."""
     words, word, escaped, started = [], [], False, False
     for char in options:
         if escaped:

@@ -988,9 +988,7 @@ def _last_place(number: exp.Expression) -> float:
     """The place of a number constant's last digit (0.25 -> 0.01, 3e-5 -> 1e-5): no value
     other than zero that sums and products of such constants take is nearer zero than
     their places allow, computed exactly or in doubles. 1 for zero."""
-    while isinstance(number, exp.Neg | exp.Paren):
-        number = number.this
-    value = Decimal(number.this)
+    value = Decimal(_written(number).this)
     if value == 0:
         return 1.0
     exponent = value.as_tuple().exponent  # rounded down: 1e-5's double is above 10^-5
@@ -1136,10 +1134,7 @@ def _require_short_fraction(node: exp.Expression, clause: str) -> None:
     (`age = 0.0000000000000000000000000000000000001` failed for every age of 10 or more).
     And one of more than 38 digits without an exponent, which Spark cannot read as any
     DECIMAL (an error after the charge)."""
-    literal = node
-    while isinstance(literal, exp.Neg | exp.Paren):
-        literal = literal.this
-    text = literal.this.lower()
+    text = _written(node).this.lower()
     fraction = text.partition(".")[2]
     digits = sum(character.isdigit() for character in text.lstrip("0."))
     if "e" not in text and digits > _MAX_DIGITS:
@@ -1161,6 +1156,22 @@ def _require_short_fraction(node: exp.Expression, clause: str) -> None:
         )
 
 
+def _written(number: exp.Expression) -> exp.Literal:
+    """The literal of a number constant, under its minus signs and parentheses."""
+    while isinstance(number, exp.Neg | exp.Paren):
+        number = number.this
+    return number
+
+
+def compared_as_written(node: exp.Expression) -> bool:
+    """Whether a constant (perhaps negated or in parentheses) is an operand of a
+    comparison: the database converts it once for the comparison, not per row."""
+    holder = node.parent
+    while isinstance(holder, exp.Neg | exp.Paren):
+        holder = holder.parent
+    return isinstance(holder, _COMPARISONS)
+
+
 def _require_clear_of_zero(node: exp.Expression, clause: str) -> None:
     """Refuse a constant whose last digit lies below MIN_NONZERO: PostgreSQL reads it as
     numeric, exactly, and fails to convert it (or what it adds up to) to a double. One
@@ -1168,10 +1179,7 @@ def _require_clear_of_zero(node: exp.Expression, clause: str) -> None:
     only where no double is that near zero (refused too, to save the charge); so is one
     negated or in parentheses (`income < -(1e-320)`)."""
     place = _last_place(node)
-    holder = node.parent
-    while isinstance(holder, exp.Neg | exp.Paren):
-        holder = holder.parent
-    compared = isinstance(holder, _COMPARISONS) and _number(node) != 0
+    compared = compared_as_written(node) and _number(node) != 0
     if place < MIN_NONZERO and not compared:
         raise _partial(
             node,
@@ -1693,12 +1701,14 @@ def _require_safe_cast(node: exp.Cast | exp.TryCast, table: Table, clause: str) 
         raise _partial(node, clause, _why_partial(interval))
     inner = node.this
     column = table.column(inner.name) if isinstance(inner, exp.Column) else None
-    if (
-        column is not None
-        and column.type in _TEMPORAL_TYPES
-        and _plain_temporal(target)
-        and not (column.type == "date" and target.is_type(exp.DataType.Type.TIME))
-    ):  # a date has no time of day: CAST(day AS TIME) failed for every row
+    if column is not None and column.type == "date" and target.is_type(exp.DataType.Type.TIME):
+        raise _partial(  # it failed for every row, after the charge
+            node,
+            clause,
+            "a date has no time of day, so the database fails the cast",
+            f"cast {inner.sql()} to TIMESTAMP, or read the time of day of a timestamp column",
+        )
+    if column is not None and column.type in _TEMPORAL_TYPES and _plain_temporal(target):
         return
     raise _partial(
         node,

@@ -25,11 +25,11 @@ there; the rewritten query must run there and mean the same:
   whose quotients it rounds to a scale of its own: `LN(1.0 / 3 * 3)` is -1e-20
   there, finer than the analysis's bound on how near zero a value can be, and a
   product of such values underflowed once divided by a large enough column
-  value. So such constants are sent as DOUBLE everywhere (on PostgreSQL those with an
-  exponent and whole numbers beyond 64 bits too, numerics there, unless compared as
-  written), and so is
-  PostgreSQL's EXTRACT(EPOCH ...), a numeric too: every value computed with is
-  then an integer or a double, which the analysis models (analyze.Interval).
+  value. So such constants are sent as DOUBLE everywhere (on PostgreSQL those
+  with an exponent and whole numbers beyond 64 bits too, numerics there, unless
+  compared as written), and so is PostgreSQL's EXTRACT(EPOCH ...), a numeric
+  too: every value computed with is then an integer or a double, which the
+  analysis models (analyze.Interval).
 * PostgreSQL has no `%` of double precision: `ROUND(income) % 7` (a whole number,
   which is all `%` takes) failed for every row, after the charge. Its operands
   are cast to BIGINT there (exactly: the analysis keeps them within 2^53).
@@ -49,6 +49,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.errors import QueryRefused
+from dpsql.sql.analyze import compared_as_written
 
 # Parts of a date sqlglot writes for PostgreSQL as functions PostgreSQL lacks
 # (DAY_OF_WEEK, DAY_OF_YEAR, QUARTER), and their EXTRACT fields. DOW counts from
@@ -71,8 +72,6 @@ _SPARK_TRUNC = "year, quarter, month, week, day, hour, minute, second, milliseco
 # "1 BC" nor DuckDB's can be held by Python), and the first year that does not.
 _FIRST_YEAR_KEPT = {"decade": 10, "century": 100, "millennium": 1000}
 _TRUNCATIONS = (exp.DateTrunc, exp.TimestampTrunc)
-_COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ,
-                exp.NullSafeNEQ, exp.In, exp.Between)  # fmt: skip
 # Quoted as written: `default` is a keyword, and the rewrite unquotes identifiers
 _DEFAULT_COLLATION = exp.Var(this='"default"')
 # The node kinds spell() may change or refuse, per dialect.
@@ -127,7 +126,7 @@ def _as_double(literal: exp.Literal, dialect: str) -> exp.Expression:
     if (
         literal.is_string
         or ("." not in text and not numeric)
-        or (numeric and (dialect != "postgres" or _compared(literal)))
+        or (numeric and (dialect != "postgres" or compared_as_written(literal)))
         or isinstance(literal.parent, exp.Cast | exp.Substring)
         or (isinstance(literal.parent, exp.Round) and literal.arg_key == "decimals")
     ):
@@ -140,13 +139,6 @@ def _beyond_64_bits(text: str) -> bool:
         return abs(int(text)) >= 2**63
     except ValueError:  # not a decimal whole number (hexadecimal, say)
         return False
-
-
-def _compared(literal: exp.Literal) -> bool:
-    holder = literal.parent
-    while isinstance(holder, exp.Neg | exp.Paren):
-        holder = holder.parent
-    return isinstance(holder, _COMPARISONS)
 
 
 def _unit(node: exp.Expression) -> str:
