@@ -758,6 +758,11 @@ def column_interval(column: Column) -> Interval | None:
     return Interval(lower, upper, column.type == "int", tiny=tiny)
 
 
+def interval_of(node: exp.Expression, table: Table) -> Interval | None:
+    """Sound bounds of a row expression from the policy alone (no WHERE ranges)."""
+    return _interval(node, table, {})
+
+
 def _interval(node: exp.Expression, table: Table, ranges: dict[str, Interval]) -> Interval | None:
     """Sound bounds of a row expression by interval arithmetic, or None if underivable."""
     found = _interval_of(node, table, ranges)

@@ -33,6 +33,7 @@ from dpsql.mechanisms.staircase import Staircase
 from dpsql.mechanisms.tree import l2_sensitivity
 from dpsql.policy import MAX_PUBLIC_KEYS
 from dpsql.sql.analyze import KEY_PREFIX, VALUE_PREFIX, Aggregate, Analysis, Interval, conjuncts
+from dpsql.sql.keys import canonical_keys, key_kinds
 from dpsql.sql.postprocess import RELEASED, project, query_released
 from dpsql.sql.rewrite import SumGrid, rewrite
 
@@ -182,6 +183,7 @@ class DirectPlan:
             _check_domain_size(analysis)
             domains = [key.domain for key in analysis.keys]
             self.public_keys = _keys_passing_where(analysis, list(itertools.product(*domains)))
+        self.kinds = key_kinds(analysis)  # refuses keys with no canonical form
         self.selection = None if analysis.public_keys else self._selection_needed(options)
         parts = len(analysis.measurements) + (self.selection is not None)
         self.share = split_epsilon(options.epsilon, parts, binary_too=self.selection is not None)
@@ -292,10 +294,10 @@ class DirectPlan:
             )
         else:
             if self.public_keys is not None:  # at most the domain, whatever the data
-                keys, exact = _fill_domain(self.public_keys, batches, width, measured)
+                keys, exact = _fill_domain(self.public_keys, batches, self.kinds, measured)
             else:
                 rows = [row for batch in batches for row in batch]
-                keys = [row[:width] for row in rows]
+                keys = canonical_keys([row[:width] for row in rows], self.kinds)
                 exact = _integer_matrix([row[width:measured] for row in rows], len(self.measures))
             check_groups(len(keys), max_groups)
             noisy = [m.noise.sample(exact[:, i], rng) for i, m in enumerate(self.measures)]
@@ -328,7 +330,8 @@ class DirectPlan:
                 for i, m in enumerate(self.measures)
             ]
             keep = self.selection.keep(exact_integers(columns[measured]), rng)
-            keys.extend(itertools.compress(zip(*columns[:width], strict=True), keep))
+            passing = itertools.compress(zip(*columns[:width], strict=True), keep)
+            keys.extend(canonical_keys(list(passing), self.kinds))
             for part, values in zip(parts, noisy, strict=True):
                 part.append(values[keep])
             check_groups(len(keys), max_groups)
@@ -492,14 +495,19 @@ def _check_domain_size(analysis: Analysis) -> None:
 
 
 def _fill_domain(
-    full: list[tuple], batches: Iterable[list[tuple]], width: int, measured: int
+    full: list[tuple], batches: Iterable[list[tuple]], kinds: list[str], measured: int
 ) -> tuple[list[tuple], np.ndarray]:
     """Every key of the public domain `full`, with the result's measurements, and zeros for
     the groups the data lacks; result rows of keys outside the domain are dropped."""
+    width = len(kinds)
     position = {_normal(key): i for i, key in enumerate(full)}
     filled = np.zeros((len(full), measured - width), dtype=np.int64)
     for batch in batches:
-        found = [(position.get(_normal(row[:width])), row[width:measured]) for row in batch]
+        keys = canonical_keys([row[:width] for row in batch], kinds)
+        found = [
+            (position.get(_normal(key)), row[width:measured])
+            for key, row in zip(keys, batch, strict=True)
+        ]
         inside = [(index, values) for index, values in found if index is not None]
         if inside:
             indices, values = zip(*inside, strict=True)

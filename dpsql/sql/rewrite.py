@@ -30,6 +30,7 @@ from dpsql.sql.analyze import (
     undeclared,
     where_range,
 )
+from dpsql.sql.keys import canonical_sql, key_kinds
 from dpsql.sql.parse import sqlglot_dialect
 from dpsql.sql.spellings import kinds as spelled_kinds
 from dpsql.sql.spellings import spell
@@ -82,8 +83,8 @@ def rewrite(
     step displace one already counted (dpsql/sql/running.py).
     """
     table = analysis.table
-    keys = [key.expression for key in analysis.keys]
-    where = _where(analysis)
+    keys = _canonical_keys(analysis, dialect)
+    where = _where(analysis, keys)
     source = _clamped_source(table, *_columns_read(analysis), dialect, analysis.where)
     unit = (
         exp.column(table.column(table.privacy_unit).name, quoted=True)
@@ -335,13 +336,23 @@ def _portable(node: exp.Expression, *, dialect: str, table: Table | None) -> exp
     return spell(node, dialect)
 
 
-def _where(analysis: Analysis) -> exp.Expression | None:
-    """The analyst's WHERE, plus: keys of a public domain must lie in it."""
+def _canonical_keys(analysis: Analysis, dialect: str) -> list[exp.Expression]:
+    """The keys as every part of the query groups them (sql/keys.py): one representation
+    per group, whichever of its rows the database meets first."""
+    return [
+        canonical_sql(key.expression, kind, dialect)
+        for key, kind in zip(analysis.keys, key_kinds(analysis), strict=True)
+    ]
+
+
+def _where(analysis: Analysis, keys: list[exp.Expression]) -> exp.Expression | None:
+    """The analyst's WHERE, plus: keys of a public domain must lie in it (compared as they
+    are grouped, so a row counts in the domain's group only if it is in that group)."""
     conditions = [analysis.where.copy()] if analysis.where is not None else []
-    for key in analysis.keys:
+    for key, expression in zip(analysis.keys, keys, strict=True):
         if key.domain is not None:
             conditions.append(
-                exp.In(this=key.expression.copy(), expressions=[exp.convert(v) for v in key.domain])
+                exp.In(this=expression.copy(), expressions=[exp.convert(v) for v in key.domain])
             )
     if not conditions:
         return None
