@@ -1,7 +1,8 @@
 """Which frequency oracle to use: expected error, message size and server cost side by side.
 
 For a domain of d values, n people and epsilon, every mechanism's closed-form
-variance gives its expected RMSE per count (at the average count n/d); the
+variance gives its expected RMSE per count (with the n people spread evenly over
+the d values; `FrequencyOracle.uniform_variance`); the
 recommendation is the lowest RMSE, and among mechanisms within 5% of it the
 one that is cheapest for the server, then on the wire; `fastest_close` names
 the cheapest within 1.5x of the best RMSE, for when server time matters. Randomised response
@@ -35,7 +36,7 @@ def compare(domain_size: int, epsilon: float, users: int) -> list[Advice]:
     rows = []
     for name in CANDIDATES:
         m = mechanism(name, epsilon, domain_size)
-        rmse = math.sqrt(m.variance(users, users / domain_size))
+        rmse = math.sqrt(m.uniform_variance(users))
         rows.append(Advice(name, rmse, m.message_bits, m.server_cost(users)))
     return sorted(rows, key=lambda a: a.rmse)
 

@@ -150,6 +150,12 @@ class FrequencyOracle(ABC):
     def variance(self, n: int, count: float = 0.0) -> float:
         """Closed-form variance of one estimated count, for n reports and true count `count`."""
 
+    def uniform_variance(self, n: int) -> float:
+        """The largest variance of one count when the n people are spread evenly over the
+        domain (the planning figure `advise` compares). Overridden where the variance
+        depends on more of the data than the value's own count."""
+        return float(self.variance(n, n / self.d))
+
     @property
     @abstractmethod
     def message_bits(self) -> int:

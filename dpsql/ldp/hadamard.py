@@ -11,6 +11,13 @@ Decoding: D[k, s] = sum_j N[k, j] H_b[s, j] (one FWHT per block of the output
 histogram N) has expectation c_x (b/2)(e^eps - 1)/Z and no contribution from
 other values, so c_x = D * Z / ((b/2)(e^eps - 1)) is unbiased.
 
+Its variance depends on the data, not only on c_x: every report that lands in
+x's block adds +-1 to D, so Var = scale^2 E[N_k] - c_x, where N_k is the number
+of reports in the block and E[N_k] = n b / Z + m_k (b/2)(e^eps - 1)/Z grows with
+m_k, the people holding any value of the block (derivation at `variance`). The
+closed form is exact given m_k; without it, `variance` is the bound at m_k = n;
+`variance_from_counts` estimates it without bias from the reports themselves.
+
 One-bit Hadamard mechanism. A person with x draws j uniform in [K]
 (K = 2^ceil(log2 d)), and sends j with the bit H_K[x, j] kept with probability
 e^eps/(e^eps + 1), flipped otherwise. With W[j] the sum of the signed bits
@@ -125,15 +132,80 @@ class HadamardResponse(IntegerReports, FrequencyOracle):
         block, row = self._place(np.arange(self.d))
         return spectrum[block, row] * self.scale
 
-    def variance(self, n: int, count: float = 0.0, block_count: float | None = None) -> float:
-        """Exact variance; `block_count` (people in the value's block) defaults to n / B."""
-        e = math.exp(self.epsilon)
-        half = self.block_size // 2
-        m = max(count, n / self.blocks if block_count is None else block_count)
-        p_in = half * (e + 1) / self.norm
-        p_out = self.block_size / self.norm
-        signal = half * (e - 1) / self.norm
-        return self.scale**2 * (m * p_in + (n - m) * p_out - count * signal**2)
+    def variance(
+        self, n: int, count: float | np.ndarray = 0.0, block_count: float | np.ndarray | None = None
+    ) -> float | np.ndarray:
+        """Variance of one value's estimate: exact given `block_count`, the people (of n)
+        holding any value of its block, its own `count` included. Without it, the
+        largest variance any data with that count can give (everyone in the block), a
+        data-free upper bound: the old default n / B understated skewed data by up to
+        (e^eps + 1) / 2 and, where the values fill only some blocks, uniform data too.
+
+        Why: D = sum_i Z_i over people, with Z_i = H_b[s, j_i] if person i's report
+        lands in the block (j_i its slot there) and 0 otherwise; people are independent,
+        so Var D = sum_i (E[Z_i^2] - E[Z_i]^2). Z_i^2 is 1 exactly when the report is in
+        the block: sum_i E[Z_i^2] = E[N_k] = n b / Z + m_k (b/2)(e^eps - 1) / Z (b slots
+        at 1/Z each for everyone, b/2 of them e^eps/Z for the block's own people).
+        E[Z_i] is (b/2)(e^eps - 1)/Z = 1/scale for the value's own people and 0 for
+        everyone else (other rows of H_b are orthogonal to row s, other blocks add 0).
+        Times scale^2: Var = scale^2 n b / Z + scale m_k - count.
+        """
+        if block_count is None:
+            block_count = self._largest_block_mass(n, count)
+        return self.scale**2 * self._expected_block_reports(n, block_count) - count
+
+    def _expected_block_reports(
+        self, n: int, block_count: float | np.ndarray
+    ) -> float | np.ndarray:
+        """E[N_k]: how many of n reports land in a block whose values m_k people hold."""
+        # Everyone hits the block's b slots at 1/Z each; the block's own people hit
+        # their b/2 slots at e^eps/Z instead, (b/2)(e^eps - 1)/Z = 1/scale more.
+        return n * self.block_size / self.norm + block_count / self.scale
+
+    def _largest_block_mass(self, n: int, count: float | np.ndarray) -> float | np.ndarray:
+        """The most people a value's block can hold: n, unless a block holds one value
+        (b = 2), where it holds that value's count and no one else."""
+        return count if self.block_size == 2 else n
+
+    def uniform_variance(self, n: int) -> float:
+        """Exact at n / d people per value: the fullest block holds min(b - 1, d) values
+        (n / B, the old figure, is less wherever the values fill only some blocks)."""
+        fullest = min(self.block_size - 1, self.d) * n / self.d
+        return float(self.variance(n, n / self.d, fullest))
+
+    def variance_from_counts(self, counts: np.ndarray, n: int) -> np.ndarray:
+        """Per value, an unbiased estimate of its variance from the reports' histogram
+        `counts`: scale^2 N_k - c_x, with N_k the reports counted in the value's block
+        and c_x the value's estimate. Unbiased because E[N_k] is exactly the variance's
+        data-dependent part (see `variance`) and c_x is unbiased; never negative, since
+        |c_x| = scale |D| <= scale N_k <= scale^2 N_k. Chosen over the data-free bound
+        (up to (e^eps + 1) / 2 times too wide) because the block's mass is in the
+        reports for free: this is post-processing, it spends no budget. Its relative
+        error is that of a count of reports, about 1 / sqrt(N_k)."""
+        in_block = self._block_reports(counts)
+        return self.scale**2 * in_block - self.estimate_from_counts(counts, n)
+
+    def _block_reports(self, counts: np.ndarray) -> np.ndarray:
+        """Per value, N_k: the reports in `counts` that landed in the value's block."""
+        per_block = np.asarray(counts, dtype=np.float64).reshape(self.blocks, -1).sum(axis=1)
+        return per_block[self._place(np.arange(self.d))[0]]
+
+    def correlated_cells(self, counts: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per value, its block and what a weighted sum over two or more of the block's
+        values may add per unit of squared weight beyond their own variances (an
+        estimate, from the reports' histogram `counts`, of scale * m_k).
+
+        Why: for rows s != s' of one block, a report's Z^s Z^s' = H_b[s xor s', j], whose
+        mean is 1/scale for the people at row s xor s' and 0 for everyone else, while
+        E[Z^s] E[Z^s'] = 0 (no one holds both). So Cov = scale c_{s xor s'} >= 0: values
+        that share a block are positively correlated (a sum over the three values of a
+        block of four had 1.5 times their summed variances). The matrix c_{s xor s'} is
+        a dyadic convolution: H_b diagonalises it, with eigenvalues FWHT(c)_j, all within
+        [-m_k, m_k]. So w' Cov w <= scale m_k |w|^2 for any weights; estimates in other
+        blocks are uncorrelated (a report lands in one block). scale m_k is estimated
+        without bias as scale^2 (N_k - n b / Z) (see `variance`), clipped at 0."""
+        shared = self.scale**2 * (self._block_reports(counts) - n * self.block_size / self.norm)
+        return self._place(np.arange(self.d))[0], np.maximum(shared, 0.0)
 
     @property
     def message_bits(self) -> int:

@@ -63,16 +63,16 @@ class RandomMatrix(OneBitProjection):
         return (gram - np.eye(self.d)) @ np.asarray(counts, dtype=np.float64)
 
     def variance(self, n: int, count: float = 0.0) -> float:
-        """Variance over the reports for this matrix, the others sharing n - count evenly.
+        """Variance over the reports for this matrix: at most n c^2 - count, for any data.
 
-        Each report adds c * s * signs[r, i]; its square is c^2, so the variance
-        is n c^2 - sum_j E[term_j]^2, and E[term_j] = (Phi^T Phi)[v_j, i].
+        Each report adds c * s * signs[r, i]; its square is c^2, so the variance is
+        n c^2 - sum_j E[term_j]^2 with E[term_j] = (Phi^T Phi)[v_j, i]: 1 for the
+        value's own people, and a Gram entry >= 0 squared for everyone else, which
+        depends on where they are. Dropping those terms gives a bound that holds for
+        every column and any data; the older figure, for column d // 2 with the others
+        spread evenly, was up to 2.3% too small for other columns (d = 8, epsilon 4).
         """
-        gram = self.matrix.T @ self.matrix
-        i = self.d // 2
-        others = np.delete(gram[:, i], i)
-        mean_sq = count * 1.0 + (n - count) * float(np.mean(others**2))
-        return n * self.c**2 - mean_sq
+        return n * self.c**2 - count
 
     def server_cost(self, n: int) -> float:
         return float(n + self.size * self.d)

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from dpsql.sql import PlanContext
 
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
+# Per domain value: its cell (values whose estimates may be positively correlated share
+# one) and what a sum over two or more of the cell's values adds per unit squared weight.
+Cells = tuple[np.ndarray, np.ndarray]
 
 
 def plan_local(select: exp.Select, table: Table, context: PlanContext) -> LocalPlan | None:
@@ -85,8 +88,8 @@ class LocalPlan:
         )
 
     def release(self, columns: list[str], rows: list[tuple], rng: np.random.Generator) -> Release:
-        estimate, variance, n = self._estimate(rows)
-        keys, sums, variances = self._measure(estimate, variance)
+        estimate, variance, cells, n = self._estimate(rows)
+        keys, sums, variances = self._measure(estimate, variance, cells)
         values = [self._aggregate_values(agg, sums) for agg in self.analysis.aggregates]
         order = key_order(keys)
         keys = [keys[i] for i in order]
@@ -95,15 +98,18 @@ class LocalPlan:
         names, result = project(self.analysis, keys, values)
         return Release(names, result, self._accuracy(variances), self._notes(n))
 
-    def _estimate(self, rows: list[tuple]) -> tuple[np.ndarray, np.ndarray, int]:
-        """Per domain value: the (post-processed) estimate and its variance; n reports."""
+    def _estimate(self, rows: list[tuple]) -> tuple[np.ndarray, np.ndarray, Cells, int]:
+        """Per domain value: the (post-processed) estimate, its variance and its
+        correlated cell (`_cells`); n reports."""
         aggregate, n = self._aggregate(rows)
         if n == 0:
             zeros = np.zeros(self.oracle.d)
-            return zeros, zeros, 0
+            return zeros, zeros, (np.zeros(self.oracle.d, dtype=np.int64), zeros), 0
         unbiased = self.oracle.estimate_from_counts(aggregate, n)
         plug_in = np.clip(unbiased, 0, n)
-        return ldp.postprocess(unbiased, self.method, n), self._variances(n, plug_in), n
+        variances = self._variances(aggregate, n, plug_in)
+        cells = self._cells(aggregate, n)
+        return ldp.postprocess(unbiased, self.method, n), variances, cells, n
 
     def _aggregate(self, rows: list[tuple]) -> tuple[np.ndarray, int]:
         """The oracle's aggregate of the reports and how many there are. The database
@@ -133,8 +139,14 @@ class LocalPlan:
             return None
         return parsed if len(parsed) == len(fields) else None
 
-    def _variances(self, n: int, counts: np.ndarray) -> np.ndarray:
-        """Each estimate's variance at the plugged-in counts, without a loop where possible."""
+    def _variances(self, aggregate: np.ndarray, n: int, counts: np.ndarray) -> np.ndarray:
+        """Each estimate's variance: estimated from the reports' `aggregate` where it
+        depends on more of the data than the value's count (Hadamard response: its
+        block's mass, which the closed form at the plugged-in count alone cannot know),
+        else at the plugged-in counts, without a loop where possible."""
+        from_reports = getattr(self.oracle, "variance_from_counts", None)
+        if from_reports is not None:
+            return np.asarray(from_reports(aggregate, n), dtype=float)
         covariance = getattr(self.oracle, "covariance", None)
         if covariance is not None:  # exact for the whole estimated distribution, one matrix
             return np.diag(covariance(counts)).copy()
@@ -143,30 +155,53 @@ class LocalPlan:
         except ValueError:  # a closed form that branches on the count takes one at a time
             return np.array([self.oracle.variance(n, float(c)) for c in counts])
 
+    def _cells(self, aggregate: np.ndarray, n: int) -> Cells:
+        """Per value, its cell and the bound a sum over two or more of the cell's values
+        adds per unit squared weight for their correlation (Hadamard response: values
+        of one block are positively correlated; `correlated_cells`). Every other oracle
+        puts all values in one cell with nothing added. Their estimates are uncorrelated
+        (unary and histogram encodings, hm: each person's coordinates are independent)
+        or negatively correlated (grr: one report per person; olh in the measured
+        cases), so summing the variances is exact or conservative. Not so for dse, whose
+        inverted channel correlates some pairs positively (a pair's variance up to 1.55
+        times the sum at epsilon 2); its contiguous ranges stay conservative."""
+        correlated = getattr(self.oracle, "correlated_cells", None)
+        if correlated is not None:
+            return correlated(aggregate, n)
+        return np.zeros(self.oracle.d, dtype=np.int64), np.zeros(self.oracle.d)
+
     def _measure(
-        self, estimate: np.ndarray, variance: np.ndarray
+        self, estimate: np.ndarray, variance: np.ndarray, cells: Cells
     ) -> tuple[list[tuple], list[np.ndarray], list[np.ndarray]]:
-        """Per group: each measurement's estimate and variance, evaluated over the domain."""
+        """Per group: each measurement's estimate and variance, evaluated over the domain.
+        The variance is summed per (group, cell) first, so a group holding two or more
+        values of one cell gets its correlation bound added (see `_cells`); a group of
+        one value, as in GROUP BY value, gets exactly that value's variance."""
         analysis = self.analysis
         value = exp.column(self.spec.value, quoted=True)
+        keys = [f"{KEY_PREFIX}{i}" for i in range(len(analysis.keys))]
         items = [
-            key.expression.copy().as_(f"{KEY_PREFIX}{i}") for i, key in enumerate(analysis.keys)
+            key.expression.copy().as_(alias) for key, alias in zip(analysis.keys, keys, strict=True)
         ]
+        outer = [exp.column(alias) for alias in keys]
         for i, measurement in enumerate(analysis.measurements):
-            weight = _weight(measurement)
-            items.append(exp.func("sum", weight * exp.column("__estimate")).as_(f"__m{i}"))
-            items.append(
-                exp.func("sum", weight.copy() * weight.copy() * exp.column("__variance")).as_(
-                    f"__v{i}"
-                )
-            )
-        query = exp.select(*items).from_(RELEASED)
+            items += _cell_sums(_weight(measurement), i)
+            outer += [exp.func("sum", exp.column(f"__{v}{i}")).as_(f"__{v}{i}") for v in "mv"]
+        inner = exp.select(*items).from_(RELEASED)
         if analysis.where is not None:
-            query = query.where(analysis.where.copy())
-        if analysis.keys:
-            query = query.group_by(*[key.expression.copy() for key in analysis.keys])
+            inner = inner.where(analysis.where.copy())
+        inner = inner.group_by(*[key.expression.copy() for key in analysis.keys], "__cell")
+        query = exp.select(*outer).from_(inner.subquery("__cells"))
+        if keys:
+            query = query.group_by(*[exp.column(alias) for alias in keys])
         domain = np.array(self.spec.domain, dtype=object)
-        columns = {value.name: domain, "__estimate": estimate, "__variance": variance}
+        columns = {
+            value.name: domain,
+            "__estimate": estimate,
+            "__variance": variance,
+            "__cell": cells[0],
+            "__shared": cells[1],
+        }
         rows = query_released(columns, query)
         width = len(analysis.keys)
         if not rows and not width:  # nothing in the domain passes WHERE
@@ -227,6 +262,26 @@ class LocalPlan:
             ),
             ("post-processing", self.method),
         ]
+
+
+def _cell_sums(weight: exp.Expression, i: int) -> list[exp.Expression]:
+    """Per (group, cell): the measurement's estimate and its variance, with the cell's
+    correlation bound added when two or more of its values are in the group."""
+    squared = weight.copy() * weight.copy()
+    own = exp.func("sum", squared * exp.column("__variance"))
+    shared = exp.Case(
+        ifs=[
+            exp.If(
+                this=exp.GT(this=exp.Count(this=exp.Star()), expression=exp.convert(1)),
+                true=exp.func("sum", squared.copy() * exp.column("__shared")),
+            )
+        ],
+        default=exp.convert(0),
+    )
+    return [
+        exp.func("sum", weight * exp.column("__estimate")).as_(f"__m{i}"),
+        (own + shared).as_(f"__v{i}"),
+    ]
 
 
 def _weight(measurement: Measurement) -> exp.Expression:
