@@ -98,6 +98,7 @@ def connect(
     adapter = open_adapter(database, loaded.sources)
     try:
         columns = {key: adapter.table_columns(key) for key in loaded.tables}
+        loaded = loaded.with_public_columns(columns, adapter.dialect)
         loaded.check_schema(columns, adapter.dialect)
         resolve = getattr(adapter, "table_identities", None)
         if resolve is not None:

@@ -49,6 +49,7 @@ _DEFAULT_KEYS = {"epsilon_per_query", "delta", "mechanism"}
 _ANALYST_KEYS = {"epsilon", "delta", "password"}
 _TABLE_KEYS = {
     "privacy_unit", "max_groups_per_unit", "max_rows_per_unit", "columns", "local", "source",
+    "public",
 }  # fmt: skip
 SOURCE_FORMATS = ("parquet", "csv")
 _LOCAL_KEYS = {"mechanism", "epsilon", "domain", "report", "value", "branching"}
@@ -142,6 +143,16 @@ class Source:
 
 
 @dataclass(frozen=True)
+class Reference:
+    """A table's unit read through another's: `privacy_unit: {via: l_orderkey, references:
+    orders.o_orderkey}` makes a lineitem the unit's whose order it references."""
+
+    column: str  # this table's column (lower case)
+    table: str  # the referenced table's policy key (lower case)
+    target: str  # the referenced column, which the database must keep unique
+
+
+@dataclass(frozen=True)
 class Table:
     """A table analysts may query, with its privacy unit and contribution bounds."""
 
@@ -153,6 +164,11 @@ class Table:
     unique_unit: bool = False  # the database enforces one row per unit (a key)
     local: LocalSpec | None = None  # a table of local-DP reports
     source: Source | None = None  # files the backend registers as this table
+    public: bool = False  # no person's data: read freely, answered exactly
+    via: Reference | None = None  # the unit is another table's, through this reference
+    # For a relation built from several tables (sql/relations.py): the SELECT (a sqlglot
+    # tree) computing its rows, which the rewrite reads in place of a stored table.
+    relation: Any = None
 
     def column(self, name: str) -> Column | None:
         """The declared column called `name`, matched case-insensitively as SQL does."""
@@ -222,6 +238,27 @@ class Policy:
                         source=self.source,
                         key=f"tables.{second}",
                     )
+
+    def with_public_columns(
+        self, table_columns: Mapping[str, Mapping[str, str] | None], dialect: str
+    ) -> Policy:
+        """The policy with the columns of each public table that lists none read from the
+        database (`table_columns`, as `check_schema` takes it): each column whose stored
+        type a policy type fits, under the first that does; others stay unreadable."""
+        tables = dict(self.tables)
+        for key, table in self.tables.items():
+            actual = table_columns.get(key)
+            if not table.public or table.columns or actual is None:
+                continue
+            columns = {}
+            for name, stored in actual.items():
+                fits = stored_types(stored, dialect)
+                if fits and dialect != "sqlite":
+                    columns[name] = Column(name=name, type=fits[0])
+                elif fits:  # SQLite: every type fits; read the declared type's affinity
+                    columns[name] = Column(name=name, type=_sqlite_type(stored))
+            tables[key] = replace(table, columns=columns)
+        return replace(self, tables=tables)
 
     def check_schema(
         self, table_columns: Mapping[str, Mapping[str, str] | None], dialect: str
@@ -302,6 +339,16 @@ def stored_types(stored: str, dialect: str) -> tuple[str, ...]:
         and not data_type.is_type("date", "time", "timetz", exp.DataType.Type.TIMESTAMP_NS),
     }
     return tuple(kind for kind, fits in kinds.items() if fits)
+
+
+def _sqlite_type(stored: str) -> str:
+    """The policy type of a SQLite column by its declared type's affinity (SQLite rules)."""
+    declared = stored.upper()
+    if "INT" in declared:
+        return "int"
+    if any(word in declared for word in ("REAL", "FLOA", "DOUB", "NUM", "DEC")):
+        return "float"
+    return "string"
 
 
 def _parsed(stored: str, dialect: str) -> exp.DataType | None:
@@ -524,6 +571,7 @@ def _build(document: dict, source: str) -> Policy:
         table = _table(read, name, read.mapping(spec, f"tables.{name}"))
         _require_new(read, tables, table.name, "tables", "table")
         tables[table.name.lower()] = table
+    _check_references(read, tables)
     return Policy(
         tables=tables,
         analysts=analysts,
@@ -652,6 +700,8 @@ def _table(read: _Reader, name: str, spec: dict) -> Table:
     read.known_keys(spec, _TABLE_KEYS, key)
     if "local" in spec:
         return _local_table(read, name, spec, key)
+    if _flag(read, spec, "public", key):
+        return _public_table(read, name, spec, key)
     raw_columns = read.names(spec.get("columns"), f"{key}.columns")
     if not raw_columns:
         raise read.fail(f"{key}.columns", "declare the columns analysts may use")
@@ -666,6 +716,11 @@ def _table(read: _Reader, name: str, spec: dict) -> Table:
         _require_new(read, columns, column.name, f"{key}.columns", "column")
         columns[column.name.lower()] = column
     unit = spec.get("privacy_unit")
+    via = None
+    if isinstance(unit, Mapping):
+        via = _reference(read, unit, columns, f"{key}.privacy_unit")
+        columns[via.column] = replace(columns[via.column], private=True)
+        unit = None
     if unit is not None:
         if str(unit).lower() not in columns:
             raise read.fail(
@@ -682,7 +737,7 @@ def _table(read: _Reader, name: str, spec: dict) -> Table:
         part: read.count(spec.get(part, 1), f"{key}.{part}", most=MAX_PER_UNIT)
         for part in ("max_groups_per_unit", "max_rows_per_unit")
     }
-    if unit is None and any(value != 1 for value in bounds.values()):
+    if unit is None and via is None and any(value != 1 for value in bounds.values()):
         raise read.fail(
             key,
             "max_groups_per_unit and max_rows_per_unit need a privacy_unit; without one each "
@@ -695,7 +750,69 @@ def _table(read: _Reader, name: str, spec: dict) -> Table:
             "a table read from files is registered under its name, which cannot have a "
             f"schema; name it without one (e.g. '{name.rsplit('.', 1)[1]}')",
         )
-    return Table(name=name, columns=columns, privacy_unit=unit, source=source, **bounds)
+    return Table(name=name, columns=columns, privacy_unit=unit, source=source, via=via, **bounds)
+
+
+def _reference(read: _Reader, spec: Mapping, columns: dict[str, Column], key: str) -> Reference:
+    """`{via: column, references: table.column}`, checked against this table's columns
+    (the referenced table is checked once every table is read: `_check_references`)."""
+    read.known_keys(dict(spec), {"via", "references"}, key)
+    column, target = spec.get("via"), spec.get("references")
+    if not isinstance(column, str) or column.lower() not in columns:
+        raise read.fail(
+            f"{key}.via",
+            f"'{column}' is not a declared column; name the column holding the referenced "
+            "row's key, e.g. 'privacy_unit: {via: l_orderkey, references: orders.o_orderkey}'",
+        )
+    if not isinstance(target, str) or "." not in target:
+        raise read.fail(
+            f"{key}.references", f"write the referenced column as table.column, got {target!r}"
+        )
+    table, _, referenced = target.lower().rpartition(".")
+    return Reference(column.lower(), table, referenced)
+
+
+def _check_references(read: _Reader, tables: Mapping[str, Table]) -> None:
+    """Each reference names a declared column of a table with a unit of its own."""
+    for table in tables.values():
+        if table.via is None:
+            continue
+        key = f"tables.{table.name}.privacy_unit.references"
+        target = tables.get(table.via.table)
+        if target is None or target.privacy_unit is None:
+            raise read.fail(
+                key,
+                f"'{table.via.table}' is not a table of the policy with a privacy_unit of its "
+                "own; a reference leads to the table that says whose each row is",
+            )
+        if target.column(table.via.target) is None:
+            raise read.fail(key, f"'{table.via.target}' is not a declared column of {target.name}")
+
+
+def _public_table(read: _Reader, name: str, spec: dict, key: str) -> Table:
+    """A table holding no person's data (a dimension: nations, products, calendars).
+
+    Its columns may be listed (each public, with its type); with none listed, every
+    column the database has is read at connect (`Policy.with_public_columns`)."""
+    for part in ("privacy_unit", "max_groups_per_unit", "max_rows_per_unit", "local"):
+        if part in spec:
+            raise read.fail(
+                f"{key}.{part}",
+                "a public table holds no person's data, so it has no privacy unit or "
+                "contribution bounds; remove 'public: true' if it does",
+            )
+    columns = {}
+    raw_columns = spec.get("columns")
+    if raw_columns is not None:
+        for column_name, column_spec in read.names(raw_columns, f"{key}.columns").items():
+            where = f"{key}.columns.{column_name}"
+            column = _column(read, column_name, read.mapping(column_spec, where), where)
+            if column.private:
+                raise read.fail(f"{where}.private", "a public table has no private columns")
+            _require_new(read, columns, column.name, f"{key}.columns", "column")
+            columns[column.name.lower()] = column
+    source = _source(read, spec["source"], f"{key}.source") if "source" in spec else None
+    return Table(name=name, columns=columns, source=source, public=True)
 
 
 def _source(read: _Reader, value: Any, key: str) -> Source:

@@ -176,8 +176,20 @@ class Session:
                 if table.privacy_unit
                 and table.privacy_unit in self.adapter.unique_columns(key)
             )  # fmt: skip
+            self._unique_references = frozenset(
+                f"{via.table}.{via.target}"
+                for via in {table.via for table in self.policy.tables.values() if table.via}
+                if via.target in self.adapter.unique_columns(via.table)
+            )
             self._units_read_at = now
         return self._unique_units
+
+    @property
+    def unique_references(self) -> frozenset[str]:
+        """Referenced columns ("table.column") the database keeps unique, read with the
+        unique units: a reference leads to one person only through a kept key."""
+        self.unique_units  # noqa: B018 -- reads both when they are old
+        return self._unique_references
 
     def plan(self, tree: Any) -> Plan:
         with self._rng_lock:
@@ -191,6 +203,7 @@ class Session:
             _AnalystState(self.ledger, self.analyst),
             self.total,
             self.adapter.identity,
+            self.unique_references,
         )
         return plan_query(tree, context)
 

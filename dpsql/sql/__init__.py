@@ -16,6 +16,8 @@ from dpsql.sql.local import plan_local
 from dpsql.sql.normalize import normalize
 from dpsql.sql.parse import nested_too_deeply
 from dpsql.sql.plan import ConstantPlan, DirectPlan, Options, Plan
+from dpsql.sql.public import plan_public
+from dpsql.sql.relations import reads_relation, relation, tables_read
 from dpsql.sql.running import plan_running
 from dpsql.sql.synopsis import plan_synopsis
 
@@ -57,6 +59,8 @@ class PlanContext:
     stored: StoredState = field(default_factory=_NothingStored)
     budget: Cost | None = None  # the analyst's whole budget, when a planner needs to know it
     database: str = ""  # the adapter's identity: streams and synopses are kept per database
+    # referenced columns ("table.column") the database keeps unique (sql/relations.py)
+    unique_references: frozenset[str] = frozenset()
 
 
 # Planners for checked queries whose shape has a plan of its own (tables of
@@ -88,6 +92,8 @@ def _planned(select: exp.Select, context: PlanContext) -> Plan:
     plan = plan_running(select, context)
     if plan is not None:
         return plan
+    if reads_relation(select) or _reads_relation_table(select, context.policy):
+        return _relational(select, context)
     table = check_query(select, context.policy)  # once, for every planner below
     if table is None:
         return ConstantPlan(select.sql(dialect=context.dialect))
@@ -101,6 +107,41 @@ def _planned(select: exp.Select, context: PlanContext) -> Plan:
         context.dialect,
         context.seed,
     )
+
+
+def _reads_relation_table(select: exp.Select, policy: Policy) -> bool:
+    """Whether the one table the query reads is public, or has its unit through a
+    reference (it is then read joined to the table it references)."""
+    source = select.args.get("from_")
+    if source is None or not isinstance(source.this, exp.Table):
+        return False
+    table = policy.table(".".join(part.name for part in source.this.parts))
+    return table is not None and (table.public or table.via is not None)
+
+
+def _relational(select: exp.Select, context: PlanContext) -> Plan:
+    """A query over several tables, a subquery or a CTE, or over public tables: answered
+    exactly when every table is public, else over one unit-carrying relation."""
+    tables = tables_read(select, context.policy)
+    if all(table.public for table in tables.values()):
+        return plan_public(select, tables, context.dialect)
+    related = relation(select, context.policy, context.dialect, context.unique_references)
+    check_query(related.select, _Only(related.table))
+    plan = DirectPlan(
+        analyze(related.select, related.table), context.options, context.dialect, context.seed
+    )
+    plan.notes.append(f"the relation: {related.description}")
+    return plan
+
+
+@dataclass(frozen=True)
+class _Only:
+    """The policy as check_query sees a relation's outer query: its one virtual table."""
+
+    only: Table
+
+    def table(self, name: str) -> Table | None:
+        return self.only if name == self.only.name else None
 
 
 def bounded_table(table: Table, context: PlanContext) -> Table:

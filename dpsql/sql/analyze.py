@@ -184,7 +184,7 @@ def analyze(select: exp.Select, table: Table) -> Analysis:
         resolver.require_public(where, "filtering (WHERE)")
         require_total(where, table, "WHERE", condition=True)
     ranges = _ranges(where, table)
-    items = [(_output_name(item), _unalias(item)) for item in select.expressions]
+    items = [(output_name(item), _unalias(item)) for item in select.expressions]
     analysis = Analysis(
         table=table,
         where=where,
@@ -253,7 +253,7 @@ def _unalias(node: exp.Expression) -> exp.Expression:
     return node.this if isinstance(node, exp.Alias) else node
 
 
-def _output_name(item: exp.Expression) -> str:
+def output_name(item: exp.Expression) -> str:
     if isinstance(item, exp.Alias):
         return item.alias
     inner = item

@@ -266,7 +266,7 @@ def _resolve_table(source: exp.Expression, policy: Policy) -> Table:
         raise QueryRefused(
             "a table function or derived table in FROM",
             "dpsql only reads the tables declared in its policy",
-            f"query one of: {_table_list(policy)}",
+            f"query one of: {table_list(policy)}",
         )
     if source.args.get("sample") or source.args.get("joins") or source.args.get("laterals"):
         raise QueryRefused(
@@ -274,16 +274,20 @@ def _resolve_table(source: exp.Expression, policy: Policy) -> Table:
             "it is outside the subset dpsql can protect",
             "query the whole table; dpsql's noise already protects individuals",
         )
-    name = ".".join(part.name for part in source.parts)
+    return policy_table(".".join(part.name for part in source.parts), policy)
+
+
+def policy_table(name: str, policy: Policy) -> Table:
+    """The policy's table called `name`, or the refusal of a name outside the policy."""
     table = policy.table(name)
     if table is None:
         raise QueryRefused(
             f"the table {name}",
             "it is not in the privacy policy (system catalogs and files are never readable)",
-            f"query one of: {_table_list(policy)}",
+            f"query one of: {table_list(policy)}",
         )
     return table
 
 
-def _table_list(policy: Policy) -> str:
+def table_list(policy: Policy) -> str:
     return ", ".join(sorted(table.name for table in policy.tables.values()))

@@ -131,7 +131,19 @@ def rewrite(
     if keys:
         query = query.group_by(*[_groupable(key) for key in keys], copy=False)
     _require_declared(query, table)
-    return _in_dialect(query, dialect, table)
+    if table.relation is not None:
+        _read_relation(query, table)
+    return in_dialect(query, dialect, table)
+
+
+def _read_relation(query: exp.Select, table: Table) -> None:
+    """The stored table's name replaced by the SQL computing the relation's rows
+    (sql/relations.py), after _require_declared: the relation reads its base tables'
+    columns under their own names."""
+    for node in list(query.find_all(exp.Table)):
+        if node.name == table.name and not node.args.get("db"):
+            alias = node.alias or table.name
+            node.replace(table.relation.copy().subquery(alias, copy=False))
 
 
 def _groupable(key: exp.Expression) -> exp.Expression:
@@ -285,7 +297,7 @@ def near_zero(interval: Interval, dialect: str) -> float | None:
     return None
 
 
-def _in_dialect(query: exp.Select, dialect: str, table: Table | None = None) -> str:
+def in_dialect(query: exp.Select, dialect: str, table: Table | None = None) -> str:
     """The query's text in `dialect`, with names under the backend's case rules.
 
     Policy names are case-insensitive, like unquoted SQL names: each is folded

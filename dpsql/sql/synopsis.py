@@ -49,7 +49,7 @@ from dpsql.policy import Column, Policy, Table
 from dpsql.sql.analyze import VALUE_PREFIX, Analysis, Interval, analyze, clamp, conjuncts
 from dpsql.sql.plan import Accuracy, DirectPlan, Release, beyond_the_sampler
 from dpsql.sql.postprocess import project
-from dpsql.sql.rewrite import _in_dialect, _keyed_hash, near_zero
+from dpsql.sql.rewrite import _keyed_hash, in_dialect, near_zero
 
 if TYPE_CHECKING:
     from dpsql.sql import PlanContext
@@ -831,7 +831,7 @@ def _histogram_sql(domain: Domain, dialect: str, seed: int) -> str:
         .from_(rows.subquery("__dpsql_bins"))
         .group_by(exp.column(_BIN))
     )
-    return _in_dialect(histogram, dialect)
+    return in_dialect(histogram, dialect)
 
 
 _BIN = "__dpsql_bin"

@@ -1,0 +1,632 @@
+"""Relations in FROM: joins, subqueries and CTEs as one unit-carrying relation.
+
+A query whose FROM joins tables, or reads a subquery or a CTE, is turned into a
+query over one *virtual table*: the relation the database computes from the
+FROM clause, whose every row belongs to exactly one privacy unit (DESIGN
+section 3, "Relations"; docs/relations.md). The analysis, the rewrite and the
+release then treat it as they treat a table: contribution bounding and clamping
+happen once, on the final relation, right before the outer aggregate, so a join
+that duplicates a unit's rows changes utility, never a sensitivity.
+
+The passes, each a function over the tree:
+
+1. `inline` merges subqueries and CTEs that only filter and project into the
+   outer query (sqlglot's optimizer: qualify, eliminate_subqueries,
+   merge_subqueries); what cannot be merged (a subquery that aggregates, a
+   recursive CTE) is refused.
+2. `_joined` reads the FROM clause and its joins into base tables, and checks
+   each join: private with public on any condition the gate proves total,
+   private with private only on equality of their units (INNER), outer joins
+   only where every private table is preserved.
+3. `_virtual` builds the virtual table (the columns the query reads, each
+   renamed to one unambiguous name; the units of joined private tables are one
+   column) and the SQL computing its rows; the outer query is rewritten to read
+   it.
+
+Queries over public tables alone never come here: sql/public.py answers them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from sqlglot import exp
+from sqlglot.errors import OptimizeError, SqlglotError
+from sqlglot.optimizer.eliminate_ctes import eliminate_ctes
+from sqlglot.optimizer.eliminate_subqueries import eliminate_subqueries
+from sqlglot.optimizer.merge_subqueries import merge_subqueries
+from sqlglot.optimizer.qualify import qualify
+
+from dpsql.errors import QueryRefused
+from dpsql.policy import Column, Policy, Table
+from dpsql.sql.analyze import RESERVED_PREFIX, output_name, require_total
+from dpsql.sql.check import check_clauses, policy_table, table_list
+
+# sqlglot's type names for the policy's types: the schema qualify() resolves columns by
+SCHEMA_TYPES = {
+    "int": "BIGINT", "float": "DOUBLE", "string": "TEXT", "bool": "BOOLEAN",
+    "date": "DATE", "timestamp": "TIMESTAMP",
+}  # fmt: skip
+_UNIT = f"{RESERVED_PREFIX}_unit"  # the relation's unit column, when its own name is taken
+_JOIN_SIDES = ("", "LEFT", "RIGHT")
+
+
+def reads_relation(select: exp.Select) -> bool:
+    """Whether the query's FROM is more than one table: joins, a subquery or a CTE."""
+    source = select.args.get("from_")
+    return bool(
+        select.args.get("joins")
+        or select.args.get("with_")
+        or (source is not None and not isinstance(source.this, exp.Table))
+    )
+
+
+def tables_read(select: exp.Select, policy: Policy) -> dict[str, Table]:
+    """The policy tables a query reads (by their policy key), refusing any other source:
+    a table outside the policy, a table function, a file."""
+    ctes = {cte.alias_or_name.lower() for cte in select.find_all(exp.CTE)}
+    found: dict[str, Table] = {}
+    for node in select.find_all(exp.Table):
+        if not isinstance(node.this, exp.Identifier):
+            raise QueryRefused(
+                "a table function in FROM",
+                "dpsql only reads the tables declared in its policy",
+                f"query one of: {table_list(policy)}",
+            )
+        name = ".".join(part.name for part in node.parts)
+        if not node.args.get("db") and name.lower() in ctes:
+            continue
+        table = policy_table(name, policy)
+        found[table.name.lower()] = table
+    return found
+
+
+def schema_of(tables: dict[str, Table]) -> dict:
+    """The tables' declared columns as the nested mapping sqlglot's qualify() takes."""
+    schema: dict = {}
+    for table in tables.values():
+        *path, name = table.name.lower().split(".")
+        level = schema
+        for part in path:
+            level = level.setdefault(part, {})
+        level[name] = {c.name.lower(): SCHEMA_TYPES[c.type] for c in table.columns.values()}
+    return schema
+
+
+def qualified(select: exp.Select, tables: dict[str, Table], dialect: str) -> exp.Select:
+    """`select` with every column qualified by its table's alias and stars expanded to
+    the declared columns (sqlglot's qualify), each select item keeping its name."""
+    named = select.copy()
+    for item in named.expressions:
+        if not isinstance(item, exp.Alias | exp.Star) and not (
+            isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+        ):
+            item.replace(exp.alias_(item.copy(), output_name(item), quoted=True))
+    try:
+        return qualify(
+            named,
+            schema=schema_of(tables),
+            dialect=dialect,
+            validate_qualify_columns=True,
+            quote_identifiers=False,
+            identify=False,
+        )
+    except (OptimizeError, SqlglotError) as exc:
+        raise QueryRefused(
+            "a column of the joined tables",
+            f"it could not be resolved: {exc}",
+            "name each column as a declared column of one of the tables, qualified by its "
+            "table or alias where two tables have it",
+        ) from None
+
+
+def inline(select: exp.Select) -> exp.Select:
+    """Subqueries and CTEs that only filter and project, merged into the outer query."""
+    merged = eliminate_ctes(merge_subqueries(eliminate_subqueries(select)))
+    for cte in merged.find_all(exp.CTE):
+        raise _unmerged(cte.this, f"the common table expression {cte.alias_or_name}")
+    for subquery in merged.find_all(exp.Subquery):
+        raise _unmerged(subquery.this, "a subquery")
+    return merged
+
+
+def _unmerged(inner: exp.Expression, what: str) -> QueryRefused:
+    if isinstance(inner, exp.Select) and (inner.args.get("group") or _aggregates(inner)):
+        return QueryRefused(
+            f"{what}, which aggregates",
+            "dpsql bounds contributions on the final relation before the outer aggregate, "
+            "and does not yet carry bounds through an aggregate computed per unit",
+            "aggregate once, over the joined tables: e.g. SELECT COUNT(*) FROM orders "
+            "instead of counting per customer first",
+        )
+    return QueryRefused(
+        what,
+        "it cannot be merged into the outer query as a filter and projection of its tables "
+        "(DISTINCT, LIMIT, a set operation or a window inside it)",
+        "write its conditions in the outer query's WHERE, or join the tables directly",
+    )
+
+
+def _aggregates(select: exp.Select) -> bool:
+    return any(isinstance(e.unalias(), exp.AggFunc) for e in select.expressions)
+
+
+@dataclass(frozen=True)
+class _Base:
+    """One table of the FROM clause, under its alias (`hidden`: joined by dpsql to read
+    a referencing table's unit)."""
+
+    alias: str
+    table: Table
+    node: exp.Table
+    hidden: bool = False
+
+    @property
+    def private(self) -> bool:
+        return not self.table.public
+
+    @property
+    def unit(self) -> str | None:
+        return self.table.privacy_unit
+
+
+def _joined(
+    select: exp.Select,
+    tables: dict[str, Table],
+    policy: Policy,
+    unique: frozenset[str],
+    conditions: list[exp.Expression],
+) -> list[_Base]:
+    """The FROM clause's tables in order, each join checked (kind and side), then one
+    hidden join per table whose unit is read through a reference."""
+    source = select.args["from_"].this
+    bases = [_base(source, tables)]
+    for join in select.args.get("joins") or []:
+        right = _base(join.this, tables)
+        _check_join(join, bases, right)
+        bases.append(right)
+    if not any(base.private for base in bases):
+        private = sorted(t.name for t in tables.values() if not t.public)
+        raise QueryRefused(
+            f"a query over public tables that reads {', '.join(private)} in a subquery",
+            "the private rows would decide which public rows come back, with no noise",
+            "aggregate the private table itself, e.g. SELECT n_name, COUNT(*) FROM customer "
+            "JOIN nation ON ... GROUP BY n_name",
+        )
+    for base in list(bases):
+        if base.table.via is not None:
+            _require_unique(base, policy, unique)
+            if not _joined_along(base, bases, conditions):
+                bases.append(_referenced(select, base, len(bases), policy))
+    return bases
+
+
+def _joined_along(base: _Base, bases: list[_Base], conditions: list[exp.Expression]) -> bool:
+    """Whether the query itself joins `base` to the table it references, on the reference
+    (then that join gives each of its rows its unit, and no hidden join is needed)."""
+    ends = {(base.alias.lower(), base.table.via.column)} | {
+        (b.alias.lower(), base.table.via.target)
+        for b in bases
+        if b.table.name.lower() == base.table.via.table
+    }
+    for condition in conditions:
+        for conjunct in _conjuncts(condition):
+            if isinstance(conjunct, exp.EQ) and all(
+                isinstance(side, exp.Column) for side in (conjunct.this, conjunct.expression)
+            ):
+                keys = {
+                    (c.table.lower(), c.name.lower()) for c in (conjunct.this, conjunct.expression)
+                }
+                if (
+                    len(keys) == 2
+                    and keys <= ends
+                    and (base.alias.lower(), base.table.via.column) in keys
+                ):
+                    return True
+    return False
+
+
+def _require_unique(base: _Base, policy: Policy, unique: frozenset[str]) -> None:
+    via = base.table.via
+    target = policy.tables[via.table]
+    if f"{via.table}.{via.target}" not in unique:
+        raise QueryRefused(
+            f"the table {base.table.name}, whose privacy unit is read through "
+            f"{target.name}.{via.target}",
+            f"the database does not keep {target.name}.{via.target} unique, so one "
+            f"{base.table.name} row could reference rows of several people",
+            f"ask the data owner for a PRIMARY KEY or UNIQUE constraint on "
+            f"{target.name}({via.target})",
+        )
+
+
+def _referenced(select: exp.Select, base: _Base, index: int, policy: Policy) -> _Base:
+    """The referenced table, joined to `base` on its reference (appended to the query's
+    joins): each row of `base` meets at most one row of it (a kept key), whose unit is
+    its unit."""
+    via = base.table.via
+    target = policy.tables[via.table]
+    alias = f"{RESERVED_PREFIX}_via{index}"
+    *path, name = target.name.lower().split(".")
+    node = exp.Table(
+        this=exp.to_identifier(name),
+        db=exp.to_identifier(path[-1]) if path else None,
+        alias=exp.TableAlias(this=exp.to_identifier(alias)),
+    )
+    on = exp.EQ(
+        this=exp.column(via.column, table=base.alias),
+        expression=exp.column(via.target, table=alias),
+    )
+    select.append("joins", exp.Join(this=node, on=on))
+    return _Base(alias, target, node, hidden=True)
+
+
+def _base(node: exp.Expression, tables: dict[str, Table]) -> _Base:
+    if not isinstance(node, exp.Table):
+        raise _unmerged(node.this if isinstance(node, exp.Subquery) else node, "a derived table")
+    if node.args.get("sample") or node.args.get("laterals"):
+        raise QueryRefused(
+            "TABLESAMPLE or a lateral join",
+            "it is outside the subset dpsql can protect",
+            "query the whole tables; dpsql's noise already protects individuals",
+        )
+    name = ".".join(part.name for part in node.parts)
+    table = tables[name.lower()]
+    if not table.public and table.privacy_unit is None and table.via is None:
+        raise QueryRefused(
+            f"a join of {table.name}, a table with row-level privacy",
+            "a join can repeat one of its rows, and with no unit column dpsql cannot bound "
+            "how often",
+            f"declare a privacy_unit for {table.name} (a column identifying whose row it is)",
+        )
+    return _Base(node.alias_or_name, table, node)
+
+
+def _check_join(join: exp.Join, left: list[_Base], right: _Base) -> None:
+    side = (join.side or "").upper()
+    kind = (join.kind or "").upper()
+    text = join.sql()[:80]
+    if join.args.get("using"):
+        raise QueryRefused(
+            f"the join {text}",
+            "USING hides which table a column is read from",
+            "write the condition with ON, e.g. ON a.key = b.key",
+        )
+    if (
+        kind in ("SEMI", "ANTI", "ASOF", "POSITIONAL")
+        or side == "FULL"
+        or side
+        not in (
+            *_JOIN_SIDES,
+            "FULL",
+        )
+    ):
+        raise QueryRefused(
+            f"the join {text}",
+            "dpsql joins with INNER, LEFT, RIGHT and CROSS joins only",
+            "write an INNER JOIN, or a LEFT JOIN that keeps the private table's rows",
+        )
+    # The relation's unit is the first private table's: it must be on the preserved side
+    # of every outer join, or a row would carry no unit, or one invented for it.
+    left_private = any(base.private for base in left)
+    if (side == "LEFT" and right.private and not left_private) or (
+        side == "RIGHT" and left_private
+    ):
+        raise QueryRefused(
+            f"the outer join {text}",
+            "it keeps rows for which the private table has none (its columns NULL): rows "
+            "that say who is absent, which no contribution bound covers",
+            "use an INNER JOIN, or put the private table on the preserved side "
+            "(private LEFT JOIN public)",
+        )
+
+
+@dataclass
+class Relation:
+    """The outer query over the virtual table, and that table (its `relation` the SQL)."""
+
+    select: exp.Select
+    table: Table
+    description: str
+
+
+def relation(
+    select: exp.Select,
+    policy: Policy,
+    dialect: str,
+    unique: frozenset[str] = frozenset(),
+) -> Relation:
+    """The query over one unit-carrying relation built from its FROM clause; `unique`
+    names the columns ("table.column") the database keeps unique."""
+    tables = tables_read(select, policy)
+    outer = select.copy()
+    outer.set("joins", None)
+    outer.set("with_", None)
+    check_clauses(outer)
+    merged = inline(qualified(select, tables, dialect))
+    on, moved = _join_conditions(merged)
+    bases = _joined(merged, tables, policy, unique, [*on, *moved])
+    names = _virtual_names(merged, bases)
+    virtual = _virtual_table(bases, names)
+    _check_conditions([*on, *moved], bases, names, virtual)
+    outer = _outer(merged, names, virtual)
+    virtual = replace(virtual, relation=_relation_sql(merged, bases, names, moved))
+    return Relation(outer, virtual, _describe(bases))
+
+
+def _join_conditions(select: exp.Select) -> tuple[list[exp.Expression], list[exp.Expression]]:
+    """The conditions tying tables together: every ON, and each WHERE conjunct that reads
+    columns of two tables (FROM a, b WHERE a.u = b.u), which is moved out of the WHERE
+    into the relation's own."""
+    on = [j.args["on"] for j in select.args.get("joins") or [] if j.args.get("on") is not None]
+    where = select.args.get("where")
+    if where is None:
+        return on, []
+    kept, moved = [], []
+    for conjunct in _conjuncts(where.this):
+        aliases = {c.table.lower() for c in conjunct.find_all(exp.Column)}
+        (moved if len(aliases) > 1 else kept).append(conjunct)
+    select.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
+    return on, moved
+
+
+def _conjuncts(condition: exp.Expression) -> list[exp.Expression]:
+    return list(condition.flatten()) if isinstance(condition, exp.And) else [condition]
+
+
+def _virtual_names(select: exp.Select, bases: list[_Base]) -> dict[tuple[str, str], str]:
+    """One name per column the query reads: its own where no other table has it, else
+    alias.column; the units of every private table are one column, named after the
+    first one's unit where that name is free."""
+    counts: dict[str, int] = {}
+    for base in bases:
+        for column in base.table.columns:
+            counts[column] = counts.get(column, 0) + 1
+    first = _unit_source(bases)
+    unit = first.unit if counts[first.unit] == 1 else _UNIT
+    read = {(c.table.lower(), c.name.lower()) for c in select.find_all(exp.Column)}
+    names: dict[tuple[str, str], str] = {}
+    for base in bases:
+        for column in base.table.columns:
+            key = (base.alias.lower(), column)
+            if base.private and column == base.unit:
+                names[key] = unit
+            elif key in read:
+                names[key] = column if counts[column] == 1 else f"{base.alias.lower()}.{column}"
+    return names
+
+
+def _unit_source(bases: list[_Base]) -> _Base:
+    """The table whose unit column is the relation's: the first with a unit of its own."""
+    return next(base for base in bases if base.private and base.unit)
+
+
+def _virtual_table(bases: list[_Base], names: dict[tuple[str, str], str]) -> Table:
+    private = [base for base in bases if base.private and not base.hidden]
+    first = _unit_source(bases)
+    columns: dict[str, Column] = {}
+    for base in bases:
+        for column_name, column in base.table.columns.items():
+            name = names.get((base.alias.lower(), column_name))
+            if name is not None:
+                columns[name.lower()] = replace(column, name=name)
+    return Table(
+        name=" JOIN ".join(base.table.name.split(".")[-1] for base in bases),
+        columns=columns,
+        privacy_unit=names[(first.alias.lower(), first.unit)],
+        max_groups_per_unit=max(base.table.max_groups_per_unit for base in private),
+        max_rows_per_unit=max(base.table.max_rows_per_unit for base in private),
+    )
+
+
+def _renamed(node: exp.Expression, names: dict[tuple[str, str], str]) -> exp.Expression:
+    """`node` with each qualified column read as its virtual column."""
+
+    def rename(sub: exp.Expression) -> exp.Expression:
+        if isinstance(sub, exp.Column) and sub.table:
+            name = names.get((sub.table.lower(), sub.name.lower()))
+            if name is not None:
+                return exp.column(name, quoted=True)
+        return sub
+
+    return node.transform(rename, copy=True)
+
+
+def _read_name(column: exp.Column, names: dict[tuple[str, str], str], bases: list[_Base]) -> str:
+    return names.get((column.table.lower(), column.name.lower()), "")
+
+
+def _check_conditions(
+    conditions: list[exp.Expression],
+    bases: list[_Base],
+    names: dict[tuple[str, str], str],
+    virtual: Table,
+) -> None:
+    """Join conditions read public columns only, through expressions the gate proves
+    total, but for equalities of units, which must link every private table."""
+    units = _unit_columns(bases)
+    linked = _UnitLinks([b.alias.lower() for b in bases if b.private])
+    for base in bases:
+        hidden = next((h for h in bases if h.hidden and _references(base, h)), None)
+        if hidden is not None:
+            linked.join(base.alias.lower(), hidden.alias.lower())
+    for condition in conditions:
+        for conjunct in _conjuncts(condition):
+            pair = _unit_equality(conjunct, units)
+            if pair is not None:
+                linked.join(*pair)
+                continue
+            for column in conjunct.find_all(exp.Column):
+                name = _read_name(column, names, bases)
+                spec = virtual.column(name)
+                if spec is not None and spec.private:
+                    raise QueryRefused(
+                        f"the join condition {conjunct.sql()[:80]}",
+                        f"it reads the private column {column.sql()}: private columns tie rows "
+                        "to people and are never used to select rows, but for joining two "
+                        "private tables on their units",
+                        "join private tables on their privacy units (a.unit = b.unit), and "
+                        "public tables on public columns",
+                    )
+            _require_plain_comparison(conjunct, names, virtual)
+            require_total(_renamed(conjunct, names), virtual, "JOIN ... ON", condition=True)
+    linked.require_one()
+
+
+# What a join condition may be: a comparison of columns and constants. The relation's
+# SQL reads its base tables as stored, before the rewrite clamps and widens columns
+# (rewrite._clamped_source), so computing with a column there could fail for one row
+# (a PostgreSQL float overflow); comparing one cannot.
+_JOIN_COMPARISONS = (
+    exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ,
+    exp.Is, exp.In, exp.Between,
+)  # fmt: skip
+_CONSTANTS = (exp.Literal, exp.Null, exp.Boolean)
+
+
+def _require_plain_comparison(
+    conjunct: exp.Expression, names: dict[tuple[str, str], str], virtual: Table
+) -> None:
+    operands = list(conjunct.iter_expressions()) if isinstance(conjunct, _JOIN_COMPARISONS) else []
+    flat = [
+        o
+        for operand in operands
+        for o in (operand.expressions if isinstance(operand, exp.Tuple) else [operand])
+    ]
+    columns = [o for o in flat if isinstance(o, exp.Column)]
+    plain = operands and all(
+        isinstance(o, (exp.Column, *_CONSTANTS))
+        or (isinstance(o, exp.Neg) and isinstance(o.this, exp.Literal))
+        for o in flat
+    )
+    kinds = {
+        _kind(virtual.column(names.get((c.table.lower(), c.name.lower()), ""))) for c in columns
+    }
+    if not plain or len(kinds) > 1:
+        raise QueryRefused(
+            f"the join condition {conjunct.sql()[:80]}",
+            "join conditions are compared on the tables as stored, so they may only compare "
+            "columns of one kind with each other or with constants (a computation there, or "
+            "a comparison across kinds, could fail for one row)",
+            "join on columns compared directly (ON a.key = b.key), and compute in WHERE",
+        )
+
+
+def _kind(column: Column | None) -> str:
+    if column is None:
+        return ""
+    return "number" if column.type in ("int", "float") else column.type
+
+
+def _references(base: _Base, hidden: _Base) -> bool:
+    return base.table.via is not None and hidden.table.name.lower() == base.table.via.table
+
+
+def _unit_columns(bases: list[_Base]) -> dict[tuple[str, str], tuple[str, str]]:
+    """The columns whose equality ties two rows to one unit: each private table's unit
+    (`(alias, unit)` to `(table, "unit")`), and each reference's two ends (`(alias,
+    column)` to `(referenced table, referenced column)`)."""
+    ends = {}
+    for base in bases:
+        alias = base.alias.lower()
+        if base.private and base.unit:
+            ends[(alias, base.unit)] = ("", "unit")
+        if base.table.via is not None:
+            ends[(alias, base.table.via.column)] = (base.table.via.table, base.table.via.target)
+    for base in bases:
+        for via in {b.table.via for b in bases if b.table.via is not None}:
+            if base.table.name.lower() == via.table:
+                ends[(base.alias.lower(), via.target)] = (via.table, via.target)
+    return ends
+
+
+def _unit_equality(
+    conjunct: exp.Expression, units: dict[tuple[str, str], tuple[str, str]]
+) -> tuple[str, str] | None:
+    """The two aliases an equality of units (or of a reference's ends) ties together."""
+    if not isinstance(conjunct, exp.EQ):
+        return None
+    sides = [conjunct.this, conjunct.expression]
+    if not all(isinstance(side, exp.Column) for side in sides):
+        return None
+    keys = [(side.table.lower(), side.name.lower()) for side in sides]
+    if keys[0][0] == keys[1][0] or not all(key in units for key in keys):
+        return None
+    if units[keys[0]] == units[keys[1]]:
+        return keys[0][0], keys[1][0]
+    return None
+
+
+class _UnitLinks:
+    """Which private tables are joined on their units (a union-find over aliases)."""
+
+    def __init__(self, aliases: list[str]):
+        self.parent = {alias: alias for alias in aliases}
+
+    def root(self, alias: str) -> str:
+        while self.parent[alias] != alias:
+            alias = self.parent[alias]
+        return alias
+
+    def join(self, first: str, second: str) -> None:
+        self.parent[self.root(first)] = self.root(second)
+
+    def require_one(self) -> None:
+        roots = {self.root(alias) for alias in self.parent}
+        if len(roots) > 1:
+            shown = sorted(a for a in self.parent if not a.startswith(RESERVED_PREFIX))
+            raise QueryRefused(
+                f"a join of the private tables {', '.join(shown)}",
+                "rows of two private tables are one person's only when joined on their "
+                "privacy units; on other columns a row would carry two people",
+                "add the condition a.<unit> = b.<unit> to the join (e.g. "
+                "ON o.o_custkey = c.c_custkey)",
+            )
+
+
+def _outer(select: exp.Select, names: dict[tuple[str, str], str], virtual: Table) -> exp.Select:
+    """The outer query over the virtual table: one FROM, no joins, columns renamed."""
+    outer = _renamed(select, names)
+    outer.set("joins", None)
+    outer.set("with_", None)
+    placeholder = exp.Table(this=exp.to_identifier(virtual.name, quoted=True))
+    outer.set("from_", exp.From(this=placeholder))
+    return outer
+
+
+def _relation_sql(
+    select: exp.Select, bases: list[_Base], names: dict[tuple[str, str], str], moved: list
+) -> exp.Select:
+    """The rows of the virtual table: every column under its virtual name (the unit of
+    the first private table as the unit), the joins with their ON conditions, and the
+    join conditions the query wrote in its WHERE."""
+    first = _unit_source(bases)
+    unit = names[(first.alias.lower(), first.unit)]
+    items = [exp.alias_(exp.column(first.unit, table=first.alias), unit, quoted=True)]
+    for (alias, column), name in names.items():
+        if name != unit:
+            items.append(exp.alias_(exp.column(column, table=alias), name, quoted=True))
+    relation = exp.select(*items).from_(bases[0].node.copy())
+    for join in select.args.get("joins") or []:
+        relation.append("joins", join.copy())
+    if moved:
+        relation = relation.where(*[condition.copy() for condition in moved])
+    return relation
+
+
+def _describe(bases: list[_Base]) -> str:
+    """The relation as EXPLAIN shows it: its joins, where its unit comes from, what is
+    public."""
+    shown = [b for b in bases if not b.hidden]
+    text = " JOIN ".join(f"{b.table.name} AS {b.alias}" for b in shown)
+    units = []
+    for b in shown:
+        if b.private and b.unit:
+            units.append(f"{b.alias}.{b.unit}")
+        elif b.table.via is not None:
+            via = b.table.via
+            units.append(f"{b.alias}.{via.column} -> {via.table}.{via.target}")
+    public = [b.table.name for b in shown if not b.private]
+    return f"{text}; unit: {' = '.join(units)}" + (
+        f"; public: {', '.join(public)}" if public else ""
+    )
