@@ -17,8 +17,8 @@ from dpsql.adapters import is_url, open_adapter
 from dpsql.errors import InterfaceError, NotSupportedError
 from dpsql.ledger import Ledger, open_ledger
 from dpsql.policy import Policy, load_policy
+from dpsql.results import MAX_GROUPS, Accuracy, Release
 from dpsql.session import Budget, Session
-from dpsql.sql.plan import MAX_GROUPS, Accuracy, Release
 
 apilevel = "2.0"
 threadsafety = 1  # threads may share the module; give each thread its own connection

@@ -30,18 +30,11 @@ from dpsql.ldp.postprocess import METHODS as LDP_METHODS
 from dpsql.ledger import Ledger
 from dpsql.mechanisms.samplers import secure_generator
 from dpsql.policy import CONTINUAL_MECHANISMS, MAX_EPSILON, MECHANISMS, Policy
+from dpsql.results import MAX_GROUPS, Accuracy, Release
 from dpsql.sql import PlanContext, plan_query
 from dpsql.sql.check import refuse_statement
 from dpsql.sql.parse import Statement, parse_statement, repeat_key, tokenize
-from dpsql.sql.plan import (
-    MAX_GROUPS,
-    Accuracy,
-    Options,
-    Plan,
-    Release,
-    check_known_groups,
-    release_stream,
-)
+from dpsql.sql.plan import Options, Plan, check_known_groups, release_stream
 from dpsql.sql.running import STATE_PREFIX as STREAM_PREFIX
 from dpsql.sql.running import RunningPlan
 from dpsql.sql.synopsis import PREFIX as SYNOPSIS_PREFIX

@@ -37,6 +37,7 @@ from dpsql.dbapi import Connection as DbapiConnection
 from dpsql.errors import Error, InterfaceError, ProgrammingError
 from dpsql.lru import WeightedLru
 from dpsql.mechanisms.samplers import secure_generator
+from dpsql.results import MAX_GROUPS, Release
 from dpsql.server import introspection
 from dpsql.server.memo import (
     ENTRY_BYTES,
@@ -55,7 +56,6 @@ from dpsql.server.values import (
 )
 from dpsql.server.workers import WorkerPool
 from dpsql.session import Session
-from dpsql.sql.plan import MAX_GROUPS, Release
 
 _logger = logging.getLogger(__name__)
 ACCURACY_NOTICE = "dpsql accuracy"

@@ -20,8 +20,8 @@ from typing import Any, Protocol
 from dpsql.errors import Error, OperationalError
 from dpsql.policy import Column, Policy
 from dpsql.policy import Table as PolicyTable
+from dpsql.results import Accuracy, Release
 from dpsql.session import Budget
-from dpsql.sql.plan import Accuracy, Release
 
 ACCURACY_NOTICE = "dpsql accuracy"
 

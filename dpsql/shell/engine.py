@@ -26,10 +26,10 @@ from sqlglot.tokens import Token, TokenType
 
 from dpsql.ldp.postprocess import METHODS as LDP_METHODS
 from dpsql.policy import CONTINUAL_MECHANISMS, MECHANISMS
+from dpsql.results import Release
 from dpsql.session import Budget
 from dpsql.shell import render
 from dpsql.shell.connection import ShellConnection, StatementFailed, TableInfo
-from dpsql.sql.plan import Release
 
 
 @dataclass(frozen=True)
