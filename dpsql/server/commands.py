@@ -220,7 +220,7 @@ def _refuse_unshared(
 ) -> None:
     """Refuse what several processes cannot share: a ledger in memory (each process would
     keep a budget of its own, and together they could overspend it) and a Spark driver."""
-    from dpsql.dbapi import ledger_path  # where connect() will put the ledger
+    from dpsql.session import ledger_location as ledger_path  # where connect() puts it
 
     if isinstance(database, str) and database.split("://", 1)[0].lower() == "spark":
         raise SystemExit(
