@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from dpsql import ldp
+from dpsql.cli.ldp import main
 from dpsql.ldp.advise import compare, recommend
-from dpsql.ldp.commands import main
 from dpsql.policy import LOCAL_EPSILON_RANGE
 
 

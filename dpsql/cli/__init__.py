@@ -81,8 +81,8 @@ def _parser() -> argparse.ArgumentParser:
 # Modules that add commands of their own: each has `register(commands)`, which
 # adds its subparsers, so a feature's command line lives beside the feature.
 _COMMAND_MODULES = (
-    "dpsql.ldp.commands", "dpsql.shell", "dpsql.server.commands", "dpsql.watch",
-    "dpsql.synopsis_commands", "dpsql.cache_commands",
+    "dpsql.cli.ldp", "dpsql.cli.shell", "dpsql.cli.serve", "dpsql.cli.watch",
+    "dpsql.cli.synopsis", "dpsql.cli.cache",
 )  # fmt: skip
 
 
