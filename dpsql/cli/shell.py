@@ -6,7 +6,8 @@ dpsql shell --server postgresql://alice@127.0.0.1:5433/db
 dpsql shell --demo -c "SELECT sex, COUNT(*) FROM census GROUP BY sex"
 dpsql shell --demo --csv < queries.sql
 
-`register(commands)` adds the `shell` subcommand to the `dpsql` parser. The
+`register(commands)` adds the `shell` subcommand to the `dpsql` parser and runs
+the shell (dpsql/shell/) over a Session in this process, or over the wire. The
 prompt itself (prompt_toolkit) is imported only when a prompt is needed, so
 other commands start fast.
 """
@@ -19,6 +20,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+
+from dpsql.cli.common import add_connection_options, open_from
 
 if TYPE_CHECKING:
     from dpsql.shell.connection import ShellConnection
@@ -43,9 +46,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "standard input, runs the script (statements end with ';').",
         epilog=_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    from dpsql.cli import _add_connection_options  # dpsql.cli imports this package
-
-    source = _add_connection_options(shell)
+    source = add_connection_options(shell)
     source.add_argument(
         "--server", metavar="URL",
         help="a running `dpsql serve`, e.g. postgresql://alice@127.0.0.1:5433/db",
@@ -113,7 +114,6 @@ def _password_prompt(url: str) -> Callable[[], str] | None:
 
 
 def _open(args: argparse.Namespace) -> ShellConnection:
-    from dpsql.cli import _connect
     from dpsql.shell.connection import LocalConnection, WireConnection
 
     if args.server:
@@ -121,4 +121,4 @@ def _open(args: argparse.Namespace) -> ShellConnection:
             raise SystemExit("dpsql shell: give --server, or --database/--policy/--demo, not both")
         return WireConnection(args.server, _password_prompt(args.server))
     where = "the demo census" if args.demo else str(args.database)
-    return LocalConnection(_connect(args), where)
+    return LocalConnection(open_from(args), where)
