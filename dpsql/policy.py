@@ -5,6 +5,10 @@ and what to write instead; a policy that loads is internally consistent (bounds
 ordered, epsilons positive, the privacy unit a declared column). Whether its
 tables and columns exist in a database, with the types it declares, is checked
 by `Policy.check_schema`, given that database's columns.
+
+The bottom of the layout with accounting and errors, the only two it imports:
+every other part reads it, so the names it validates (mechanisms, the local-DP
+oracles, their epsilon range) are kept here, not imported from above.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the shell is connected to: a database in this process, or a running `dpsql serve`.
+"""What the shell is connected to: a Session in this process, or a running `dpsql serve`.
 
 Both sides of the one small interface the rest of the shell uses
 (`ShellConnection`): run a statement and get a `Release` (columns, rows,
