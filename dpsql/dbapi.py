@@ -1,24 +1,20 @@
-"""PEP 249 (DB-API 2.0) Connection and Cursor over a Session.
+"""PEP 249 (DB-API 2.0) Connection and Cursor over a Session: this module's one job.
 
-`connect()` opens the database through its adapter, loads and checks the
-policy, opens the ledger, and returns a Connection; cursors run statements
-through the Session and expose the release, its accuracy and notes.
+`connect()` gets its Session from `dpsql.session.open_session` (which opens the
+database, checks the policy and opens the ledger) and returns a Connection;
+cursors run statements through the Session and expose the release, its
+accuracy and notes.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import os
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from dpsql.adapters import is_url, open_adapter
 from dpsql.errors import InterfaceError, NotSupportedError
-from dpsql.ledger import Ledger, open_ledger
-from dpsql.policy import Policy, load_policy
-from dpsql.session import Budget, Session
-from dpsql.sql.plan import MAX_GROUPS, Accuracy, Release
+from dpsql.results import MAX_GROUPS, Accuracy, Release
+from dpsql.session import Budget, LedgerSource, PolicySource, Session, open_session
 
 apilevel = "2.0"
 threadsafety = 1  # threads may share the module; give each thread its own connection
@@ -64,11 +60,11 @@ def TimestampFromTicks(ticks: float) -> dt.datetime:
 
 def connect(
     database: Any = ":memory:",
-    policy: str | os.PathLike | Mapping | Policy | None = None,
+    policy: PolicySource | None = None,
     analyst: str = "default",
     epsilon: float | None = None,
     mechanism: str | None = None,
-    ledger: str | os.PathLike | Ledger | None = None,
+    ledger: LedgerSource | None = None,
     *,
     seed: int | None = None,
     continual: str | None = None,
@@ -78,8 +74,8 @@ def connect(
 
     `database` is a DuckDB file path, ":memory:", an open DuckDB connection,
     a `postgresql://` URL, any SQLAlchemy URL, a `spark://` or `sc://` URL
-    or a SparkSession. `ledger` defaults to the
-    policy's `ledger:` entry, else a file beside a DuckDB file
+    or a SparkSession. `ledger` (a location, or an open dpsql Ledger) defaults
+    to the policy's `ledger:` entry, else a file beside a DuckDB file
     (`<database>.ledger.sqlite`); a database named by URL needs one of the two,
     since a budget kept in memory would silently reset. `seed` makes noise
     reproducible and is for tests only. `continual` picks the mechanism of
@@ -93,64 +89,11 @@ def connect(
         raise InterfaceError(
             "connect() needs a policy: dpsql.connect(database, policy='policy.yaml')"
         )
-    loaded = policy if isinstance(policy, Policy) else load_policy(policy)
-    path = None if isinstance(ledger, Ledger) else ledger_path(ledger, loaded, database)
-    adapter = open_adapter(database, loaded.sources)
-    try:
-        columns = {key: adapter.table_columns(key) for key in loaded.tables}
-        loaded = loaded.with_public_columns(columns, adapter.dialect)
-        loaded.check_schema(columns, adapter.dialect)
-        resolve = getattr(adapter, "table_identities", None)
-        if resolve is not None:
-            loaded.check_one_entry_per_table({key: resolve(key) for key in loaded.tables})
-        book = ledger if isinstance(ledger, Ledger) else open_ledger(path)
-        session = Session(
-            adapter, loaded, book, analyst, epsilon=epsilon, mechanism=mechanism, seed=seed,
-            continual=continual, max_groups=max_groups,
-        )  # fmt: skip
-    except Exception:
-        adapter.close()
-        raise
+    session = open_session(
+        database, policy, analyst, ledger=ledger, epsilon=epsilon, mechanism=mechanism,
+        seed=seed, continual=continual, max_groups=max_groups,
+    )  # fmt: skip
     return Connection(session)
-
-
-def ledger_path(ledger: str | os.PathLike | None, policy: Policy, database: Any) -> str:
-    """Where `connect` keeps the ledger: `ledger` if given, else the policy's, else a file
-    beside a DuckDB database (dpsql serve checks that several processes can share it)."""
-    if ledger is not None:
-        return os.fspath(ledger)
-    if policy.ledger and is_url(policy.ledger):
-        return policy.ledger
-    if policy.ledger:
-        base = Path(policy.source).parent if Path(policy.source).exists() else Path.cwd()
-        return str(base / policy.ledger)
-    if is_url(database):
-        raise InterfaceError(
-            "a database named by URL needs a persistent budget ledger, or the budget would "
-            "reset with every connection: pass ledger='budget.sqlite' to connect() or write "
-            "'ledger: budget.sqlite' in the policy"
-        )
-    if isinstance(database, str | os.PathLike) and os.fspath(database) != ":memory:":
-        return _beside(os.fspath(database))
-    return ":memory:"
-
-
-def _beside(database: str) -> str:
-    """The ledger beside a database file, named after the file itself: named as the path
-    was written, a symbolic link (or another relative path) to the file had a ledger,
-    and a budget, of its own. A ledger already kept under another name is refused, not
-    left behind with what it holds."""
-    written, resolved = f"{database}.ledger.sqlite", f"{os.path.realpath(database)}.ledger.sqlite"
-    if os.path.exists(written) and not (
-        os.path.exists(resolved) and os.path.samefile(written, resolved)
-    ):
-        raise InterfaceError(
-            f"the budget ledger of {database!r} is {written!r}, but the database file is "
-            f"{os.path.realpath(database)!r}, whose ledger is {resolved!r}: every name of a "
-            f"database must share one ledger. Move {written!r} to {resolved!r} (or merge "
-            "them), or pass ledger= to connect()"
-        )
-    return resolved
 
 
 class Connection:
@@ -188,8 +131,7 @@ class Connection:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self.session.adapter.close()
-            self.session.ledger.close()
+            self.session.close()
 
     @property
     def closed(self) -> bool:

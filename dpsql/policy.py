@@ -5,6 +5,10 @@ and what to write instead; a policy that loads is internally consistent (bounds
 ordered, epsilons positive, the privacy unit a declared column). Whether its
 tables and columns exist in a database, with the types it declares, is checked
 by `Policy.check_schema`, given that database's columns.
+
+The bottom of the layout with accounting and errors, the only two it imports:
+every other part reads it, so the names it validates (mechanisms, the local-DP
+oracles, their epsilon range) are kept here, not imported from above.
 """
 
 from __future__ import annotations
@@ -60,7 +64,31 @@ _SYNOPSIS_KEYS = {"bin", "branching", "epsilon", "delta", "mechanism"}
 _CONTINUAL_KEYS = {"step", "epsilon", "delta", "mechanism"}
 SYNOPSIS_MECHANISMS = ("laplace", "gaussian")
 CONTINUAL_MECHANISMS = ("binary", "factorization")
+# The local-DP frequency oracles a table of reports may name (`local.mechanism`): the
+# names dpsql.ldp.mechanism() builds. Kept here, below dpsql/ldp/, which reads them:
+# the policy names them without importing the randomisers.
+LOCAL_MECHANISMS = (
+    "grr", "sue", "oue", "olh", "hr", "hm", "rappor", "she", "the", "hh", "dse", "rm",
+)  # fmt: skip
 _TIME_UNITS = {"day": dt.timedelta(days=1), "hour": dt.timedelta(hours=1)}
+
+# The epsilons every local-DP oracle (dpsql/ldp/) randomises and estimates with, so
+# what a policy's `local.epsilon` may be. Above 40 a report is the true value with
+# probability 1 - e^-40 (it protects nothing), and OLH's hash range e^epsilon + 1 no
+# longer fits 64 bits; below 1e-12 (the ledger's quantum) the randomisers'
+# probabilities differ from 1/2 in no float digit, and their estimators divide by zero.
+LOCAL_EPSILON_RANGE = (1e-12, 40.0)
+
+
+def require_local_epsilon(epsilon: float) -> None:
+    """A ValueError saying the range unless `epsilon` is within LOCAL_EPSILON_RANGE."""
+    low, high = LOCAL_EPSILON_RANGE
+    if not low <= epsilon <= high:  # NaN fails both comparisons
+        raise ValueError(
+            f"a local-DP epsilon must be between {low:g} and {high:g}, got {epsilon}: "
+            "above it a report is its true value with near certainty, below it nothing "
+            "can be estimated"
+        )
 
 
 @dataclass(frozen=True)
@@ -831,10 +859,6 @@ def _source(read: _Reader, value: Any, key: str) -> Source:
 
 
 def _local_table(read: _Reader, name: str, spec: dict, key: str) -> Table:
-    # Imported here: the policy only needs the local-DP package to name its mechanisms.
-    from dpsql.ldp import MECHANISMS as LOCAL_MECHANISMS
-    from dpsql.ldp.base import require_local_epsilon
-
     extra = sorted(set(spec) - {"local"})
     if extra:
         raise read.fail(

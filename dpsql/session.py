@@ -1,10 +1,13 @@
 """The Session: one analyst's pipeline of compile, charge, execute, release.
 
-Every front end (DB-API, shell, wire server) talks only to a Session. It owns
-the per-session options (epsilon, delta, mechanism), answers `SET dpsql.*`,
-`SHOW dpsql.*` and `EXPLAIN`, and keeps the release cache: the same query
-under the same policy and options returns the stored release without a new
-charge, also after a restart.
+Every front end (DB-API, shell, wire server, the `dpsql` command) talks only to
+a Session, and gets one from `open_session` (database, policy, analyst,
+options): it opens the database through its adapter, checks the policy against
+it and opens the ledger, so no front end needs adapters/ or ledger/. The
+Session owns the per-session options (epsilon, delta, mechanism, …; CHOICES
+names what each takes), answers `SET dpsql.*`, `SHOW dpsql.*` and `EXPLAIN`,
+and keeps the release cache: the same query under the same policy and options
+returns the stored release without a new charge, also after a restart.
 """
 
 from __future__ import annotations
@@ -15,33 +18,30 @@ import decimal
 import hashlib
 import json
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 import numpy as np
 
 from dpsql.accounting import Cost, round_down, round_up
+from dpsql.adapters import is_url, open_adapter
 from dpsql.adapters.base import Adapter
 from dpsql.errors import InterfaceError, OperationalError, ProgrammingError, QueryRefused
 from dpsql.ldp.postprocess import METHODS as LDP_METHODS
-from dpsql.ledger import Ledger
+from dpsql.ledger import Charge, Ledger, open_ledger
 from dpsql.mechanisms.samplers import secure_generator
-from dpsql.policy import CONTINUAL_MECHANISMS, MAX_EPSILON, MECHANISMS, Policy
+from dpsql.policy import CONTINUAL_MECHANISMS, MAX_EPSILON, MECHANISMS, Policy, load_policy
+from dpsql.results import MAX_GROUPS, Accuracy, Release
 from dpsql.sql import PlanContext, plan_query
 from dpsql.sql.check import refuse_statement
-from dpsql.sql.parse import Statement, parse_statement, repeat_key, tokenize
-from dpsql.sql.plan import (
-    MAX_GROUPS,
-    Accuracy,
-    Options,
-    Plan,
-    Release,
-    check_known_groups,
-    release_stream,
-)
+from dpsql.sql.parse import Statement, parse_statement, repeat_key, setting_name, tokenize
+from dpsql.sql.plan import Options, Plan, check_known_groups, release_stream
 from dpsql.sql.running import STATE_PREFIX as STREAM_PREFIX
 from dpsql.sql.running import RunningPlan
 from dpsql.sql.synopsis import PREFIX as SYNOPSIS_PREFIX
@@ -52,6 +52,14 @@ from dpsql.sql.synopsis import declared as declared_synopses
 _SETTABLE = (
     "dpsql.epsilon", "dpsql.delta", "dpsql.mechanism", "dpsql.ldp_postprocess", "dpsql.continual",
 )  # fmt: skip
+#: The names each option that takes a name may be set to (SET dpsql.<option>, connect(),
+#: the shell's \set): the policy's mechanisms, the local-DP post-processing methods, and
+#: the running-total mechanisms or 'policy' (each column's own choice).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "mechanism": MECHANISMS,
+    "ldp_postprocess": LDP_METHODS,
+    "continual": (*CONTINUAL_MECHANISMS, "policy"),
+}
 
 #: The longest time between a watch's ticks, in seconds (`dpsql watch --every` too): a
 #: year is past any step of a stream, and far below what time.sleep can wait.
@@ -96,6 +104,124 @@ class Budget:
     rho_spent: float = 0.0  # zCDP charges (Gaussian noise), included above once converted
 
 
+def sets_options(sql: str) -> bool:
+    """Whether `sql` sets, shows or resets the Session's options (SET, SHOW or RESET of a
+    dpsql.* option, RESET ALL, DISCARD ALL), however it is written (with comments,
+    quotes or spaces around the dot): a front end that answers other settings itself
+    must pass these on. Taken for an ordinary setting and ignored, `SET /* x */
+    dpsql.epsilon = 0.001` left the client charged 1 per query."""
+    keyword, name, _ = setting_name(sql)
+    return name.startswith("dpsql.") or (keyword in ("RESET", "DISCARD") and name == "all")
+
+
+#: What `open_session` takes as a policy (a YAML file, its mapping, or one loaded) and
+#: as a ledger (a location, or one open): front ends name these, not policy or ledger.
+PolicySource = str | os.PathLike | Mapping | Policy
+LedgerSource = str | os.PathLike | Ledger
+
+
+def open_session(
+    database: Any,
+    policy: PolicySource,
+    analyst: str = "default",
+    *,
+    ledger: LedgerSource | None = None,
+    epsilon: float | None = None,
+    mechanism: str | None = None,
+    continual: str | None = None,
+    settings: Mapping[str, Any] | None = None,
+    seed: int | None = None,
+    max_groups: int = MAX_GROUPS,
+) -> Session:
+    """A Session for `analyst` on `database` under `policy`: the one way a front end opens
+    one (dpsql.connect, `dpsql serve`, `dpsql shell`, the other `dpsql` commands).
+
+    `database` is what `dpsql.adapters.open_adapter` takes (a DuckDB file path,
+    ":memory:", a DuckDB connection, a URL, a SparkSession); `policy` a file, a
+    mapping or a loaded Policy, checked against the database's tables here;
+    `ledger` a location or an open Ledger, by default `ledger_location`'s. The
+    rest are the Session's starting options. Closing the Session closes the
+    database connection and the ledger.
+    """
+    loaded = policy if isinstance(policy, Policy) else load_policy(policy)
+    given = isinstance(ledger, Ledger)
+    location = None if given else ledger_location(ledger, loaded, database)
+    adapter = open_adapter(database, loaded.sources)
+    book = None
+    try:
+        columns = {key: adapter.table_columns(key) for key in loaded.tables}
+        loaded = loaded.with_public_columns(columns, adapter.dialect)
+        loaded.check_schema(columns, adapter.dialect)
+        resolve = getattr(adapter, "table_identities", None)
+        if resolve is not None:
+            loaded.check_one_entry_per_table({key: resolve(key) for key in loaded.tables})
+        book = ledger if given else open_ledger(location)
+        return Session(
+            adapter, loaded, book, analyst, epsilon=epsilon, mechanism=mechanism, seed=seed,
+            continual=continual, settings=settings, max_groups=max_groups,
+        )  # fmt: skip
+    except Exception:
+        adapter.close()
+        if book is not None and not given:
+            book.close()
+        raise
+
+
+def ledger_location(ledger: str | os.PathLike | None, policy: Policy, database: Any) -> str:
+    """Where `open_session` keeps the ledger: `ledger` if given, else the policy's, else a
+    file beside a DuckDB database (`dpsql serve` checks that several processes can share
+    it, `ledger_in_memory`)."""
+    if ledger is not None:
+        return os.fspath(ledger)
+    if policy.ledger and is_url(policy.ledger):
+        return policy.ledger
+    if policy.ledger:
+        base = Path(policy.source).parent if Path(policy.source).exists() else Path.cwd()
+        return str(base / policy.ledger)
+    if is_url(database):
+        raise InterfaceError(
+            "a database named by URL needs a persistent budget ledger, or the budget would "
+            "reset with every connection: pass ledger='budget.sqlite' to connect() or write "
+            "'ledger: budget.sqlite' in the policy"
+        )
+    if isinstance(database, str | os.PathLike) and os.fspath(database) != ":memory:":
+        return _beside(os.fspath(database))
+    return ":memory:"
+
+
+def _beside(database: str) -> str:
+    """The ledger beside a database file, named after the file itself: named as the path
+    was written, a symbolic link (or another relative path) to the file had a ledger,
+    and a budget, of its own. A ledger already kept under another name is refused, not
+    left behind with what it holds."""
+    written, resolved = f"{database}.ledger.sqlite", f"{os.path.realpath(database)}.ledger.sqlite"
+    if os.path.exists(written) and not (
+        os.path.exists(resolved) and os.path.samefile(written, resolved)
+    ):
+        raise InterfaceError(
+            f"the budget ledger of {database!r} is {written!r}, but the database file is "
+            f"{os.path.realpath(database)!r}, whose ledger is {resolved!r}: every name of a "
+            f"database must share one ledger. Move {written!r} to {resolved!r} (or merge "
+            "them), or pass ledger= to connect()"
+        )
+    return resolved
+
+
+def ledger_in_memory(location: str) -> bool:
+    """Whether an SQLite ledger location is private to the process that opens it: ':memory:',
+    '' (SQLite's temporary database) or a `file:` URI with mode=memory."""
+    if location.startswith("sqlite:///"):
+        location = location[len("sqlite:///") :]
+    elif "://" in location:
+        return False  # postgresql://: one server, shared
+    if location in ("", ":memory:"):
+        return True
+    if location.startswith("file:"):
+        path, _, query = location[len("file:") :].partition("?")
+        return path == ":memory:" or "memory" in parse_qs(query).get("mode", [])
+    return False
+
+
 class Session:
     """Runs statements for one analyst against one database under one policy."""
 
@@ -131,9 +257,41 @@ class Session:
         self._units_read_at = -math.inf
         self._rng = secure_generator(seed)
         self._rng_lock = threading.Lock()
+        self._seeded = seed is not None
         # Released groups per query: the result is read in batches and only kept
         # groups are held, so this bounds a query's memory (TooManyGroups above).
         self.max_groups = max_groups
+
+    def for_analyst(
+        self,
+        analyst: str,
+        *,
+        settings: Mapping[str, Any] | None = None,
+        max_groups: int | None = None,
+    ) -> Session:
+        """Another analyst's Session on this one's database, policy and ledger (the wire
+        server opens one per client connection), with noise of its own. Close this one,
+        not those: they share what it opened."""
+        return Session(
+            self.adapter, self.policy, self.ledger, analyst, settings=settings,
+            max_groups=self.max_groups if max_groups is None else max_groups,
+        )  # fmt: skip
+
+    @property
+    def seeded(self) -> bool:
+        """Whether the noise comes from a fixed seed (tests only), not from the OS."""
+        return self._seeded
+
+    def close(self) -> None:
+        """Close the database connection and the ledger this Session was opened with."""
+        self.adapter.close()
+        self.ledger.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- the pipeline -------------------------------------------------------
 
@@ -315,20 +473,20 @@ class Session:
                 )
             self.options = replace(self.options, **{name: number})
         elif name == "mechanism":
-            if value not in MECHANISMS:
+            if value not in CHOICES[name]:
                 raise ProgrammingError(
-                    f"unknown mechanism {value!r}; choose one of: {', '.join(MECHANISMS)}"
+                    f"unknown mechanism {value!r}; choose one of: {', '.join(CHOICES[name])}"
                 )
             self.options = replace(self.options, mechanism=value)
         elif name == "ldp_postprocess":
-            if value not in LDP_METHODS:
+            if value not in CHOICES[name]:
                 raise ProgrammingError(
                     f"unknown local-DP post-processing {value!r}; choose one of: "
-                    f"{', '.join(LDP_METHODS)}"
+                    f"{', '.join(CHOICES[name])}"
                 )
             self.options = replace(self.options, ldp_postprocess=value)
         elif name == "continual":
-            choices = (*CONTINUAL_MECHANISMS, "policy")
+            choices = CHOICES[name]
             if value not in choices:
                 raise ProgrammingError(
                     f"unknown continual mechanism {value!r}; choose one of: {', '.join(choices)} "
@@ -360,6 +518,11 @@ class Session:
             max(0.0, round_down(self.total.delta - delta_spent)),
             round_up(spent.rho),
         )  # fmt: skip
+
+    def charges(self) -> list[Charge]:
+        """This analyst's charges in the ledger, oldest first (`dpsql synopsis build` counts
+        them to say whether it charged)."""
+        return self.ledger.charges(self.analyst)
 
     def _set(self, statement: Statement) -> Release:
         if not statement.name.startswith("dpsql."):
@@ -615,4 +778,18 @@ def _decode(payload: str) -> CachedRelease:
     )
 
 
-__all__ = ["STORED_KINDS", "Budget", "CachedRelease", "Session", "Stored"]
+__all__ = [
+    "CHOICES",
+    "MAX_WATCH_INTERVAL",
+    "STORED_KINDS",
+    "Budget",
+    "CachedRelease",
+    "LedgerSource",
+    "PolicySource",
+    "Session",
+    "Stored",
+    "ledger_in_memory",
+    "ledger_location",
+    "open_session",
+    "sets_options",
+]

@@ -37,8 +37,6 @@ from psycopg import sql
 
 import dpsql
 from dpsql import demo
-from dpsql._ledger_postgres import split_location
-from dpsql._ledger_store import Units
 from dpsql.accounting import Cost, zcdp_epsilon
 from dpsql.errors import BudgetExhausted, InterfaceError, NotSupportedError, OperationalError
 from dpsql.ledger import (
@@ -47,11 +45,11 @@ from dpsql.ledger import (
     RHO_QUANTUM,
     Charge,
     Ledger,
-    _admit,
-    _as_cost,
-    _budget_cost,
     open_ledger,
 )
+from dpsql.ledger.book import _admit, _as_cost, _budget_cost
+from dpsql.ledger.postgres import split_location
+from dpsql.ledger.store import Units
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("ledger_worker.py")

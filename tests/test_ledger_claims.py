@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from test_ledger import STORES, fresh_location
 
-from dpsql._ledger_claims import STRIPES, slot_of
 from dpsql.ledger import Ledger
+from dpsql.ledger.claims import STRIPES, slot_of
 
 KEY = "ann SELECT COUNT(*) FROM census None"
 # Waiting this long without the claim shows it is held: a free claim takes

@@ -26,12 +26,12 @@ from rich.console import Console
 import dpsql
 from dpsql import demo
 from dpsql.mechanisms.laplace import DiscreteLaplace
+from dpsql.results import Accuracy
 from dpsql.session import Budget
 from dpsql.shell import render
 from dpsql.shell.connection import LocalConnection, parse_accuracy
 from dpsql.shell.engine import Piece, Quit, Shell, split_script, statement_complete
 from dpsql.shell.repl import ShellCompleter, repl
-from dpsql.sql.plan import Accuracy
 from tests.conftest import pums_policy
 
 COUNT_EPS1 = DiscreteLaplace(1, 1.0).interval95()  # COUNT(*) of one unit per row at epsilon 1

@@ -25,6 +25,7 @@ import numpy as np
 # One source of randomness for the whole project: AES-CTR keyed by the OS
 # (a seeded PCG64 for tests only).
 from dpsql.mechanisms.samplers import secure_generator
+from dpsql.policy import require_local_epsilon
 
 
 class Domain:
@@ -85,25 +86,6 @@ def as_generator(rng: np.random.Generator | int | None) -> np.random.Generator:
 def bits_for(count: int) -> int:
     """Bits needed to name one of `count` outcomes."""
     return max(1, math.ceil(math.log2(count)))
-
-
-# The epsilons every oracle here randomises and estimates with. Above 40 a report is
-# the true value with probability 1 - e^-40 (it protects nothing), and OLH's hash
-# range e^epsilon + 1 no longer fits 64 bits; below 1e-12 (the ledger's quantum)
-# the randomisers' probabilities differ from 1/2 in no float digit, and their
-# estimators divide by zero.
-LOCAL_EPSILON_RANGE = (1e-12, 40.0)
-
-
-def require_local_epsilon(epsilon: float) -> None:
-    """A ValueError saying the range unless `epsilon` is within LOCAL_EPSILON_RANGE."""
-    low, high = LOCAL_EPSILON_RANGE
-    if not low <= epsilon <= high:  # NaN fails both comparisons
-        raise ValueError(
-            f"a local-DP epsilon must be between {low:g} and {high:g}, got {epsilon}: "
-            "above it a report is its true value with near certainty, below it nothing "
-            "can be estimated"
-        )
 
 
 class FrequencyOracle(ABC):

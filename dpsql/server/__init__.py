@@ -7,7 +7,9 @@ answers repeats from memory, values.py maps values to PostgreSQL types,
 introspection.py answers what clients ask about the server, sqlstate.py maps
 errors, runner.py starts it, processes.py supervises `--processes N` server
 processes, dispatch.py hands them the connections the parent accepts, and
-cancels.py routes cancel requests between them.
+cancels.py routes cancel requests between them. The server runs over one
+Session (session.open_session), each client on a Session of its own beside it;
+the `dpsql serve` command that starts it is dpsql/cli/serve.py.
 """
 
 from dpsql.server.runner import BackgroundServer, build, serve_forever

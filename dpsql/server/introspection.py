@@ -13,7 +13,7 @@ data is not, and nothing here touches the database.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlglot
 from pg_mimic import PgError, ResultColumn, StaticStatement
@@ -32,14 +32,16 @@ from pg_mimic.session import Portal, Statement
 from pg_mimic.types import TEXT
 from sqlglot import exp
 
-import dpsql
-from dpsql.policy import Policy
+from dpsql import __version__
 from dpsql.server.sqlstate import FEATURE_NOT_SUPPORTED, INVALID_PARAMETER_VALUE
 from dpsql.server.values import parameter_count
-from dpsql.sql.parse import setting_name
+from dpsql.session import sets_options
+
+if TYPE_CHECKING:
+    from dpsql.policy import Policy  # the Session's policy, whose tables the catalog shows
 
 SERVER_VERSION = "15.0"
-VERSION = f"PostgreSQL {SERVER_VERSION} (dpsql {dpsql.__version__}, differentially private)"
+VERSION = f"PostgreSQL {SERVER_VERSION} (dpsql {__version__}, differentially private)"
 
 # Settings a client may read with SHOW or current_setting(); dpsql is read-only.
 SETTINGS = {
@@ -104,17 +106,9 @@ async def savepoints(ctx: MiddlewareContext) -> Statement | None:
 async def no_ops(ctx: MiddlewareContext) -> Statement | None:
     """Session housekeeping that pools and drivers send (DISCARD, DEALLOCATE, RESET), but
     what resets dpsql's options (RESET ALL, RESET dpsql.*, DISCARD ALL): the Session's."""
-    if _NO_OP.match(ctx.sql) and not _for_the_session(ctx.sql):
+    if _NO_OP.match(ctx.sql) and not sets_options(ctx.sql):
         return StaticStatement(ctx.sql, None, [])
     return None
-
-
-def _for_the_session(sql: str) -> bool:
-    """Whether `sql` sets, shows or resets dpsql's options, however it is written (with
-    comments, quotes or spaces around the dot): taken for an ordinary setting and
-    ignored, `SET /* x */ dpsql.epsilon = 0.001` left the client charged 1 per query."""
-    keyword, name, _ = setting_name(sql)
-    return name.startswith("dpsql.") or (keyword in ("RESET", "DISCARD") and name == "all")
 
 
 def startup_settings(parameters: dict[str, str]) -> dict[str, str]:
@@ -193,7 +187,7 @@ async def dpsql_functions(ctx: MiddlewareContext) -> Statement | None:
 async def settings(ctx: MiddlewareContext) -> Statement | None:
     """SHOW <setting> (also multi-word) and SET of ordinary settings (accepted, ignored);
     `dpsql.*` options go on to the Session."""
-    if _for_the_session(ctx.sql):
+    if sets_options(ctx.sql):
         return None
     show = _SHOW.match(ctx.sql)
     if show is not None:

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
-from dpsql.sql.plan import MAX_GROUPS
+from dpsql.results import MAX_GROUPS
 
 
 @dataclass(frozen=True)

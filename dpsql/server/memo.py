@@ -30,8 +30,8 @@ from typing import Any, NamedTuple
 from pg_mimic import ResultColumn
 
 from dpsql.lru import WeightedLru
+from dpsql.results import Release
 from dpsql.session import CachedRelease, Session
-from dpsql.sql.plan import Release
 
 # Sizes in approximate bytes, as tracemalloc found them for one- to six-value
 # answers (1.9-2.6 kB each): an entry's objects (release, accuracy, column

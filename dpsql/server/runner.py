@@ -1,7 +1,8 @@
 """Starting and stopping a wire server: in the foreground (`dpsql serve`) or on a thread.
 
-`build()` makes the server from a DB-API connection (one adapter, policy and
-ledger for all clients); `serve_forever` binds it and serves until SIGINT or
+`build()` makes the server from a Session (or a DB-API connection over one): one
+database connection, policy and ledger for all clients, each client's Session
+opened beside it; `serve_forever` binds it and serves until SIGINT or
 SIGTERM; `bind` and `serve_handed` split that for `dpsql serve --processes`,
 whose parent binds the sockets and accepts, and whose every server process
 serves the connections it is handed;
@@ -17,8 +18,8 @@ import socket
 import ssl
 import threading
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
-from dpsql.dbapi import Connection
 from dpsql.errors import InterfaceError
 from dpsql.server.auth import Authenticator, is_loopback
 from dpsql.server.cancels import ProcessRoutes
@@ -29,7 +30,7 @@ from dpsql.server.statements import Backend
 
 
 def build(
-    connection: Connection,
+    connection: Any,
     *,
     host: str = "127.0.0.1",
     users: Mapping[str, str] | None = None,
@@ -41,6 +42,9 @@ def build(
     backoff: Backoff | None = None,
 ) -> WireServer:
     """A wire server over `connection`'s database, policy and ledger (not yet listening).
+
+    `connection` is a Session (`dpsql serve` opens one with `open_session`) or a DB-API
+    connection (`dpsql.connect`); the server closes it when it stops.
 
     `users` (analyst -> SCRAM verifier) adds to and overrides the policy's
     `password` entries; `trust` lets analysts in without a password and is

@@ -33,10 +33,9 @@ from pg_mimic.messages import make_notice_response
 from pg_mimic.middleware import resolve
 from pg_mimic.session import Portal, Statement
 
-from dpsql.dbapi import Connection as DbapiConnection
 from dpsql.errors import Error, InterfaceError, ProgrammingError
 from dpsql.lru import WeightedLru
-from dpsql.mechanisms.samplers import secure_generator
+from dpsql.results import MAX_GROUPS, Release
 from dpsql.server import introspection
 from dpsql.server.memo import (
     ENTRY_BYTES,
@@ -55,7 +54,6 @@ from dpsql.server.values import (
 )
 from dpsql.server.workers import WorkerPool
 from dpsql.session import Session
-from dpsql.sql.plan import MAX_GROUPS, Release
 
 _logger = logging.getLogger(__name__)
 ACCURACY_NOTICE = "dpsql accuracy"
@@ -89,13 +87,13 @@ class Backend:
 
     def __init__(
         self,
-        connection: DbapiConnection,
+        connection: Any,  # a Session (dpsql serve's), or a DB-API connection over one
         workers: int = 8,
         query_timeout: float = 0.0,
         max_groups: int = MAX_GROUPS,
     ):
-        template = connection.session
-        if type(template._rng.bit_generator) is not type(secure_generator().bit_generator):
+        template = connection if isinstance(connection, Session) else connection.session
+        if template.seeded:
             raise InterfaceError(
                 "refused to serve a connection opened with a fixed seed: noise must come "
                 "from the operating system when answers leave the process (DESIGN section 5); "
@@ -104,6 +102,7 @@ class Backend:
         self.connection = connection
         self.query_timeout = query_timeout  # seconds; 0: no limit
         self.max_groups = max_groups
+        self.template = template
         self.adapter, self.policy, self.ledger = template.adapter, template.policy, template.ledger
         self.schema = introspection.catalog_schema(self.policy)
         self.memo = ReleaseMemo()
@@ -133,10 +132,7 @@ class Backend:
         return shape
 
     def open_session(self, analyst: str, settings: dict[str, str] | None = None) -> Session:
-        return Session(
-            self.adapter, self.policy, self.ledger, analyst,
-            settings=settings, max_groups=self.max_groups,
-        )  # fmt: skip
+        return self.template.for_analyst(analyst, settings=settings, max_groups=self.max_groups)
 
     def execute(
         self, session: Session, sql: str, parameters: list[Any] | None, job: Job | None = None

@@ -15,7 +15,7 @@ import datetime as dt
 import decimal
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pg_mimic import (
     BOOL,
@@ -33,7 +33,8 @@ from pg_mimic import (
 from pg_mimic.errors import PgError
 from sqlglot import exp
 
-from dpsql.policy import Policy
+if TYPE_CHECKING:
+    from dpsql.policy import Policy  # the Session's policy: its columns' types
 
 INVALID_TEXT_REPRESENTATION = "22P02"
 

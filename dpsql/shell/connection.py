@@ -1,4 +1,4 @@
-"""What the shell is connected to: a database in this process, or a running `dpsql serve`.
+"""What the shell is connected to: a Session in this process, or a running `dpsql serve`.
 
 Both sides of the one small interface the rest of the shell uses
 (`ShellConnection`): run a statement and get a `Release` (columns, rows,
@@ -15,13 +15,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dpsql.errors import Error, OperationalError
-from dpsql.policy import Column, Policy
-from dpsql.policy import Table as PolicyTable
-from dpsql.session import Budget
-from dpsql.sql.plan import Accuracy, Release
+from dpsql.results import Accuracy, Release
+from dpsql.session import Budget, Session
+
+if TYPE_CHECKING:  # the Session's policy, described to the analyst
+    from dpsql.policy import Column, Policy
+    from dpsql.policy import Table as PolicyTable
 
 ACCURACY_NOTICE = "dpsql accuracy"
 
@@ -61,26 +63,27 @@ class ShellConnection(Protocol):
 
 
 class LocalConnection:
-    """A dpsql DB-API connection in this process."""
+    """A Session in this process (`connection`: the Session, or a DB-API connection over
+    one), closed with the shell."""
 
     def __init__(self, connection: Any, where: str):
         self._connection = connection
+        self._session = connection if isinstance(connection, Session) else connection.session
         self.where = where
 
     def execute(self, sql: str) -> Release:
         try:
-            cursor = self._connection.execute(sql)
-            columns = [d[0] for d in cursor.description or []]
-            rows = cursor.fetchall() if columns else []
-            return Release(columns, rows, cursor.accuracy, cursor.notes)
+            release = self._session.execute(sql)
         except Error as exc:
             raise StatementFailed(f"{type(exc).__name__}: {exc}") from None
+        rows = list(release.rows) if release.columns else []
+        return Release(list(release.columns), rows, dict(release.accuracy), list(release.notes))
 
     def budget(self) -> Budget:
-        return self._connection.budget()
+        return self._session.budget()
 
     def schema(self) -> list[TableInfo]:
-        return policy_schema(self._connection.session.policy)
+        return policy_schema(self._session.policy)
 
     def close(self) -> None:
         self._connection.close()

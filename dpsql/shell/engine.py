@@ -24,12 +24,10 @@ from rich.table import Table
 from sqlglot.errors import TokenError
 from sqlglot.tokens import Token, TokenType
 
-from dpsql.ldp.postprocess import METHODS as LDP_METHODS
-from dpsql.policy import CONTINUAL_MECHANISMS, MECHANISMS
-from dpsql.session import Budget
+from dpsql.results import Release
+from dpsql.session import CHOICES, Budget
 from dpsql.shell import render
 from dpsql.shell.connection import ShellConnection, StatementFailed, TableInfo
-from dpsql.sql.plan import Release
 
 
 @dataclass(frozen=True)
@@ -46,18 +44,18 @@ SETTINGS = {
     "epsilon": Setting("0.5", "privacy cost of each next query (smaller: cheaper and noisier)"),
     "delta": Setting("1e-6", "delta of each next query (used when group keys come from the data)"),
     "mechanism": Setting(
-        "laplace", "noise mechanism of the next queries", MECHANISMS, noun="a mechanism"
+        "laplace", "noise mechanism of the next queries", CHOICES["mechanism"], noun="a mechanism"
     ),
     "continual": Setting(
         "factorization",
         "mechanism of the next running totals (policy: each column's own)",
-        (*CONTINUAL_MECHANISMS, "policy"),
+        CHOICES["continual"],
         noun="a continual mechanism",
     ),
     "ldp_postprocess": Setting(
         "norm-sub",
         "post-processing of the estimates from local-DP report tables",
-        LDP_METHODS,
+        CHOICES["ldp_postprocess"],
         noun="a post-processing method",
     ),
 }

@@ -15,8 +15,8 @@ from typing import IO, Any
 
 from rich.table import Table
 
+from dpsql.results import Accuracy
 from dpsql.session import Budget
-from dpsql.sql.plan import Accuracy
 
 
 def format_value(value: Any) -> str:

@@ -24,8 +24,9 @@ from dpsql import ldp
 from dpsql.accounting import Cost
 from dpsql.errors import QueryRefused
 from dpsql.policy import Column, LocalSpec, Table
+from dpsql.results import Accuracy, Release
 from dpsql.sql.analyze import KEY_PREFIX, Aggregate, Analysis, Measurement, analyze
-from dpsql.sql.plan import Accuracy, Release, key_order, released_aggregates
+from dpsql.sql.plan import key_order, released_aggregates
 from dpsql.sql.postprocess import RELEASED, project, query_released
 
 if TYPE_CHECKING:

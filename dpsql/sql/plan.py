@@ -32,6 +32,7 @@ from dpsql.mechanisms.selection import PartitionSelection
 from dpsql.mechanisms.staircase import Staircase
 from dpsql.mechanisms.tree import l2_sensitivity
 from dpsql.policy import MAX_PUBLIC_KEYS
+from dpsql.results import Accuracy, Release
 from dpsql.sql.analyze import KEY_PREFIX, VALUE_PREFIX, Aggregate, Analysis, Interval, conjuncts
 from dpsql.sql.keys import canonical_keys, key_kinds
 from dpsql.sql.postprocess import RELEASED, project, query_released
@@ -47,10 +48,6 @@ GRID_BITS = 20
 ROW_STEP_BITS = 22
 SUMMED_ROW_BITS = 40
 MIN_GRID_EXPONENT = -1000  # 2^-1000 is still a normal float: steps never round to zero
-# Released groups per query unless the session says otherwise: as many as the
-# largest public domain, so a query the planner accepts before the charge is
-# not refused after it by default.
-MAX_GROUPS = MAX_PUBLIC_KEYS
 
 
 def beyond_the_sampler(
@@ -78,31 +75,6 @@ class Options:
     ldp_postprocess: str = "none"  # for tables of local reports: dpsql.ldp.METHODS
     # running totals: 'binary' or 'factorization', or 'policy' for each column's own choice
     continual: str = "policy"
-
-
-@dataclass(frozen=True)
-class Accuracy:
-    """How noisy one released column is."""
-
-    mechanism: str
-    scale: float  # noise scale in the column's units
-    interval95: float | None  # half-width of a 95% interval; None when it varies per row
-    sensitivity: float
-    note: str = ""
-
-
-@dataclass
-class Release:
-    """What a plan hands back: named columns, rows, and the accuracy of noisy columns."""
-
-    columns: list[str]
-    rows: list[tuple]
-    accuracy: dict[str, Accuracy] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    types: list[str] = field(default_factory=list)
-    # payloads for the Session to persist in the ledger under these keys (first
-    # writer wins): the state a stateful plan built, e.g. a range synopsis
-    state: dict[str, str] = field(default_factory=dict)
 
 
 class Plan(Protocol):

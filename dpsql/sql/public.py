@@ -20,8 +20,8 @@ from sqlglot import exp
 from dpsql.accounting import Cost
 from dpsql.errors import QueryRefused
 from dpsql.policy import Table
+from dpsql.results import Release
 from dpsql.sql.check import SCALAR_FUNCTIONS, STRUCTURE
-from dpsql.sql.plan import Release
 from dpsql.sql.relations import qualified
 from dpsql.sql.rewrite import in_dialect
 

@@ -52,9 +52,10 @@ from dpsql.mechanisms.continual import (
     laplace_tree,
 )
 from dpsql.policy import Column, ContinualSpec, Table
+from dpsql.results import Accuracy, Release
 from dpsql.sql.analyze import Analysis, Interval, analyze, conjuncts
 from dpsql.sql.check import AGGREGATES, check_clauses, check_query, over_the_release
-from dpsql.sql.plan import Accuracy, Release, beyond_the_sampler, exact_integers, sum_grid
+from dpsql.sql.plan import beyond_the_sampler, exact_integers, sum_grid
 from dpsql.sql.rewrite import SumGrid, rewrite
 from dpsql.sql.temporal import holds_date
 

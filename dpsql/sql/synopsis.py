@@ -46,8 +46,9 @@ from dpsql.mechanisms.tree import (
     laplace_node_noise,
 )
 from dpsql.policy import Column, Policy, Table
+from dpsql.results import Accuracy, Release
 from dpsql.sql.analyze import VALUE_PREFIX, Analysis, Interval, analyze, clamp, conjuncts
-from dpsql.sql.plan import Accuracy, DirectPlan, Release, beyond_the_sampler
+from dpsql.sql.plan import DirectPlan, beyond_the_sampler
 from dpsql.sql.postprocess import project
 from dpsql.sql.rewrite import _keyed_hash, in_dialect, near_zero
 

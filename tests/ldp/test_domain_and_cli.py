@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from dpsql import ldp
+from dpsql.cli.ldp import main
 from dpsql.ldp.advise import compare, recommend
-from dpsql.ldp.base import LOCAL_EPSILON_RANGE
-from dpsql.ldp.commands import main
+from dpsql.policy import LOCAL_EPSILON_RANGE
 
 
 def test_domain_of_labels_and_errors():

@@ -7,9 +7,9 @@ import psycopg
 import pytest
 import sqlglot
 
+from dpsql.results import Release
 from dpsql.server.memo import Answer, ReleaseMemo
 from dpsql.session import CachedRelease
-from dpsql.sql.plan import Release
 
 COUNT = "SELECT COUNT(*) FROM pums WHERE age > 45"
 

@@ -1,11 +1,11 @@
-"""The privacy-budget ledger: its one job is to never let an analyst spend more than their budget.
+"""The Ledger over one store: its one job is to never let an analyst spend more than their budget.
 
 It is an append-only log of charges, plus the cache of noisy releases that
 makes repeated queries free and identical, kept in one of two stores behind
-this one interface: an SQLite file (the default; ``dpsql._ledger_sqlite``) or a
+this one interface: an SQLite file (the default; ``dpsql.ledger.sqlite``) or a
 PostgreSQL schema that several proxies share (``postgresql://...``;
-``dpsql._ledger_postgres``). Each store says how it makes a charge atomic and
-durable; ``dpsql._ledger_store`` holds the queries they share.
+``dpsql.ledger.postgres``). Each store says how it makes a charge atomic and
+durable; ``dpsql.ledger.store`` holds the queries they share.
 
 Guarantees, in every store:
 
@@ -57,9 +57,9 @@ from datetime import UTC, datetime
 from fractions import Fraction
 from types import TracebackType
 
-from dpsql._ledger_store import Store, Units
 from dpsql.accounting import Cost, zcdp_epsilon
 from dpsql.errors import BudgetExhausted, DatasetBudgetExhausted, NotSupportedError
+from dpsql.ledger.store import Store, Units
 
 SCHEMA_VERSION = 2
 
@@ -417,7 +417,7 @@ def _open_store(location: str, timeout: float) -> Store:
     scheme = location.split("://", 1)[0].lower() if "://" in location else ""
     if scheme in ("postgresql", "postgres"):
         # Imported here: psycopg costs ~0.1 s to import, and SQLite users never need it.
-        from dpsql._ledger_postgres import PostgresStore
+        from dpsql.ledger.postgres import PostgresStore
 
         return PostgresStore(location, _META, timeout)
     if scheme == "sqlite":
@@ -429,7 +429,7 @@ def _open_store(location: str, timeout: float) -> Store:
             f"ledger location {scheme}://... is not supported; use an SQLite file path, "
             "sqlite:///path or postgresql://user@host/db"
         )
-    from dpsql._ledger_sqlite import SQLiteStore
+    from dpsql.ledger.sqlite import SQLiteStore
 
     return SQLiteStore(location, _META, timeout)
 

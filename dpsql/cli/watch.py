@@ -1,4 +1,4 @@
-"""The `dpsql watch` command: a standing running-total query, printed tick by tick.
+"""`dpsql watch`: a standing running-total query, printed tick by tick.
 
 dpsql watch --database events.duckdb --policy policy.yaml --every 1h \\
     [--continual factorization] \\
@@ -17,9 +17,9 @@ from typing import Any
 
 from rich.console import Console
 
+from dpsql.cli.common import add_connection_options, number_in, open_from
 from dpsql.errors import ProgrammingError
-from dpsql.policy import CONTINUAL_MECHANISMS
-from dpsql.session import MAX_WATCH_INTERVAL
+from dpsql.session import CHOICES, MAX_WATCH_INTERVAL
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -47,8 +47,6 @@ def _every(text: str) -> float:
 def _ticks(text: str) -> int:
     """The argparse type of --ticks: a whole number of at least 1. Not 0, which would
     print nothing and might be meant as 'never stop' (as some tools read it)."""
-    from dpsql.cli import number_in  # dpsql.cli imports this module
-
     try:
         return int(number_in(int, 1)(text))
     except argparse.ArgumentTypeError as exc:
@@ -59,14 +57,12 @@ def _ticks(text: str) -> int:
 
 def register(subparsers: Any) -> None:
     """Add the `watch` command to the `dpsql` parser."""
-    from dpsql.cli import _add_connection_options
-
     watch = subparsers.add_parser(
         "watch", help="release a running total now and again as new steps complete",
         description="Register a running-total query: its stream is charged once, then each "
         "tick prints the running totals of the steps completed since the last tick, for free.",
     )  # fmt: skip
-    _add_connection_options(watch)
+    add_connection_options(watch)
     watch.add_argument("sql", help="a running-total query (SUM(COUNT(*)) OVER (ORDER BY day))")
     watch.add_argument(
         "--every", type=_every, default="1h", metavar="INTERVAL",
@@ -77,18 +73,16 @@ def register(subparsers: Any) -> None:
         help="stop after N ticks, N at least 1 (default: never stop)",
     )  # fmt: skip
     watch.add_argument(
-        "--continual", choices=CONTINUAL_MECHANISMS,
-        help="the stream's mechanism (default: the policy's); as SET dpsql.continual",
+        "--continual", choices=CHOICES["continual"],
+        help="the stream's mechanism (default, or policy: the policy's); as SET dpsql.continual",
     )  # fmt: skip
     watch.set_defaults(run=_run_watch)
 
 
 def _run_watch(args: argparse.Namespace) -> int:
-    from dpsql.cli import _connect
-
     console = Console()
-    with _connect(args, continual=args.continual) as connection:
-        for release in connection.watch(args.sql, args.every, args.ticks):
+    with open_from(args, continual=args.continual) as session:
+        for release in session.watch(args.sql, args.every, args.ticks):
             for row in release.rows:
                 console.print("\t".join(str(v) for v in row), highlight=False)
             console.print(f"[dim]tick: {len(release.rows)} new rows[/]", highlight=False)

@@ -38,9 +38,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from dpsql._ledger_claims import OwnHandleClaims
-from dpsql._ledger_store import Store, check_meta, keep_inherited
 from dpsql.errors import OperationalError
+from dpsql.ledger.claims import OwnHandleClaims
+from dpsql.ledger.store import Store, check_meta, keep_inherited
 
 DEFAULT_SCHEMA = "dpsql"
 CLAIM_POLL = 0.005  # seconds between tries of a claim's advisory lock (see PostgresClaims)

@@ -1,4 +1,4 @@
-"""The `dpsql synopsis` command: list, build and drop an analyst's range-count synopses.
+"""`dpsql synopsis`: list, build and drop an analyst's range-count synopses.
 
     dpsql synopsis list  --database visits.duckdb --policy policy.yaml
     dpsql synopsis build --database visits.duckdb --policy policy.yaml visits.day
@@ -14,18 +14,19 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
-from dpsql.accounting import Cost
+from dpsql.cli.common import add_actions, add_connection_options, open_from
+
+if TYPE_CHECKING:
+    from dpsql.accounting import Cost  # what a synopsis's status says it costs
 
 
 def register(subparsers: Any) -> None:
     """Add `synopsis list | build | drop` to the main parser."""
-    from dpsql.cli import _add_connection_options, add_actions
-
     actions = add_actions(
         subparsers, "synopsis", "list, build or drop range-count synopses",
         "Range counts on a column with a synopsis in the policy are answered from one noisy "
@@ -37,7 +38,7 @@ def register(subparsers: Any) -> None:
         ),
     )  # fmt: skip
     for name, action in actions.items():
-        _add_connection_options(action)
+        add_connection_options(action)
         if name != "list":
             action.add_argument("name", help="table.column, e.g. visits.day")
 
@@ -66,10 +67,8 @@ def _age(built: str | None) -> str:
 
 
 def _run_list(args: argparse.Namespace) -> int:
-    from dpsql.cli import _connect
-
-    with _connect(args) as connection:
-        statuses = connection.session.synopses()
+    with open_from(args) as session:
+        statuses = session.synopses()
     table = Table(title=f"synopses of {args.analyst}", header_style="bold")
     for column in ("synopsis", "shape", "cost", "age"):
         table.add_column(column)
@@ -83,23 +82,18 @@ def _run_list(args: argparse.Namespace) -> int:
 
 
 def _run_build(args: argparse.Namespace) -> int:
-    from dpsql.cli import _connect
-
-    with _connect(args) as connection:
-        session = connection.session
-        before = len(session.ledger.charges(session.analyst))
+    with open_from(args) as session:
+        before = len(session.charges())
         status = session.build_synopsis(*_target(args.name))
-        charged = len(session.ledger.charges(session.analyst)) > before
+        charged = len(session.charges()) > before
     verb, cost = ("built", _cost(status.cost)) if charged else ("already built", "nothing")
     print(f"{status.name}: {verb} {status.built}, {status.shape}; charged {cost}")
     return 0
 
 
 def _run_drop(args: argparse.Namespace) -> int:
-    from dpsql.cli import _connect
-
-    with _connect(args) as connection:
-        dropped = connection.session.drop_synopsis(*_target(args.name))
+    with open_from(args) as session:
+        dropped = session.drop_synopsis(*_target(args.name))
     print(
         f"{args.name}: dropped (its charge stays; the next range query builds a new one)"
         if dropped

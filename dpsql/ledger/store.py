@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, NamedTuple
 
-from dpsql._ledger_claims import Claims
 from dpsql.errors import InterfaceError, OperationalError
+from dpsql.ledger.claims import Claims
 
 
 class Units(NamedTuple):
@@ -114,7 +114,7 @@ class Store(ABC):
         return conn.execute(sql, params)
 
     def claims(self) -> Claims:
-        """Claims on statements among everyone sharing this store (see dpsql._ledger_claims)."""
+        """Claims on statements among everyone sharing this store (see dpsql.ledger.claims)."""
         return Claims()
 
     # -- connection ----------------------------------------------------------------

@@ -1,21 +1,28 @@
-"""The `dpsql serve` and `dpsql passwd` commands."""
+"""`dpsql serve`: answer PostgreSQL clients with private results (the wire server, dpsql/server/).
+
+It opens the Session the server runs on (`open_session`): one database
+connection, policy and ledger for every client, each client then getting a
+Session of its own beside it. With `--processes N` only the policy is read
+before the fork, so this subcommand may read the policy (`dpsql.policy`) itself:
+its analysts, for the connection counts every process shares, and where the
+ledger would be, to refuse one kept in memory.
+"""
 
 from __future__ import annotations
 
 import argparse
-import getpass
-import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from dpsql.errors import Error, InterfaceError
+from dpsql.cli.common import number_in
+from dpsql.errors import Error
 from dpsql.server.cancels import MAX_PROCESSES
 from dpsql.server.limits import Limits
+from dpsql.session import Session, ledger_in_memory, ledger_location, open_session
 
 if TYPE_CHECKING:
     import ssl
 
-    from dpsql.dbapi import Connection
     from dpsql.policy import Policy
     from dpsql.server.dispatch import Inbox
 
@@ -31,8 +38,7 @@ server sends a NOTICE 'dpsql accuracy' with the noise of each column as JSON."""
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    from dpsql.cli import number_in  # dpsql.cli imports this module
-
+    """Add `serve` to the `dpsql` parser."""
     serve = commands.add_parser(
         "serve", help="answer PostgreSQL clients (psql, psycopg, SQLAlchemy) with private results",
         description="Speak the PostgreSQL wire protocol so existing tools change only their "
@@ -100,17 +106,6 @@ def register(commands: argparse._SubParsersAction) -> None:
         "%(default)s)",
     )
     serve.set_defaults(run=_run_serve)
-
-    passwd = commands.add_parser(
-        "passwd", help="set an analyst's password for dpsql serve",
-        description="Ask for a password twice and store its SCRAM-SHA-256 verifier (never the "
-        "password) in a users file, or print it for the policy's 'analysts.<name>.password'.",
-    )  # fmt: skip
-    passwd.add_argument("analyst", help="the analyst's name, as in the policy")
-    passwd.add_argument("--users", help="users file to add to or update (created mode 0600)")
-    passwd.add_argument("--password-stdin", action="store_true",
-                        help="read the password from standard input (for scripts)")  # fmt: skip
-    passwd.set_defaults(run=_run_passwd)
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -192,7 +187,7 @@ def _serve_processes(
             except Exception:
                 connection.close()
                 raise
-        except Error as exc:  # as `dpsql` reports it (cli.main), from this process
+        except Error as exc:  # as `dpsql` reports it (dpsql.cli.main), from this process
             from rich.console import Console
 
             Console(stderr=True).print(f"[bold red]{type(exc).__name__}:[/] {exc}", highlight=False)
@@ -220,16 +215,14 @@ def _refuse_unshared(
 ) -> None:
     """Refuse what several processes cannot share: a ledger in memory (each process would
     keep a budget of its own, and together they could overspend it) and a Spark driver."""
-    from dpsql.dbapi import ledger_path  # where connect() will put the ledger
-
     if isinstance(database, str) and database.split("://", 1)[0].lower() == "spark":
         raise SystemExit(
             f"dpsql serve: --processes {processes} would start a Spark driver in every process "
             f"for {database}; serve it through Spark Connect (--database sc://host:15002, each "
             "process a client), or use --processes 1"
         )
-    location = ledger_path(ledger, policy, database or ":memory:")
-    if _in_memory(location):
+    location = ledger_location(ledger, policy, database or ":memory:")
+    if ledger_in_memory(location):
         raise SystemExit(
             f"dpsql serve: --processes {processes} needs a ledger every process shares, but "
             f"{location!r} is in memory, so each process would keep a budget of its own and "
@@ -238,26 +231,9 @@ def _refuse_unshared(
         )
 
 
-def _in_memory(location: str) -> bool:
-    """Whether an SQLite ledger location is private to the process that opens it: ':memory:',
-    '' (SQLite's temporary database) or a `file:` URI with mode=memory."""
-    if location.startswith("sqlite:///"):
-        location = location[len("sqlite:///") :]
-    elif "://" in location:
-        return False  # postgresql://: one server, shared
-    if location in ("", ":memory:"):
-        return True
-    if location.startswith("file:"):
-        from urllib.parse import parse_qs
-
-        path, _, query = location[len("file:") :].partition("?")
-        return path == ":memory:" or "memory" in parse_qs(query).get("mode", [])
-    return False
-
-
 def _source(args: argparse.Namespace) -> tuple[Policy, str | None, str | None]:
     """(policy, database, ledger) to serve; database None: the demo's, built where served."""
-    from dpsql.policy import load_policy
+    from dpsql.policy import load_policy  # read once, before any fork
 
     if args.demo:
         from dpsql import demo
@@ -268,31 +244,10 @@ def _source(args: argparse.Namespace) -> tuple[Policy, str | None, str | None]:
     raise SystemExit("dpsql serve: give --database and --policy, or --demo for the built-in data")
 
 
-def _open(policy: Policy, database: str | None, ledger: str | None) -> Connection:
-    import dpsql
-
+def _open(policy: Policy, database: str | None, ledger: str | None) -> Session:
     if database is None:
         from dpsql import demo
 
         database = demo.demo_connection()
-    # the connection's own analyst only opens the session; each client logs in as its own
-    return dpsql.connect(database, policy=policy, analyst=next(iter(policy.analysts)),
-                         ledger=ledger)  # fmt: skip
-
-
-def _run_passwd(args: argparse.Namespace) -> int:
-    from dpsql.server.auth import make_verifier, write_user
-
-    if args.password_stdin:
-        password = sys.stdin.readline().rstrip("\r\n")
-    else:
-        password = getpass.getpass(f"new password for {args.analyst}: ")
-        if getpass.getpass("again: ") != password:
-            raise InterfaceError("the passwords differ; nothing was written")
-    verifier = make_verifier(password)
-    if args.users:
-        write_user(args.users, args.analyst, verifier)
-        print(f"stored the verifier of {args.analyst} in {args.users}")
-    else:
-        print(f"add to the policy:\nanalysts:\n  {args.analyst}:\n    password: '{verifier}'")
-    return 0
+    # the session's own analyst only opens it; each client logs in as its own
+    return open_session(database, policy, next(iter(policy.analysts)), ledger=ledger)

@@ -22,7 +22,7 @@ across processes:
   (`pg_try_advisory_lock`, polled, since a blocking wait would hold the
   connection every thread of the process shares). PostgreSQL releases it when
   the session ends, so a proxy that dies leaves no claim behind
-  (`dpsql._ledger_postgres.PostgresClaims`, beside the psycopg it needs).
+  (`dpsql.ledger.postgres.PostgresClaims`, beside the psycopg it needs).
 * a ledger in memory: the in-process lock alone (no other process can share it).
 
 Hand-written: the standard library's `fcntl` gives the locks but not the slot

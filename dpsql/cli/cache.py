@@ -1,4 +1,4 @@
-"""The `dpsql cache` command: show and clear what the ledger stores beside the charges.
+"""`dpsql cache`: show and clear what the ledger stores beside the charges.
 
     dpsql cache show  --database visits.duckdb --policy policy.yaml
     dpsql cache clear --database visits.duckdb --policy policy.yaml
@@ -9,6 +9,9 @@ free), range synopses and the noise running streams have released. When the
 data changes, the owner clears them: the next query of each kind is charged
 and answered afresh. Charges always stay. Without `--analyst`, every
 analyst's are shown or cleared.
+
+It administers every analyst's stored releases, so it may read the policy
+(`dpsql.policy`, for its analysts' names); the rest goes through the Session.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from dpsql.session import STORED_KINDS
+from dpsql.cli.common import add_actions, add_connection_options, open_from, require_source
+from dpsql.session import STORED_KINDS, Session
 
 _AFTER_CLEARING = {
     "answers": "repeated queries are charged and answered afresh",
@@ -30,8 +34,6 @@ _AFTER_CLEARING = {
 
 def register(subparsers: Any) -> None:
     """Add `cache show | clear` to the main parser."""
-    from dpsql.cli import _add_connection_options, add_actions
-
     actions = add_actions(
         subparsers, "cache", "show or clear stored answers, synopses and streams",
         "The ledger keeps noisy answers for repeats, range synopses and the noise released by "
@@ -45,7 +47,7 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     for action in actions.values():
         # every analyst's unless --analyst names one: the data changed for all of them
-        _add_connection_options(
+        add_connection_options(
             action, "whose stored releases (default: every analyst's)", analyst_default=None
         )
     actions["clear"].add_argument(
@@ -61,27 +63,24 @@ _EPILOG = (
 )
 
 
-def _connect(args: argparse.Namespace) -> Any:
-    """A connection for the analyst named, or, for every analyst's, for any one of the
+def _open(args: argparse.Namespace) -> tuple[Session, bool]:
+    """A Session for the analyst named, or, for every analyst's, for any one of the
     policy's analysts: showing and clearing charge nothing."""
-    from dpsql.cli import _connect as connect
-    from dpsql.cli import _require_source
-
     every = args.analyst is None
     if every:
         from dpsql import demo
-        from dpsql.policy import load_policy
+        from dpsql.policy import load_policy  # this command's one reach past the Session
 
-        _require_source(args)
+        require_source(args)
         policy = load_policy(demo.DEMO_POLICY if args.demo else args.policy)
         args = argparse.Namespace(**vars(args) | {"analyst": min(policy.analysts)})
-    return connect(args), every
+    return open_from(args), every
 
 
 def _run_show(args: argparse.Namespace) -> int:
-    connection, every = _connect(args)
-    with connection:
-        stored = connection.session.stored(every_analyst=every)
+    session, every = _open(args)
+    with session:
+        stored = session.stored(every_analyst=every)
     console = Console()
     if not stored:
         console.print("nothing stored: no answer, synopsis or stream (charges are not shown)")
@@ -97,9 +96,9 @@ def _run_show(args: argparse.Namespace) -> int:
 
 def _run_clear(args: argparse.Namespace) -> int:
     kinds = args.kind or STORED_KINDS
-    connection, every = _connect(args)
-    with connection:
-        dropped = connection.session.clear_stored(kinds, every_analyst=every)
+    session, every = _open(args)
+    with session:
+        dropped = session.clear_stored(kinds, every_analyst=every)
     whose = "every analyst" if every else args.analyst
     for kind, count in dropped.items():
         after = f"; {_AFTER_CLEARING[kind]}" if count else ""

@@ -36,9 +36,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dpsql._ledger_claims import Claims, FileClaims
-from dpsql._ledger_store import Store, check_meta
 from dpsql.errors import OperationalError
+from dpsql.ledger.claims import Claims, FileClaims
+from dpsql.ledger.store import Store, check_meta
 
 _CHAIN_CHECK = """CREATE TRIGGER IF NOT EXISTS charges_chain BEFORE INSERT ON charges
     BEGIN

@@ -1,11 +1,12 @@
-"""The `dpsql ldp` command: perturb values on the client, estimate and advise on the server.
+"""`dpsql ldp`: perturb values on the client, estimate and advise on the server.
 
     dpsql ldp perturb --mechanism oue --epsilon 2 --domain domain.txt < values.csv > reports.csv
     dpsql ldp estimate --mechanism oue --epsilon 2 --domain domain.txt < reports.csv
     dpsql ldp advise --domain-size 1085 --epsilon 2 --users 2750000
 
 `register(subparsers)` wires these into the main `dpsql` parser; `main(argv)`
-runs them on their own.
+runs them on their own. The one subcommand over dpsql/ldp/ rather than a Session:
+local DP needs no database, policy or budget, so it may import `dpsql.ldp`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from dpsql.cli.common import number_in
 from dpsql.ldp import MECHANISMS, METHODS, mechanism, postprocess
 from dpsql.ldp.advise import compare, fastest_close, grr_threshold, recommend
 from dpsql.ldp.base import FrequencyOracle, secure_generator
@@ -210,8 +212,6 @@ def _on_standard_streams(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add the `ldp` command (perturb, estimate, advise) to a parent parser's subparsers."""
-    from dpsql.cli import number_in  # dpsql.cli imports this module
-
     ldp = subparsers.add_parser("ldp", help="local differential privacy: perturb, estimate, advise")
     sub = ldp.add_subparsers(dest="ldp_command", required=True)
 

@@ -1,0 +1,54 @@
+"""`dpsql query`: run one private query and print its noisy answer (or the release as JSON).
+
+dpsql query --demo "SELECT sex, COUNT(*) FROM census GROUP BY sex"
+dpsql query --database pums.duckdb --policy policy.yaml --json "SELECT AVG(income) FROM pums"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rich.console import Console
+
+from dpsql.cli.common import add_connection_options, open_from
+from dpsql.shell import render
+
+
+def register(commands: Any) -> None:
+    """Add `query` to the `dpsql` parser."""
+    query = commands.add_parser(
+        "query", help="run one private query and print the noisy answer",
+        description="Run one SQL query through dpsql. The answer is noisy; each noisy column "
+        "shows its 95% interval, and the query's cost is charged to your budget (repeating "
+        "the same query returns the same answer for free).",
+    )  # fmt: skip
+    add_connection_options(query)
+    query.add_argument("sql", help='the query, e.g. "SELECT COUNT(*) FROM census"')
+    query.add_argument("--epsilon", type=float, help="privacy cost of this query (default: policy)")
+    query.add_argument("--json", action="store_true", help="print the release as JSON")
+    query.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    with open_from(args, epsilon=args.epsilon) as session:
+        release = session.execute(args.sql)
+        rows = release.rows if release.columns else []
+        budget = session.budget()
+        if args.json:
+            print(json.dumps({
+                "columns": list(release.columns),
+                "rows": rows,
+                "accuracy": {k: vars(v) for k, v in release.accuracy.items()},
+                "notes": release.notes,
+                "budget": vars(budget),
+            }, default=str, indent=2))  # fmt: skip
+            return 0
+        console = Console()
+        if release.columns:
+            console.print(render.result_table(release.columns, rows, release.accuracy))
+        for note in release.notes:
+            console.print(f"[dim]note: {note}[/]", highlight=False)
+        console.print(f"[dim]{render.budget_line(budget)}[/]", highlight=False)
+    return 0
