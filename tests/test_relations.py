@@ -12,13 +12,17 @@
 from __future__ import annotations
 
 import math
+import os
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 
 import duckdb
 import numpy as np
 import pytest
 import tpch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_sensitivity import _l1_change
 
 import dpsql
@@ -26,6 +30,7 @@ from dpsql.errors import QueryRefused
 from dpsql.policy import load_policy
 from dpsql.sql import Options, PlanContext, plan_query
 from dpsql.sql.parse import parse_statement
+from dpsql.sql.rewrite import in_dialect
 
 SCALE = 0.001  # 150 customers, about 1,200 orders and 4,800 lineitems
 UNIQUE = frozenset({"orders.o_orderkey"})
@@ -355,6 +360,22 @@ def _check_neighbours(plans, full_rows, neighbour_rows) -> None:
         assert np.all(change <= np.array(limits)), (plan.sql, change, limits)
 
 
+def _check_other_units_unchanged(plan, full, neighbour, removed: int) -> None:
+    """The relation's rows of every unit but the removed one are the same on both
+    neighbours: each row is one unit's and depends on that unit's rows (and public ones)
+    only. This is what lets bounding on the relation bound every sensitivity."""
+    table = plan.analysis.table
+    if table.relation is None:
+        return
+    unit = table.privacy_unit
+    sql = in_dialect(table.relation.copy(), "duckdb")
+    query = f'SELECT * FROM ({sql}) r WHERE "{unit}" IS DISTINCT FROM {removed}'
+    query += f' AND "{unit}" IS NOT NULL'
+    before = Counter(map(repr, full.execute(query).fetchall()))
+    after = Counter(map(repr, neighbour.execute(query).fetchall()))
+    assert before == after, (sql, removed)
+
+
 def test_neighbouring_databases_duckdb(warehouse):
     policy = _loaded_policy(warehouse)
     plans = [_plan(sql, policy) for sql in ACCEPTED]
@@ -363,6 +384,8 @@ def test_neighbouring_databases_duckdb(warehouse):
         neighbour = _without(warehouse, customer)
         # the copy has no primary keys: the plans were made where the key is kept
         _check_neighbours(plans, full, [neighbour.execute(p.sql).fetchall() for p in plans])
+        for plan in plans:
+            _check_other_units_unchanged(plan, warehouse, neighbour, customer)
         neighbour.close()
 
 
@@ -420,3 +443,116 @@ def _copy_to_postgres(source, admin, schema: str, tmp_path) -> None:
             f"COPY {schema}.{table} FROM STDIN WITH (FORMAT csv, HEADER true)"
         ) as copy:
             copy.write(path.read_bytes())
+
+
+# -- the relational gate, fuzzed ------------------------------------------------------
+
+_ALIASES = {"customer": "c", "orders": "o", "lineitem": "l", "nation": "n", "region": "r",
+            "part": "p", "supplier": "s"}  # fmt: skip
+_COLUMNS = {
+    "customer": ["c_custkey", "c_nationkey", "c_acctbal", "c_mktsegment", "c_name"],
+    "orders": ["o_orderkey", "o_custkey", "o_totalprice", "o_orderdate", "o_orderstatus"],
+    "lineitem": ["l_orderkey", "l_partkey", "l_suppkey", "l_quantity", "l_extendedprice",
+                 "l_discount", "l_shipdate"],
+    "nation": ["n_nationkey", "n_regionkey", "n_name"],
+    "region": ["r_regionkey", "r_name"],
+    "part": ["p_partkey", "p_size", "p_brand", "p_retailprice"],
+    "supplier": ["s_suppkey", "s_nationkey", "s_acctbal"],
+}  # fmt: skip
+# join conditions an analyst would write, right and wrong, between two tables
+_GOOD = {
+    ("customer", "orders"): "c.c_custkey = o.o_custkey",
+    ("orders", "lineitem"): "l.l_orderkey = o.o_orderkey",
+    ("customer", "nation"): "c.c_nationkey = n.n_nationkey",
+    ("nation", "region"): "n.n_regionkey = r.r_regionkey",
+    ("lineitem", "part"): "l.l_partkey = p.p_partkey",
+    ("lineitem", "supplier"): "l.l_suppkey = s.s_suppkey",
+    ("supplier", "nation"): "s.s_nationkey = n.n_nationkey",
+}
+_NUMBERS = ["c_acctbal", "o_totalprice", "l_quantity", "l_extendedprice", "l_discount",
+            "p_size", "n_regionkey"]  # fmt: skip
+
+
+@st.composite
+def relational_queries(draw) -> str:
+    tables = draw(st.lists(st.sampled_from(sorted(_ALIASES)), min_size=1, max_size=4, unique=True))
+    first, *rest = tables
+    text = _source(draw, first)
+    joined = [first]
+    for table in rest:
+        kind = draw(st.sampled_from(["JOIN", "JOIN", "LEFT JOIN", "RIGHT JOIN", "CROSS JOIN",
+                                     "FULL JOIN"]))  # fmt: skip
+        text += f" {kind} {_source(draw, table)}"
+        if kind != "CROSS JOIN":
+            good = [_GOOD.get((a, table)) or _GOOD.get((table, a)) for a in joined]
+            choices = [g for g in good if g] + [_random_condition(draw, joined, table)]
+            text += f" ON {draw(st.sampled_from(choices))}"
+        joined.append(table)
+    columns = [f"{_ALIASES[t]}.{c}" for t in joined for c in _COLUMNS[t]]
+    numbers = [c for c in columns if c.split(".")[1] in _NUMBERS]
+    aggregates = ["COUNT(*)"] + [f"{f}({c})" for c in numbers for f in ("SUM", "AVG")]
+    aggregates += [f"COUNT(DISTINCT {c})" for c in columns if c.endswith("custkey")]
+    select = draw(st.sampled_from(aggregates))
+    where = ""
+    if draw(st.booleans()) and numbers:
+        where = f" WHERE {draw(st.sampled_from(numbers))} > {draw(st.integers(-5, 60))}"
+    group = ""
+    if draw(st.booleans()):
+        key = draw(st.sampled_from(columns))
+        select, group = f"{key}, {select}", f" GROUP BY {key}"
+    sql = f"SELECT {select} FROM {text}{where}{group}"
+    if draw(st.booleans()):  # the same, named in a CTE
+        sql = f"WITH q AS ({sql}) SELECT * FROM q"
+    return sql
+
+
+def _source(draw, table: str) -> str:
+    alias = _ALIASES[table]
+    if draw(st.integers(0, 3)) == 0:  # a subquery that filters
+        column = draw(st.sampled_from(_COLUMNS[table]))
+        return f"(SELECT * FROM {table} WHERE {column} IS NOT NULL) {alias}"
+    return f"{table} {alias}"
+
+
+def _random_condition(draw, joined: list[str], table: str) -> str:
+    left = draw(st.sampled_from(joined))
+    a = draw(st.sampled_from(_COLUMNS[left]))
+    b = draw(st.sampled_from(_COLUMNS[table]))
+    operator = draw(st.sampled_from(["=", "<", "<>"]))
+    return f"{_ALIASES[left]}.{a} {operator} {_ALIASES[table]}.{b}"
+
+
+def test_generated_relational_queries_are_refused_or_bounded(warehouse):
+    """Every generated statement is refused while planning (no database reached), or its
+    bounded SQL runs on both neighbours and moves by at most its sensitivity."""
+    policy = _loaded_policy(warehouse)
+    customer = _heaviest(warehouse, 1)[0]
+    neighbour = _without(warehouse, customer)
+    seen = {"refused": 0, "answered": 0}
+
+    @settings(
+        max_examples=int(os.environ.get("DPSQL_FUZZ_EXAMPLES", 300)),
+        derandomize=True,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(sql=relational_queries())
+    def run(sql):
+        try:
+            plan = _plan(sql, policy)
+        except QueryRefused as refused:
+            assert refused.hint, sql
+            seen["refused"] += 1
+            return
+        seen["answered"] += 1
+        if plan.sql is None or not hasattr(plan, "measures"):
+            return
+        before = warehouse.execute(plan.sql).fetchall()
+        after = neighbour.execute(plan.sql).fetchall()
+        _check_neighbours([plan], [before], [after])
+        _check_other_units_unchanged(plan, warehouse, neighbour, customer)
+
+    run()
+    neighbour.close()
+    assert seen["refused"] > 20 and seen["answered"] > 20, seen
