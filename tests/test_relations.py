@@ -117,6 +117,16 @@ ACCEPTED = [
     "WHERE r.r_name = 'EUROPE' AND p.p_size < 25",
 ]
 
+ACCEPTED += [
+    "SELECT COUNT(*) FROM customer WHERE c_nationkey IN (SELECT n_nationkey FROM nation "
+    "WHERE n_regionkey = 1)",
+    "SELECT o.o_orderpriority, COUNT(*) FROM orders o JOIN customer c ON c.c_custkey = "
+    "o.o_custkey WHERE c.c_nationkey NOT IN (SELECT n.n_nationkey FROM nation n JOIN region r "
+    "ON n.n_regionkey = r.r_regionkey WHERE r.r_name = 'EUROPE') GROUP BY 1",
+    "SELECT SUM(l_quantity) FROM lineitem WHERE l_partkey IN (SELECT p_partkey FROM part "
+    "WHERE p_size > 45)",
+]
+
 REFUSED = [
     # private with private on anything but the unit
     "SELECT COUNT(*) FROM orders a JOIN orders b ON a.o_totalprice = b.o_totalprice",
@@ -169,6 +179,13 @@ REFUSED = [
     "SELECT COUNT(*) FROM orders WHERE o_custkey IN (SELECT c_custkey FROM customer "
     "WHERE c_acctbal > 9000)",
     "SELECT (SELECT COUNT(*) FROM customer) FROM orders",
+    "SELECT COUNT(*) FROM customer WHERE c_mktsegment IN (SELECT n_nationkey FROM nation)",
+    "SELECT COUNT(*) FROM customer WHERE c_custkey IN (SELECT n_nationkey FROM nation)",
+    "SELECT COUNT(*) FROM customer WHERE c_nationkey IN (SELECT n_nationkey + 1 FROM nation)",
+    "SELECT COUNT(*) FROM customer WHERE c_nationkey IN (SELECT n_nationkey FROM nation "
+    "WHERE n_name IN (SELECT c_mktsegment FROM customer))",
+    "SELECT COUNT(*) FROM customer WHERE c_nationkey IN (SELECT n_nationkey FROM nation, "
+    "read_csv('/etc/passwd'))",
     "SELECT COUNT(*) FROM (SELECT o_custkey FROM orders UNION ALL SELECT c_custkey "
     "FROM customer) u",
     "SELECT COUNT(*) FROM orders o JOIN (SELECT o_custkey, ROW_NUMBER() OVER () AS r "

@@ -17,7 +17,8 @@ from dpsql.sql.normalize import normalize
 from dpsql.sql.parse import nested_too_deeply
 from dpsql.sql.plan import ConstantPlan, DirectPlan, Options, Plan
 from dpsql.sql.public import plan_public
-from dpsql.sql.relations import reads_relation, relation, tables_read
+from dpsql.sql.qualify import tables_read
+from dpsql.sql.relations import reads_relation, relation
 from dpsql.sql.running import plan_running
 from dpsql.sql.synopsis import plan_synopsis
 

@@ -22,7 +22,7 @@ from dpsql.errors import QueryRefused
 from dpsql.policy import Table
 from dpsql.results import Release
 from dpsql.sql.check import SCALAR_FUNCTIONS, STRUCTURE
-from dpsql.sql.relations import qualified
+from dpsql.sql.qualify import qualified
 from dpsql.sql.rewrite import in_dialect
 
 # What a query over public data may use besides the private gate's structure and
@@ -67,6 +67,14 @@ class PublicPlan:
 
 def plan_public(select: exp.Select, tables: dict[str, Table], dialect: str) -> PublicPlan:
     """The plan of a query whose every table is public."""
+    require_public_query(select)
+    checked = qualified(select, tables, dialect)
+    names = tuple(sorted(table.name for table in tables.values()))
+    return PublicPlan(in_dialect(checked, dialect), names)
+
+
+def require_public_query(select: exp.Expression) -> None:
+    """Refuse, in a query over public tables, a clause or node outside the allow-list."""
     for select_node in select.find_all(exp.Select):
         for key, value in select_node.args.items():
             if value and key not in _CLAUSES:
@@ -78,9 +86,6 @@ def plan_public(select: exp.Select, tables: dict[str, Table], dialect: str) -> P
     for node in select.walk():
         if not isinstance(node, _ALLOWED):
             raise _refused(node)
-    checked = qualified(select, tables, dialect)
-    names = tuple(sorted(table.name for table in tables.values()))
-    return PublicPlan(in_dialect(checked, dialect), names)
 
 
 def _refused(node: exp.Expression) -> QueryRefused:

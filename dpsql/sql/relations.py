@@ -31,93 +31,30 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from sqlglot import exp
-from sqlglot.errors import OptimizeError, SqlglotError
 from sqlglot.optimizer.eliminate_ctes import eliminate_ctes
 from sqlglot.optimizer.eliminate_subqueries import eliminate_subqueries
 from sqlglot.optimizer.merge_subqueries import merge_subqueries
-from sqlglot.optimizer.qualify import qualify
 
 from dpsql.errors import QueryRefused
 from dpsql.policy import Column, Policy, Table
-from dpsql.sql.analyze import RESERVED_PREFIX, output_name, require_total
-from dpsql.sql.check import check_clauses, policy_table, table_list
+from dpsql.sql.analyze import RESERVED_PREFIX, require_total
+from dpsql.sql.check import check_clauses
+from dpsql.sql.public import require_public_query
+from dpsql.sql.qualify import qualified, tables_read
 
-# sqlglot's type names for the policy's types: the schema qualify() resolves columns by
-SCHEMA_TYPES = {
-    "int": "BIGINT", "float": "DOUBLE", "string": "TEXT", "bool": "BOOLEAN",
-    "date": "DATE", "timestamp": "TIMESTAMP",
-}  # fmt: skip
 _UNIT = f"{RESERVED_PREFIX}_unit"  # the relation's unit column, when its own name is taken
 _JOIN_SIDES = ("", "LEFT", "RIGHT")
 
 
 def reads_relation(select: exp.Select) -> bool:
-    """Whether the query's FROM is more than one table: joins, a subquery or a CTE."""
+    """Whether the query reads more than one table: joins, a subquery anywhere, a CTE."""
     source = select.args.get("from_")
     return bool(
         select.args.get("joins")
         or select.args.get("with_")
         or (source is not None and not isinstance(source.this, exp.Table))
+        or any(node is not select for node in select.find_all(exp.Select))
     )
-
-
-def tables_read(select: exp.Select, policy: Policy) -> dict[str, Table]:
-    """The policy tables a query reads (by their policy key), refusing any other source:
-    a table outside the policy, a table function, a file."""
-    ctes = {cte.alias_or_name.lower() for cte in select.find_all(exp.CTE)}
-    found: dict[str, Table] = {}
-    for node in select.find_all(exp.Table):
-        if not isinstance(node.this, exp.Identifier):
-            raise QueryRefused(
-                "a table function in FROM",
-                "dpsql only reads the tables declared in its policy",
-                f"query one of: {table_list(policy)}",
-            )
-        name = ".".join(part.name for part in node.parts)
-        if not node.args.get("db") and name.lower() in ctes:
-            continue
-        table = policy_table(name, policy)
-        found[table.name.lower()] = table
-    return found
-
-
-def schema_of(tables: dict[str, Table]) -> dict:
-    """The tables' declared columns as the nested mapping sqlglot's qualify() takes."""
-    schema: dict = {}
-    for table in tables.values():
-        *path, name = table.name.lower().split(".")
-        level = schema
-        for part in path:
-            level = level.setdefault(part, {})
-        level[name] = {c.name.lower(): SCHEMA_TYPES[c.type] for c in table.columns.values()}
-    return schema
-
-
-def qualified(select: exp.Select, tables: dict[str, Table], dialect: str) -> exp.Select:
-    """`select` with every column qualified by its table's alias and stars expanded to
-    the declared columns (sqlglot's qualify), each select item keeping its name."""
-    named = select.copy()
-    for item in named.expressions:
-        if not isinstance(item, exp.Alias | exp.Star) and not (
-            isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
-        ):
-            item.replace(exp.alias_(item.copy(), output_name(item), quoted=True))
-    try:
-        return qualify(
-            named,
-            schema=schema_of(tables),
-            dialect=dialect,
-            validate_qualify_columns=True,
-            quote_identifiers=False,
-            identify=False,
-        )
-    except (OptimizeError, SqlglotError) as exc:
-        raise QueryRefused(
-            "a column of the joined tables",
-            f"it could not be resolved: {exc}",
-            "name each column as a declared column of one of the tables, qualified by its "
-            "table or alias where two tables have it",
-        ) from None
 
 
 def inline(select: exp.Select) -> exp.Select:
@@ -343,15 +280,73 @@ def relation(
     outer.set("joins", None)
     outer.set("with_", None)
     check_clauses(outer)
-    merged = inline(qualified(select, tables, dialect))
+    resolved = qualified(select, tables, dialect)
+    filters = _public_filters(resolved, tables)
+    merged = inline(resolved)
     on, moved = _join_conditions(merged)
     bases = _joined(merged, tables, policy, unique, [*on, *moved])
     names = _virtual_names(merged, bases)
     virtual = _virtual_table(bases, names)
     _check_conditions([*on, *moved], bases, names, virtual)
     outer = _outer(merged, names, virtual)
-    virtual = replace(virtual, relation=_relation_sql(merged, bases, names, moved))
+    virtual = replace(virtual, relation=_relation_sql(merged, bases, names, [*moved, *filters]))
     return Relation(outer, virtual, _describe(bases))
+
+
+def _public_filters(select: exp.Select, tables: dict[str, Table]) -> list[exp.Expression]:
+    """The WHERE conjuncts `column [NOT] IN (SELECT column FROM <public tables>)`, taken
+    out of the WHERE for the relation's own: the subquery reads public data only, and
+    comparing a stored column with values of its own kind cannot fail."""
+    where = select.args.get("where")
+    if where is None:
+        return []
+    kept, filters = [], []
+    for conjunct in _conjuncts(where.this):
+        inner = conjunct.this if isinstance(conjunct, exp.Not) else conjunct
+        if isinstance(inner, exp.In) and inner.args.get("query") is not None:
+            _require_public_list(inner, tables)
+            filters.append(conjunct)
+        else:
+            kept.append(conjunct)
+    select.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
+    return filters
+
+
+def _require_public_list(condition: exp.In, tables: dict[str, Table]) -> None:
+    query = condition.args["query"].unnest()
+    text = condition.sql()[:80]
+    read = [".".join(part.name for part in t.parts).lower() for t in query.find_all(exp.Table)]
+    if not isinstance(query, exp.Select) or not all(
+        name in tables and tables[name].public for name in read
+    ):
+        raise QueryRefused(
+            f"the subquery in {text}",
+            "a subquery in WHERE may read public tables only: private rows would choose "
+            "which rows count, with no bound on how many",
+            "join the private table on its privacy unit",
+        )
+    require_public_query(query)
+    column = condition.this
+    selected = query.expressions[0].unalias() if len(query.expressions) == 1 else None
+    left = _policy_column(column, tables) if isinstance(column, exp.Column) else None
+    right = _policy_column(selected, tables) if isinstance(selected, exp.Column) else None
+    if left is None or right is None or left.private or _kind(left) != _kind(right):
+        raise QueryRefused(
+            f"the condition {text}",
+            "it must compare a public column of the query's tables with one column of a "
+            "public table, of the same kind (a conversion there could fail for one row)",
+            "write column IN (SELECT other_column FROM public_table WHERE ...)",
+        )
+
+
+def _policy_column(column: exp.Column, tables: dict[str, Table]) -> Column | None:
+    """The declared column a qualified column names, found through its table's alias."""
+    scope = column.find_ancestor(exp.Select)
+    for node in scope.find_all(exp.Table) if scope else []:
+        if node.alias_or_name.lower() == column.table.lower():
+            table = tables.get(".".join(p.name for p in node.parts).lower())
+            return table.column(column.name) if table else None
+    return None
 
 
 def _join_conditions(select: exp.Select) -> tuple[list[exp.Expression], list[exp.Expression]]:

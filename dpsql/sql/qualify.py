@@ -1,0 +1,78 @@
+"""Names in a query resolved against the policy: which tables it reads, and every column
+qualified by its table (sqlglot's qualify over the policy's declared columns)."""
+
+from __future__ import annotations
+
+from sqlglot import exp
+from sqlglot.errors import OptimizeError, SqlglotError
+from sqlglot.optimizer.qualify import qualify
+
+from dpsql.errors import QueryRefused
+from dpsql.policy import Policy, Table
+from dpsql.sql.analyze import output_name
+from dpsql.sql.check import policy_table, table_list
+
+# sqlglot's type names for the policy's types: the schema qualify() resolves columns by
+SCHEMA_TYPES = {
+    "int": "BIGINT", "float": "DOUBLE", "string": "TEXT", "bool": "BOOLEAN",
+    "date": "DATE", "timestamp": "TIMESTAMP",
+}  # fmt: skip
+
+
+def tables_read(select: exp.Select, policy: Policy) -> dict[str, Table]:
+    """The policy tables a query reads (by their policy key), refusing any other source:
+    a table outside the policy, a table function, a file."""
+    ctes = {cte.alias_or_name.lower() for cte in select.find_all(exp.CTE)}
+    found: dict[str, Table] = {}
+    for node in select.find_all(exp.Table):
+        if not isinstance(node.this, exp.Identifier):
+            raise QueryRefused(
+                "a table function in FROM",
+                "dpsql only reads the tables declared in its policy",
+                f"query one of: {table_list(policy)}",
+            )
+        name = ".".join(part.name for part in node.parts)
+        if not node.args.get("db") and name.lower() in ctes:
+            continue
+        table = policy_table(name, policy)
+        found[table.name.lower()] = table
+    return found
+
+
+def schema_of(tables: dict[str, Table]) -> dict:
+    """The tables' declared columns as the nested mapping sqlglot's qualify() takes."""
+    schema: dict = {}
+    for table in tables.values():
+        *path, name = table.name.lower().split(".")
+        level = schema
+        for part in path:
+            level = level.setdefault(part, {})
+        level[name] = {c.name.lower(): SCHEMA_TYPES[c.type] for c in table.columns.values()}
+    return schema
+
+
+def qualified(select: exp.Select, tables: dict[str, Table], dialect: str) -> exp.Select:
+    """`select` with every column qualified by its table's alias and stars expanded to
+    the declared columns (sqlglot's qualify), each select item keeping its name."""
+    named = select.copy()
+    for item in named.expressions:
+        if not isinstance(item, exp.Alias | exp.Star) and not (
+            isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+        ):
+            item.replace(exp.alias_(item.copy(), output_name(item), quoted=True))
+    try:
+        return qualify(
+            named,
+            schema=schema_of(tables),
+            dialect=dialect,
+            validate_qualify_columns=True,
+            quote_identifiers=False,
+            identify=False,
+        )
+    except (OptimizeError, SqlglotError) as exc:
+        raise QueryRefused(
+            "a column of the joined tables",
+            f"it could not be resolved: {exc}",
+            "name each column as a declared column of one of the tables, qualified by its "
+            "table or alias where two tables have it",
+        ) from None
