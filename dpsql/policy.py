@@ -147,6 +147,10 @@ class Column:
     public: bool = False
     synopsis: SynopsisSpec | None = None
     continual: ContinualSpec | None = None
+    # Stored in a number type the database compares (or converts) through a conversion
+    # that can fail row by row: every query reads it as a DOUBLE (read_as_double, set
+    # from the database's columns by Policy.as_stored).
+    read_as_double: bool = False
 
     @property
     def bounded(self) -> bool:
@@ -227,6 +231,9 @@ class Policy:
     dataset_budget: Cost | None = None  # all analysts together; None: no shared limit
     # analyst -> SCRAM-SHA-256 verifier ("SCRAM-SHA-256$<iterations>:<salt>$<key>:<key>")
     credentials: Mapping[str, str] = field(default_factory=dict, compare=False)
+    # Other names (lower case) the database resolves to a table's entry, to that entry's
+    # key: `FROM pums` reads the entry `main.pums` (set by with_spellings at connect).
+    spellings: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def sources(self) -> dict[str, Source]:
@@ -234,8 +241,23 @@ class Policy:
         return {key: table.source for key, table in self.tables.items() if table.source}
 
     def table(self, name: str) -> Table | None:
-        """The table whose (possibly schema-qualified) key is `name`, case-insensitively."""
-        return self.tables.get(name.lower())
+        """The table whose (possibly schema-qualified) key is `name`, case-insensitively,
+        or whose key the database resolves to the table `name` reads (spellings)."""
+        key = name.lower()
+        return self.tables.get(key) or self.tables.get(self.spellings.get(key, ""))
+
+    def with_spellings(self, spellings: Mapping[str, set[str]]) -> Policy:
+        """This policy reading each entry under the other names that the database
+        resolves to its table (`spellings`: key to names, as the adapter's
+        table_spellings gives them). A name that is itself an entry's key stays that
+        entry's: two entries of one table are refused before (check_one_entry_per_table)."""
+        named = {
+            spelling: key
+            for key, names in spellings.items()
+            for spelling in names
+            if spelling not in self.tables
+        }
+        return replace(self, spellings=named)
 
     def budget(self, analyst: str) -> Cost:
         try:
@@ -251,8 +273,10 @@ class Policy:
 
     def check_one_entry_per_table(self, identities: Mapping[str, set]) -> None:
         """Refuse two table entries that the database resolves to one table (`identities`
-        maps each key to what it may name): `census` (user-level) beside `main.census`
-        (row-level) let an analyst read the table under the weaker entry."""
+        maps each key to what it reads, by the database's own rules): `census`
+        (user-level) beside `main.census` (row-level) let an analyst read the table
+        under the weaker entry. `pums` beside `PUMS.PUMS` (SmartNoise's schema PUMS)
+        are two tables, and load."""
         seen: dict[Any, str] = {}
         for key, names in identities.items():
             for identity in names:
@@ -261,8 +285,8 @@ class Policy:
                     first, second = self.tables[other].name, self.tables[key].name
                     raise PolicyError(
                         f"'{first}' and '{second}' can name the same table in the database, "
-                        "and a query could use either entry's protection; keep one entry, "
-                        "or write both as schema.table",
+                        "and a query could use either entry's protection; keep one entry "
+                        "(a query may name its table either way)",
                         source=self.source,
                         key=f"tables.{second}",
                     )
@@ -285,6 +309,24 @@ class Policy:
                     columns[name] = Column(name=name, type=fits[0])
                 elif fits:  # SQLite: every type fits; read the declared type's affinity
                     columns[name] = Column(name=name, type=_sqlite_type(stored))
+            tables[key] = replace(table, columns=columns)
+        return replace(self, tables=tables)
+
+    def as_stored(
+        self, table_columns: Mapping[str, Mapping[str, str] | None], dialect: str
+    ) -> Policy:
+        """This policy with each float column marked to be read as a DOUBLE where the
+        database stores it in a type `read_as_double` names (`table_columns` as for
+        check_schema, which it follows)."""
+        tables = {}
+        for key, table in self.tables.items():
+            stored = table_columns.get(key) or {}
+            columns = {
+                name: replace(column, read_as_double=True)
+                if column.type == "float" and read_as_double(stored.get(name, ""), dialect)
+                else column
+                for name, column in table.columns.items()
+            }
             tables[key] = replace(table, columns=columns)
         return replace(self, tables=tables)
 
@@ -356,8 +398,7 @@ def stored_types(stored: str, dialect: str) -> tuple[str, ...]:
         "int": data_type.is_type(*_BIGINT_FITS),
         "float": data_type.is_type(*exp.DataType.NUMERIC_TYPES)
         # MONEY has no cast to double precision; BIT (a NUMERIC_TYPE to sqlglot) is bits
-        and not data_type.is_type(exp.DataType.Type.MONEY, exp.DataType.Type.BIT)
-        and not _unconvertible_numeric(data_type, dialect),
+        and not data_type.is_type(exp.DataType.Type.MONEY, exp.DataType.Type.BIT),
         "string": data_type.is_type(*exp.DataType.TEXT_TYPES),
         "bool": data_type.is_type("boolean"),
         "date": data_type.is_type("date"),
@@ -392,25 +433,31 @@ _DUCKDB_COMMON_TYPE_HAZARDS = (
 )  # fmt: skip
 
 
-def _unconvertible_numeric(data_type: exp.DataType | None, dialect: str) -> bool:
-    """Whether a number type has values whose conversion to DOUBLE (or to the type of
-    what it is compared with) fails.
+def read_as_double(stored: str, dialect: str) -> bool:
+    """Whether a float column stored as `stored` must be read as a DOUBLE, in every
+    comparison too, because reading it as stored can fail for some rows.
 
-    A PostgreSQL `numeric` without a precision holds values beyond 1e308 and
-    nonzero ones below 1e-307, and PostgreSQL fails the conversion of each (it
-    rounds neither to infinity nor to zero). DuckDB compares a DECIMAL, HUGEINT,
-    UHUGEINT or UBIGINT with a constant or another column in a common type it
-    converts to row by row: `amount < 99999999999999999999999999999999999999` (a
-    DECIMAL(38,2)), `x = age` (a DECIMAL(38,37)) and `uh > -1` (a UHUGEINT) failed
-    only for some rows. Other engines' decimals have at most 38 digits.
+    DuckDB compares a DECIMAL, HUGEINT, UHUGEINT or UBIGINT with a constant or
+    another column in a common type it converts to row by row:
+    `amount < 99999999999999999999999999999999999999` (a DECIMAL(38,2)), `x = age`
+    (a DECIMAL(38,37)) and `uh > -1` (a UHUGEINT) failed only for some rows.
+    CAST(column AS DOUBLE) never fails for any of them (the largest, a UHUGEINT,
+    is below 3.5e38), and a DOUBLE compares with every number DuckDB has without
+    a conversion that can fail. A PostgreSQL `numeric` without a precision (or of
+    more than 307 digits on either side of the point) holds values beyond 1e308
+    and nonzero ones below 1e-307, whose conversion to double precision
+    PostgreSQL fails (it rounds neither to infinity nor to zero): the rewrite reads
+    it through a guard that makes those infinite or 0 first
+    (rewrite.read_double). A `numeric` of smaller precision converts without
+    failing and compares exactly as stored. Other engines' decimals have at most
+    38 digits.
     """
-    if dialect == "duckdb" and data_type is not None:
+    data_type = _parsed(stored, dialect) if stored.strip() else None
+    if data_type is None:
+        return False
+    if dialect == "duckdb":
         return data_type.is_type(*_DUCKDB_COMMON_TYPE_HAZARDS)
-    if (
-        dialect != "postgres"
-        or data_type is None
-        or not data_type.is_type(exp.DataType.Type.DECIMAL)
-    ):
+    if dialect != "postgres" or not data_type.is_type(exp.DataType.Type.DECIMAL):
         return False
     digits = [int(param.name) for param in data_type.expressions]
     if not digits:
@@ -426,19 +473,6 @@ def _declare_instead(fits: tuple[str, ...], table: str, stored: str, dialect: st
             "DuckDB converts a date or timestamp compared with a TIMESTAMP_NS to it row by "
             "row, which fails outside the years 1677-2262: declare a view over "
             f"{table} with CAST(column AS TIMESTAMP), which never fails, and name the view."
-        )
-    if _unconvertible_numeric(data_type, dialect):
-        if dialect == "duckdb":
-            return (
-                "DuckDB compares it with constants and other columns in a common type it "
-                "converts to row by row, which fails for some values: declare a view over "
-                f"{table} with CAST(column AS DOUBLE), which never fails, and name the view."
-            )
-        return (
-            "PostgreSQL converts a numeric to double precision row by row and fails on "
-            "values beyond 1e308 or below 1e-307: give it a precision of at most 307 digits "
-            "on each side of the point (ALTER TABLE ... ALTER COLUMN ... TYPE numeric(30, 6)) "
-            "or store it as double precision."
         )
     if fits:
         return f"Declare it as {' or '.join(fits)}."

@@ -152,9 +152,13 @@ def open_session(
         columns = {key: adapter.table_columns(key) for key in loaded.tables}
         loaded = loaded.with_public_columns(columns, adapter.dialect)
         loaded.check_schema(columns, adapter.dialect)
+        loaded = loaded.as_stored(columns, adapter.dialect)
         resolve = getattr(adapter, "table_identities", None)
         if resolve is not None:
             loaded.check_one_entry_per_table({key: resolve(key) for key in loaded.tables})
+        spell = getattr(adapter, "table_spellings", None)
+        if spell is not None:
+            loaded = loaded.with_spellings({key: spell(key) for key in loaded.tables})
         book = ledger if given else open_ledger(location)
         return Session(
             adapter, loaded, book, analyst, epsilon=epsilon, mechanism=mechanism, seed=seed,

@@ -364,3 +364,112 @@ def test_a_duckdb_database_is_named_by_its_file_and_what_it_attaches(tmp_path):
     by_link = DuckDBAdapter(str(tmp_path / "link.duckdb"))
     assert by_link.identity == f"duckdb:{os.path.realpath(tmp_path / 'a.duckdb')}"
     by_link.close()
+
+
+def test_a_duckdb_file_this_process_holds_open_otherwise_says_what_to_do(tmp_path):
+    """DuckDB opens a file once per process, with the first opener's configuration:
+    its own message ("Can't open a connection to same database file with a different
+    configuration") said neither why nor what to write."""
+    import duckdb
+
+    path = tmp_path / "held.duckdb"
+    column = {"type": "int", "lower": 0, "upper": 9}
+    policy = {"version": 1, "analysts": {"default": {"epsilon": 1.0}},
+              "tables": {"t": {"columns": {"x": column}}}}  # fmt: skip
+    held = duckdb.connect(str(path))
+    held.execute("CREATE TABLE t AS SELECT 1 AS x")
+    with pytest.raises(BackendError) as raised:
+        dpsql.connect(str(path), policy=policy, ledger=":memory:")
+    message = str(raised.value)
+    assert "already has it open with another configuration" in message
+    assert "dpsql.connect(con, policy=...)" in message and "close it" in message
+    with dpsql.connect(held, policy=policy, ledger=":memory:") as through_it:  # as advised
+        assert through_it.execute("SELECT COUNT(*) FROM t").fetchall()
+    held.close()  # or close it first
+    dpsql.connect(str(path), policy=policy, ledger=":memory:").close()
+
+
+# -- table names resolve as the engine resolves them -------------------------------------
+
+
+def _count_policy(*names: str) -> dict:
+    column = {"x": {"type": "int", "lower": 0, "upper": 9}}
+    return {"version": 1, "defaults": {"epsilon_per_query": 1000.0},
+            "analysts": {"default": {"epsilon": 1e6}},
+            "tables": {name: {"columns": column} for name in names}}  # fmt: skip
+
+
+def _counts(connection: dpsql.Connection, *names: str) -> list[int]:
+    """The (near exact) row counts a query reads under each table name."""
+    return [round(connection.execute(f"SELECT COUNT(*) FROM {n}").fetchall()[0][0]) for n in names]
+
+
+def test_duckdb_names_resolve_as_duckdb_resolves_them(tmp_path):
+    """SmartNoise's `PUMS.PUMS` (schema PUMS, table PUMS) beside `pums` was refused as
+    "could name the same table", and an entry `main.pums` did not match `FROM pums`:
+    both follow DuckDB's rules now (current schema main, `a.t` is database a's if one
+    exists), and only entries DuckDB resolves to one table are refused."""
+    import duckdb
+
+    database = duckdb.connect()
+    database.execute("CREATE TABLE pums AS SELECT 1 AS x FROM range(10)")
+    database.execute("CREATE SCHEMA PUMS")
+    database.execute("CREATE TABLE PUMS.PUMS AS SELECT 2 AS x FROM range(30)")
+    database.execute(f"ATTACH '{tmp_path / 'other.duckdb'}' AS other")
+    database.execute("CREATE TABLE other.main.pums AS SELECT 3 AS x FROM range(50)")
+    both = _count_policy("pums", "PUMS.PUMS", "other.main.pums")
+    with dpsql.connect(database, policy=both, ledger=":memory:", seed=1) as connection:
+        assert _counts(connection, "pums", "PUMS.PUMS", "other.main.pums") == [10, 30, 50]
+        # other names of those tables read them under their entries
+        assert _counts(connection, "main.pums", "memory.main.pums", "memory.PUMS.PUMS") == [
+            10, 10, 30]  # fmt: skip
+        assert _counts(connection, "other.pums") == [50]
+    with dpsql.connect(database, policy=_count_policy("main.pums"), ledger=":memory:") as one:
+        assert _counts(one, "pums", "main.pums") == [10, 10]
+        with pytest.raises(dpsql.QueryRefused, match="not in the privacy policy"):
+            one.execute("SELECT COUNT(*) FROM PUMS.PUMS")
+    for twins in (("pums", "main.pums"), ("PUMS.PUMS", "memory.PUMS.pums"),
+                  ("other.pums", "other.main.pums")):  # fmt: skip
+        with pytest.raises(dpsql.PolicyError, match="can name the same table"):
+            dpsql.connect(database, policy=_count_policy(*twins), ledger=":memory:")
+
+
+def test_duckdb_columns_are_those_of_the_table_the_name_reads():
+    """Columns were gathered from every same-named table: the DECIMAL of PUMS.PUMS typed
+    pums's column, or the reverse, and a DECIMAL read as stored could fail row by row."""
+    import duckdb
+
+    database = duckdb.connect()
+    database.execute("CREATE TABLE pums (x DECIMAL(38, 2), only_here INT)")
+    database.execute("CREATE SCHEMA PUMS")
+    database.execute("CREATE TABLE PUMS.PUMS (x DOUBLE)")
+    adapter = DuckDBAdapter(database)
+    assert adapter.table_columns("pums") == {"x": "DECIMAL(38,2)", "only_here": "INTEGER"}
+    assert adapter.table_columns("PUMS.PUMS") == {"x": "DOUBLE"}
+
+
+def test_postgres_names_resolve_through_the_search_path(postgres_url):
+    """An entry `sales.orders` matches `FROM orders` when sales is first on the search
+    path; the same name in a later schema is another table, and loads beside it."""
+    from conftest import postgres_tables
+
+    with postgres_tables(postgres_url, {"orders (x int)": [(1,)] * 10}) as url:
+        schema = url.rsplit("search_path%3D", 1)[1]
+        import psycopg
+
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute(f"CREATE SCHEMA {schema}_b")
+            admin.execute(f"CREATE TABLE {schema}_b.orders AS SELECT 2 AS x FROM "
+                          "generate_series(1, 30)")  # fmt: skip
+            try:
+                path = f"{url}%2C{schema}_b"
+                policy = _count_policy(f"{schema}.orders", f"{schema}_b.orders")
+                with dpsql.connect(path, policy=policy, ledger=":memory:", seed=1) as connection:
+                    assert _counts(
+                        connection, "orders", f"{schema}.orders", f"{schema}_b.orders"
+                    ) == [10, 10, 30]
+                with pytest.raises(dpsql.PolicyError, match="can name the same table"):
+                    dpsql.connect(path, policy=_count_policy("orders", f"{schema}.orders"),
+                                  ledger=":memory:")  # fmt: skip
+            finally:
+                admin.execute(f"DROP SCHEMA {schema}_b CASCADE")

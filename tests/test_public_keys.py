@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import duckdb
 import pytest
 
 import dpsql
+from dpsql.errors import TooManyGroups
 
 POLICY = {
     "analysts": {"default": {"epsilon": 100.0}},
@@ -76,4 +79,81 @@ def test_a_domain_too_large_to_release_is_refused_before_any_charge():
     with dpsql.connect(database, policy=policy, ledger=":memory:", seed=3) as connection:
         with pytest.raises(dpsql.QueryRefused, match="8,120,601 keys"):
             connection.execute("SELECT grade, score, extra, COUNT(*) FROM t GROUP BY 1, 2, 3")
+        with pytest.raises(dpsql.QueryRefused, match="8,120,601 keys"):  # the keys alone too
+            connection.execute("SELECT DISTINCT grade, score, extra FROM t")
+        assert connection.budget().epsilon_spent == 0
+
+
+# -- the keys alone: the domain itself, answered free ---------------------------------
+
+
+def _keys_alone(connection: dpsql.Connection, sql: str) -> list[tuple]:
+    """The rows of `sql`, checking that it read nothing and cost nothing: the database
+    is never asked, and the budget is as before."""
+    adapter = connection.session.adapter
+    before = connection.budget()
+    asked = []
+    stream = adapter.stream
+    adapter.stream = lambda sql, *a, **k: asked.append(sql) or stream(sql, *a, **k)
+    try:
+        cursor = connection.cursor()
+        cursor.execute(sql)
+        rows = cursor.fetchall()
+    finally:
+        adapter.stream = stream
+    assert asked == [] and connection.budget() == before
+    assert any("nothing was charged" in note for note in cursor.notes)
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("sql", "keys"),
+    [
+        ("SELECT grade FROM t GROUP BY grade", [(g,) for g in range(1, 7)]),
+        ("SELECT DISTINCT grade FROM t", [(g,) for g in range(1, 7)]),
+        ("SELECT DISTINCT kind FROM t", [("a",), ("b",), ("c",)]),  # 'c' has no rows
+        ("SELECT grade FROM t WHERE grade >= 5 GROUP BY grade", [(5,), (6,)]),
+        ("SELECT DISTINCT grade AS g FROM t WHERE grade IN (2, 3, 9) ORDER BY g DESC",
+         [(3,), (2,)]),
+        ("SELECT kind, grade FROM t WHERE kind <> 'a' AND grade < 3 GROUP BY kind, grade",
+         [("b", 1), ("b", 2), ("c", 1), ("c", 2)]),
+        ("SELECT grade * 10 AS tens FROM t GROUP BY grade HAVING grade > 4", [(50,), (60,)]),
+        ("SELECT grade FROM t WHERE grade > 100 GROUP BY grade", []),
+    ],
+)  # fmt: skip
+def test_the_keys_of_public_domains_alone_are_the_domain_for_free(sql, keys):
+    """The answer is the policy's (the keys its conditions on them allow), whatever the
+    data holds: no statement runs and the budget is unchanged."""
+    with _connect() as connection:
+        assert _keys_alone(connection, sql) == keys
+
+
+def test_the_keys_alone_follow_the_release_limit():
+    database = duckdb.connect(":memory:")
+    database.execute("CREATE TABLE t (grade INT, kind VARCHAR, score INT)")
+    with dpsql.connect(database, policy=POLICY, ledger=":memory:", max_groups=5) as connection:
+        with pytest.raises(TooManyGroups):
+            connection.execute("SELECT DISTINCT grade FROM t")
+        assert connection.budget().epsilon_spent == 0
+
+
+@pytest.mark.parametrize(
+    ("sql", "refused"),
+    [
+        # which public keys have rows passing a condition on another column is the data's
+        ("SELECT grade FROM t WHERE score > 5 GROUP BY grade",
+         "add COUNT(*) to see which groups have rows"),
+        ("SELECT DISTINCT grade FROM t WHERE grade > 3 OR score > 5",
+         "add COUNT(*) to see which groups have rows"),
+        # a key without a public domain would come from the data, raw
+        ("SELECT score FROM t GROUP BY score", "score has no public domain"),
+        ("SELECT DISTINCT grade, score FROM t", "SELECT score, COUNT(*) FROM t GROUP BY score"),
+        ("SELECT grade FROM t", "neither grouped nor aggregated"),
+        ("SELECT DISTINCT grade, COUNT(*) FROM t GROUP BY grade", "drop DISTINCT"),
+    ],
+)  # fmt: skip
+def test_keys_alone_that_the_data_would_decide_are_refused_saying_what_to_write(sql, refused):
+    with _connect() as connection:
+        with pytest.raises(dpsql.QueryRefused, match=re.escape(refused)):
+            connection.execute(sql)
         assert connection.budget().epsilon_spent == 0

@@ -30,7 +30,9 @@ HOSTILE = [
     "SELECT income + 0 FROM pums ORDER BY income DESC LIMIT 1",
     "SELECT age, COUNT(*) FROM pums",  # age neither grouped nor aggregated
     "SELECT sex, income, COUNT(*) FROM pums GROUP BY sex",
-    "SELECT sex FROM pums GROUP BY sex",  # keys without a measurement
+    "SELECT age FROM pums GROUP BY age",  # keys without a measurement or public domain
+    "SELECT sex FROM pums WHERE age > 30 GROUP BY sex",  # which public keys have rows
+    "SELECT DISTINCT sex FROM pums WHERE income > 0",
     # private columns
     "SELECT pid, COUNT(*) FROM pums_pid GROUP BY pid",
     "SELECT COUNT(*) FROM pums_pid WHERE pid = 17",

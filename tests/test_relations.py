@@ -573,3 +573,18 @@ def test_generated_relational_queries_are_refused_or_bounded(warehouse):
     run()
     neighbour.close()
     assert seen["refused"] > 20 and seen["answered"] > 20, seen
+
+
+def test_tables_named_as_the_engine_resolves_them(warehouse, tmp_path):
+    """Entries written main.customer and main.nation answer a join naming them bare."""
+    policy = tpch.policy(epsilon=1e5)
+    for name in ("customer", "nation"):
+        policy["tables"][f"main.{name}"] = policy["tables"].pop(name)
+    sql = (
+        "SELECT COUNT(*) FROM customer c JOIN nation n ON c.c_nationkey = n.n_nationkey "
+        "WHERE n.n_nationkey IN (SELECT n_nationkey FROM main.nation WHERE n_regionkey = 2)"
+    )
+    with dpsql.connect(warehouse, policy=policy, ledger=tmp_path / "l.sqlite") as con:
+        (released,) = con.execute(sql).fetchone()
+    (truth,) = warehouse.execute(sql).fetchone()
+    assert abs(released - truth) < 1

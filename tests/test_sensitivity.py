@@ -163,3 +163,36 @@ def test_ranges_from_long_literals_keep_the_rows_the_database_keeps(database):
         for plan, before in zip(plans, full, strict=True):
             change = abs(before - database.rows(plan.sql)[0][0])
             assert change <= plan.measures[0].noise.sensitivity, (plan.sql, pid, change)
+
+
+# Exact number types for income on each backend: read as DOUBLE (DuckDB's), compared as
+# stored (PostgreSQL's numeric(15, 2)), or read through the guard (an unconstrained numeric).
+_EXACT_INCOME = {"duckdb": ["DECIMAL(15, 2)", "DECIMAL(38, 2)"],
+                 "postgres": ["NUMERIC(15, 2)", "NUMERIC"]}  # fmt: skip
+
+
+@on_every_backend
+def test_exact_number_columns_keep_their_sensitivity(database):
+    """Income stored as DECIMAL/NUMERIC, each shape planned as connect plans it (the
+    policy marked by the stored types, Policy.as_stored): removing one person moves
+    every measurement by at most its sensitivity."""
+    policy_dict = pums_policy()
+    table = policy_dict["tables"]["pums_dup"]
+    table["max_groups_per_unit"], table["max_rows_per_unit"] = 2, 2
+    pids = [row[0] for row in database.rows(
+        "SELECT pid FROM base_dup WHERE pid IS NOT NULL GROUP BY pid "
+        "ORDER BY COUNT(*) DESC, pid LIMIT 15"
+    )]  # fmt: skip
+    for exact in _EXACT_INCOME[database.dialect]:
+        database.replace_table(
+            "base_exact",
+            f"SELECT pid, age, sex, educ, race, CAST(income AS {exact}) AS income, married "
+            "FROM base_dup",
+        )
+        policy = load_policy(policy_dict).as_stored(
+            {"pums_dup": {"income": exact.lower()}}, database.dialect
+        )
+        read_as_double = policy.tables["pums_dup"].column("income").read_as_double
+        assert read_as_double == (exact != "NUMERIC(15, 2)")
+        plans = _plans(SHAPES, "pums_dup", policy, database.dialect)
+        _assert_sensitivities(database, plans, "pums_dup", "base_exact", "pid", pids, 2)

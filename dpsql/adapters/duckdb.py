@@ -26,6 +26,21 @@ from dpsql.errors import BackendError
 LOCKED = {"enable_external_access": False, "lock_configuration": True}
 
 
+def _open_error(database: str, exc: duckdb.Error) -> BackendError:
+    """Why `database` did not open, saying what to do where DuckDB's message does not."""
+    if isinstance(exc, duckdb.ConnectionException) and "different configuration" in str(exc):
+        # DuckDB shares one instance per file within a process, and that instance keeps
+        # the configuration of whoever opened it first: dpsql's (read-only, no file
+        # access, locked) cannot be another's.
+        return BackendError(
+            f"cannot open DuckDB database {database!r}: this process already has it open "
+            "with another configuration (DuckDB opens a file once per process, and dpsql "
+            "opens it read-only with file access disabled). Pass the open connection "
+            "instead, dpsql.connect(con, policy=...), or close it before connecting"
+        )
+    return BackendError(f"cannot open DuckDB database {database!r}: {exc}")
+
+
 class DuckDBAdapter:
     dialect = "duckdb"
 
@@ -40,7 +55,7 @@ class DuckDBAdapter:
             try:
                 self._connection = duckdb.connect(database, read_only=read_only, config=LOCKED)
             except duckdb.Error as exc:
-                raise BackendError(f"cannot open DuckDB database {database!r}: {exc}") from None
+                raise _open_error(database, exc) from None
         self._local = threading.local()
         self._running = Running()
 
@@ -121,12 +136,24 @@ class DuckDBAdapter:
         return self._cursor().execute(f"{select} AND {' AND '.join(conditions)}", parts).fetchall()
 
     def table_columns(self, name: str) -> dict[str, str] | None:
-        rows = self._catalog(
-            "SELECT lower(column_name), data_type FROM information_schema.columns WHERE true",
-            name,
-            ("table_name", "table_schema", "table_catalog"),
-        )
-        return dict(rows) or None
+        """The columns of the table or view `name` reads, as DuckDB resolves the name
+        (table_identities); where it cannot tell which of several it reads, the columns
+        all of them have alike. Merged across same-named tables, a DECIMAL column of the
+        one read could be typed as another's DOUBLE and read as stored."""
+        found: dict[str, str] | None = None
+        for database, schema, table in self.table_identities(name):
+            rows = self._cursor().execute(
+                "SELECT lower(column_name), data_type FROM information_schema.columns "
+                "WHERE table_catalog = ? AND table_schema = ? AND lower(table_name) = ?",
+                [database, schema, table],
+            )
+            columns = dict(rows.fetchall())
+            found = (
+                columns
+                if found is None
+                else {column: kind for column, kind in found.items() if columns.get(column) == kind}
+            )
+        return found or None
 
     def _relations(self, name: str) -> tuple[list[tuple], list[tuple]]:
         """(database, schema, name) of every table and every view `name` could mean, in
@@ -146,9 +173,72 @@ class DuckDBAdapter:
         return [tuple(row) for row in tables], [tuple(row) for row in views]
 
     def table_identities(self, name: str) -> set[tuple]:
-        """Every table or view `name` could mean, in any schema or attached database."""
-        tables, views = self._relations(name)
-        return set(tables + views)
+        """The table or view `name` reads, as (database, schema, lower-case name), as
+        DuckDB resolves it (its search path: temporary objects, then the current
+        schema; `a.t` is database a's default schema if a database a exists, else
+        schema a); empty when it reads none.
+
+        DuckDB is asked, not imitated: of the relations the name could mean (those
+        of its table name, in any schema or database), the ones whose plan for
+        `SELECT * FROM` is the name's own plan. A plan names each table it scans in
+        full, so this is one relation, except views of identical plans, which are
+        all kept: they read the same rows.
+        """
+        plan = self._plan(name.split("."))
+        if plan is None:
+            return set()
+        return {
+            relation
+            for relation in self._candidates(name)
+            if self._plan([relation[0], relation[1], relation[2]]) == plan
+        }
+
+    def table_spellings(self, name: str) -> set[str]:
+        """The other names (lower case; table, schema.table, database.table and
+        database.schema.table) that DuckDB resolves to the relation `name` reads: a
+        query's `FROM pums` reads the policy's `main.pums`."""
+        identity = self.table_identities(name)
+        if len(identity) != 1:
+            return set()  # which one the name reads is not clear: only its own spelling
+        database, schema, table = next(iter(identity))
+        spellings = {
+            ".".join(parts).lower()
+            for parts in ([table], [schema, table], [database, table], [database, schema, table])
+            if self.table_identities(".".join(parts)) == identity and "." not in "".join(parts)
+        }
+        return spellings - {name.lower()}
+
+    def _plan(self, parts: list[str]) -> str | None:
+        """DuckDB's plan of reading every column of the relation named by `parts`."""
+        quoted = ".".join('"' + part.replace('"', '""') + '"' for part in parts)
+        try:
+            rows = self._cursor().execute(f"EXPLAIN (FORMAT JSON) SELECT * FROM {quoted}")
+            return str(rows.fetchall())
+        except duckdb.Error:
+            return None
+
+    def _candidates(self, name: str) -> list[tuple]:
+        """Every table and view whose name is `name`'s last part, in any schema or
+        database, that its other parts could name."""
+        *qualifiers, table = [part.lower() for part in name.split(".")]
+        rows = (
+            self._cursor()
+            .execute(
+                "SELECT database_name, schema_name, lower(table_name) FROM duckdb_tables() "
+                "WHERE lower(table_name) = ? UNION ALL "
+                "SELECT database_name, schema_name, lower(view_name) FROM duckdb_views() "
+                "WHERE NOT internal AND lower(view_name) = ?",
+                [table, table],
+            )
+            .fetchall()
+        )
+        return [
+            tuple(row)
+            for row in rows
+            if not qualifiers
+            or qualifiers == [row[0].lower(), row[1].lower()]
+            or (len(qualifiers) == 1 and qualifiers[0] in (row[0].lower(), row[1].lower()))
+        ]
 
     def unique_columns(self, name: str) -> set[str]:
         """Columns DuckDB keeps unique in what `name` reads: only if every table or view

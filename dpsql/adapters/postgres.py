@@ -68,6 +68,13 @@ WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indnkeyatts = 1
 """
 
 
+# The relation a name reads (to_regclass follows the search path): its schema and name.
+_RELATION = """
+SELECT n.nspname, c.relname, current_database() FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)
+"""
+
+
 # Which database: the cluster's system identifier (set at initdb, the same however the
 # server is reached) and the database's name; where the role may not read the cluster's
 # control data, the address and port the server listens at. (A cluster copied from one
@@ -217,6 +224,26 @@ class PostgresAdapter:
             return set()
         return {(row[0],) for row in rows if row[0] is not None}
 
+    def table_spellings(self, name: str) -> set[str]:
+        """The other names (table, schema.table, database.schema.table) that resolve,
+        through the search path, to the table `name` reads: a query's `FROM orders`
+        reads the policy's `sales.orders` when sales is on the search path. Names
+        needing quotes (mixed case) are left out: the rewrite never reads them."""
+        read = self.table_identities(name)
+        try:
+            _, rows = self._run(_RELATION, [name])
+        except BackendError:
+            return set()
+        if not read or not rows or any(part != part.lower() for part in rows[0]):
+            return set()
+        schema, table, database = rows[0]
+        spellings = {
+            ".".join(parts)
+            for parts in ([table], [schema, table], [database, schema, table])
+            if self.table_identities(".".join(_quoted(part) for part in parts)) == read
+        }
+        return spellings - {name.lower()}
+
     def unique_columns(self, name: str) -> set[str]:
         try:
             _, rows = self._run(UNIQUE_COLUMNS, [name])
@@ -249,6 +276,10 @@ class PostgresAdapter:
             f"PostgreSQL could not run the rewritten query (SQLSTATE {state}, "
             f"{type(exc).__name__}); check the types of literals and columns in the query"
         )
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _describe(conninfo: str) -> str:

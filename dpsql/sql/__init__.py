@@ -11,13 +11,13 @@ from sqlglot import exp
 from dpsql.accounting import Cost
 from dpsql.policy import Policy, Table
 from dpsql.sql.analyze import analyze
-from dpsql.sql.check import check_query
+from dpsql.sql.check import AGGREGATES, check_query
 from dpsql.sql.local import plan_local
 from dpsql.sql.normalize import normalize
 from dpsql.sql.parse import nested_too_deeply
-from dpsql.sql.plan import ConstantPlan, DirectPlan, Options, Plan
+from dpsql.sql.plan import ConstantPlan, DirectPlan, DomainPlan, Options, Plan
 from dpsql.sql.public import plan_public
-from dpsql.sql.qualify import tables_read
+from dpsql.sql.qualify import by_policy_names, tables_read
 from dpsql.sql.relations import reads_relation, relation
 from dpsql.sql.running import plan_running
 from dpsql.sql.synopsis import plan_synopsis
@@ -64,13 +64,22 @@ class PlanContext:
     unique_references: frozenset[str] = frozenset()
 
 
+def plan_domain(select: exp.Select, table: Table, context: PlanContext) -> Plan | None:
+    """The plan of a GROUP BY without any aggregate (the keys of public domains); None for
+    any other query."""
+    if select.args.get("group") is None or select.find(*AGGREGATES) is not None:
+        return None
+    return DomainPlan(analyze(select, bounded_table(table, context)))
+
+
 # Planners for checked queries whose shape has a plan of its own (tables of
-# local reports, range synopses), given the query and its table. Each returns
-# None when the query is not its shape; the first plan returned answers the
-# query, else the direct plan does. Running totals are planned before the
-# check, which refuses their window function.
+# local reports, the keys of public domains alone, range synopses), given the
+# query and its table. Each returns None when the query is not its shape; the
+# first plan returned answers the query, else the direct plan does. Running
+# totals are planned before the check, which refuses their window function.
 SPECIAL_PLANNERS: tuple[Callable[[exp.Select, Table, PlanContext], Plan | None], ...] = (
     plan_local,
+    plan_domain,
     plan_synopsis,  # last: on a table with synopses it returns the direct plan for any other query
 )
 
@@ -123,6 +132,7 @@ def _reads_relation_table(select: exp.Select, policy: Policy) -> bool:
 def _relational(select: exp.Select, context: PlanContext) -> Plan:
     """A query over several tables, a subquery or a CTE, or over public tables: answered
     exactly when every table is public, else over one unit-carrying relation."""
+    select = by_policy_names(select, context.policy)
     tables = tables_read(select, context.policy)
     if all(table.public for table in tables.values()):
         return plan_public(select, tables, context.dialect)

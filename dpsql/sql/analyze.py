@@ -210,12 +210,54 @@ def analyze(select: exp.Select, table: Table) -> Analysis:
     analysis.limit = _count_literal(select.args.get("limit"), "LIMIT")
     analysis.offset = _count_literal(select.args.get("offset"), "OFFSET")
     if not analysis.measurements:
+        _require_public_release(analysis)
+    return analysis
+
+
+def _as_written(key: exp.Expression) -> str:
+    """A group key as a message names it: a column by its name, without the quotes the
+    resolver added."""
+    return key.name if isinstance(key, exp.Column) else key.sql()[:60]
+
+
+def _require_public_release(analysis: Analysis) -> None:
+    """Refuse a query without aggregates unless what it returns is the policy's alone:
+    group keys of public domains (SELECT educ FROM t GROUP BY educ, or SELECT DISTINCT
+    educ) filtered by conditions on those keys only (plan.DomainPlan answers it free)."""
+    table = analysis.table.name
+    if not analysis.keys:
         raise QueryRefused(
             "a query without aggregates",
-            "it would return raw values or keys",
-            "select an aggregate, e.g. SELECT sex, COUNT(*) FROM t GROUP BY sex",
+            "it would return raw values",
+            f"select an aggregate, e.g. SELECT COUNT(*) FROM {table}",
         )
-    return analysis
+    for key in analysis.keys:
+        if key.domain is None:
+            name = _as_written(key.expression)
+            raise QueryRefused(
+                f"the keys of {name} without an aggregate",
+                f"{name} has no public domain in the policy, so its keys would come from "
+                "the data, raw",
+                f"count them: SELECT {name}, COUNT(*) FROM {table} GROUP BY {name} releases "
+                "the keys with enough people, with noise; or ask the data owner to declare "
+                "its values public",
+            )
+    names = ", ".join(_as_written(key.expression) for key in analysis.keys)
+    keys = {key.expression.name.lower() for key in analysis.keys}  # public: bare columns
+    others = sorted(
+        {column.name.lower() for column in analysis.where.find_all(exp.Column)} - keys
+        if analysis.where is not None
+        else set()
+    )
+    if others:
+        raise QueryRefused(
+            f"the public keys of {names} with a WHERE on {', '.join(others)}",
+            "the keys alone are the policy's domain, but which of them have rows passing a "
+            "condition on other columns depends on the data",
+            f"add COUNT(*) to see which groups have rows: SELECT {names}, COUNT(*) FROM "
+            f"{table} WHERE ... GROUP BY {names}; or drop the conditions on "
+            f"{', '.join(others)} to get the domain",
+        )
 
 
 def _expand_aliases(

@@ -148,9 +148,11 @@ def _refuse_select_arg(key: str) -> QueryRefused:
         )
     if key == "distinct":
         return QueryRefused(
-            "SELECT DISTINCT",
-            "the distinct values of a column are raw data",
-            "write SELECT col, COUNT(*) FROM t GROUP BY col to get noisy counts per value",
+            "SELECT DISTINCT with an aggregate, a GROUP BY or *",
+            "dpsql answers DISTINCT only as the keys of public domains (SELECT DISTINCT educ "
+            "FROM t); the distinct values of anything else are raw data",
+            "drop DISTINCT (the groups of a GROUP BY are distinct already), or write "
+            "SELECT col, COUNT(*) FROM t GROUP BY col to get noisy counts per value",
         )
     return QueryRefused(
         f"the clause {key.rstrip('_').upper()}",

@@ -94,6 +94,27 @@ def implicit_dates(select: exp.Select) -> exp.Select:
     return select.transform(rewrite)
 
 
+def _is_plain_distinct(select: exp.Select) -> bool:
+    distinct = select.args.get("distinct")
+    return (
+        distinct is not None
+        and not distinct.args.get("on")
+        and not select.args.get("group")
+        and select.find(*AGGREGATES) is None
+        and not any(isinstance(item, exp.Star) for item in select.expressions)
+    )
+
+
+def distinct_keys(select: exp.Select) -> exp.Select:
+    """`SELECT DISTINCT a, b FROM t ...` (no aggregate, no GROUP BY) as `SELECT a, b FROM t
+    ... GROUP BY 1, 2`: the same rows. What a GROUP BY without aggregates may release is
+    the analysis's to decide (the keys of public domains only)."""
+    grouped = select.copy()
+    grouped.set("distinct", None)
+    positions = [exp.Literal.number(i) for i in range(1, len(grouped.expressions) + 1)]
+    return grouped.group_by(*positions, copy=False)
+
+
 def normalize(select: exp.Select) -> exp.Select:
     """`select` after each pass above that applies to it, found in one walk (most queries
     need none, and then this is the query itself, not a copy)."""
@@ -111,4 +132,6 @@ def normalize(select: exp.Select) -> exp.Select:
         select = date_parts(select)
     if implicit:
         select = implicit_dates(select)
+    if _is_plain_distinct(select):
+        select = distinct_keys(select)
     return select

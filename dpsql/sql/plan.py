@@ -102,6 +102,60 @@ class ConstantPlan:
         return [("sql", self.sql), ("cost", "none: the statement reads no table")]
 
 
+class _Batched:
+    """A plan that releases its result batch by batch (release_stream hands it the
+    batches); `release` is that of one batch."""
+
+    def release(self, columns: list[str], rows: list[tuple], rng: np.random.Generator) -> Release:
+        return self.release_batches(columns, [rows], rng)
+
+
+class DomainPlan(_Batched):
+    """Group keys of public domains without aggregates (`SELECT educ FROM t GROUP BY educ`,
+    `SELECT DISTINCT educ FROM t`): the keys of the policy's domains that the query's
+    conditions on those keys allow. Free: the answer is the policy's, nothing of the data
+    is read (analyze refuses a condition on any other column, which would make it the
+    data's)."""
+
+    sql = None
+    cost = Cost()
+
+    def __init__(self, analysis: Analysis):
+        _check_domain_size(analysis)
+        self.analysis = analysis
+        domains = [key.domain for key in analysis.keys]
+        keys = _keys_passing_where(analysis, list(itertools.product(*domains)))
+        self.keys = [keys[i] for i in key_order(keys)]
+
+    @property
+    def known_groups(self) -> int:
+        return len(self.keys)
+
+    def release_batches(
+        self,
+        columns: list[str],
+        batches: Iterable[list[tuple]],
+        rng: np.random.Generator,
+        max_groups: int | None = None,
+    ) -> Release:
+        check_groups(len(self.keys), max_groups, charged=False)
+        names, rows = project(self.analysis, self.keys, [])
+        return Release(names, rows, notes=[_DOMAIN_NOTE])
+
+    def explain(self) -> list[tuple[str, str]]:
+        return [
+            ("sql", "none: no data is read"),
+            ("cost", "none: the keys are the policy's public domain"),
+            ("group keys", f"{len(self.keys)} of the public domain, those the WHERE allows"),
+        ]
+
+
+_DOMAIN_NOTE = (
+    "the keys are the policy's public domain (those the conditions on them allow): no data "
+    "was read and nothing was charged; add COUNT(*) to see which groups have rows"
+)
+
+
 @dataclass(frozen=True)
 class _Measure:
     """One calibrated measurement: its noise and, for SUMs, its grid step."""
@@ -140,7 +194,7 @@ def _prepared_noise(
     return noise
 
 
-class DirectPlan:
+class DirectPlan(_Batched):
     """A noisy answer to an aggregate query, measured directly on the table."""
 
     def __init__(self, analysis: Analysis, options: Options, dialect: str, seed: int):
@@ -240,9 +294,6 @@ class DirectPlan:
                 "lower/upper with 'public: true'), or give the analyst a delta",
             )
         return True
-
-    def release(self, columns: list[str], rows: list[tuple], rng: np.random.Generator) -> Release:
-        return self.release_batches(columns, [rows], rng)
 
     def release_batches(
         self,

@@ -39,11 +39,36 @@ def tables_read(select: exp.Select, policy: Policy) -> dict[str, Table]:
     return found
 
 
+def by_policy_names(select: exp.Select, policy: Policy) -> exp.Select:
+    """`select` with each table it reads named by its policy key (`customer` written for
+    the entry `main.customer`, or `main.nation` for `nation`), each keeping the name
+    the query refers to it by: one name per table, so qualify() resolves it one way."""
+    renamed = select.copy()
+    ctes = {cte.alias_or_name.lower() for cte in renamed.find_all(exp.CTE)}
+    for node in list(renamed.find_all(exp.Table)):
+        written = ".".join(part.name for part in node.parts)
+        table = policy.table(written) if isinstance(node.this, exp.Identifier) else None
+        if table is None or (not node.args.get("db") and written.lower() in ctes):
+            continue
+        *path, name = table.name.split(".")
+        if not node.alias and node.name.lower() != name.lower():
+            node.set("alias", exp.TableAlias(this=exp.to_identifier(node.name)))
+        # in place: a sample or hint the table carries stays for the checks to see
+        parts = [name, *reversed(path), None, None][:3]
+        for part, value in zip(("this", "db", "catalog"), parts, strict=True):
+            node.set(part, exp.to_identifier(value) if value else None)
+    return renamed
+
+
 def schema_of(tables: dict[str, Table]) -> dict:
     """The tables' declared columns as the nested mapping sqlglot's qualify() takes."""
     schema: dict = {}
-    for table in tables.values():
-        *path, name = table.name.lower().split(".")
+    depth = max((key.count(".") for key in tables), default=0)
+    for key, table in tables.items():
+        # one nesting depth for all (sqlglot's rule): a shorter name is padded with a
+        # prefix no query writes, and qualify() finds it by its last parts (the query
+        # names each table by its policy key: by_policy_names)
+        *path, name = ["__dpsql"] * (depth - key.count(".")) + key.split(".")
         level = schema
         for part in path:
             level = level.setdefault(part, {})

@@ -234,6 +234,8 @@ def _clamped_source(
     CASE per row for nothing. A column that is only compared is read as stored:
     a comparison cannot fail either, and a cast in the way keeps the database
     from filtering as it scans (a COUNT with a WHERE cost 1.3x the raw query).
+    Except a float stored as an exact number whose comparisons could fail
+    (Column.read_as_double): it is read as a DOUBLE wherever it is used.
     A date or timestamp computed with or read bare is NULL where the database could
     not compute with it or Python could not hold it (YEARS_PYTHON_HOLDS); the
     comparisons of such a column with constants in `where` (the analyst's WHERE)
@@ -241,10 +243,7 @@ def _clamped_source(
     (grouped by, compared) is read as stored when `where` holds it between two
     dates Python holds (temporal.held_by): then no other value reaches a group key.
     """
-    stored = exp.Table(
-        this=exp.to_identifier(table.name.split(".")[-1], quoted=True),
-        db=exp.to_identifier(table.name.split(".")[-2], quoted=True) if "." in table.name else None,
-    )
+    stored = stored_table(table)
     items, identity, guarded = [], True, {}
     for column in table.columns.values():
         name = column.name.lower()
@@ -252,16 +251,24 @@ def _clamped_source(
             continue
         value: exp.Expression = exp.column(column.name, quoted=True)
         interval = column_interval(column)
+        doubled = column.read_as_double and name != table.privacy_unit
+        if doubled:
+            # Read as a DOUBLE wherever the query uses it, comparisons too: compared as
+            # stored, DuckDB converted a DECIMAL to a common type row by row, failing for
+            # some rows. (The unit is only hashed and partitioned by: kept exact.)
+            value = read_double(value, dialect)
+            identity = False
         if (
             interval is not None
             and name != table.privacy_unit
             and (name in computed or name in bare)
         ):
-            widened = _BIGINT if column.type == "int" else _DOUBLE
             if name in computed:
                 zero_below = near_zero(interval, dialect) if column.type == "float" else None
                 value = clamp(value, interval, zero_below=zero_below)
-            value = exp.Cast(this=value, to=widened.copy())
+            if name in computed or not doubled:  # a clamp's CASE is typed by its branches
+                widened = _BIGINT if column.type == "int" else _DOUBLE
+                value = exp.Cast(this=value, to=widened.copy())
             identity = False
         elif (
             column.type in YEARS_PYTHON_HOLDS
@@ -281,6 +288,56 @@ def _clamped_source(
     if conditions:
         select = select.where(*conditions, copy=False)
     return select.subquery(_SOURCE, copy=False)
+
+
+# Beyond these PostgreSQL fails to convert a numeric to double precision (its strtod
+# overflows, or underflows to 0): a guarded read makes such values infinite or 0 first.
+_DOUBLE_REACH = (exp.Literal.number("1e308"), exp.Literal.number("1e-307"))
+
+
+def read_double(value: exp.Expression, dialect: str) -> exp.Expression:
+    """`value`, a number column the policy marks read_as_double, as a DOUBLE that no row
+    fails to reach.
+
+    Elsewhere CAST(value AS DOUBLE): it never fails for DuckDB's DECIMAL, HUGEINT,
+    UHUGEINT and UBIGINT (policy.read_as_double). PostgreSQL fails the cast of a
+    numeric beyond 1e308 or nonzero below 1e-307; a CASE compares it first, in
+    numeric, which is exact and cannot fail, and reads those as infinite or 0,
+    and NaN as NaN (it compares above every number).
+    """
+    double = exp.Cast(this=value.copy(), to=_DOUBLE.copy())
+    if dialect != "postgres":
+        return double
+    huge, tiny = _DOUBLE_REACH
+
+    def constant(text: str) -> exp.Expression:
+        return exp.Cast(this=exp.Literal.string(text), to=_DOUBLE.copy())
+
+    nan = exp.Cast(this=exp.Literal.string("NaN"), to=exp.DataType.build("DECIMAL"))
+    near = exp.and_(
+        exp.GT(this=value.copy(), expression=exp.Neg(this=tiny.copy())),
+        exp.LT(this=value.copy(), expression=tiny.copy()),
+    )
+    cases = [
+        (exp.EQ(this=value.copy(), expression=nan), constant("NaN")),
+        (exp.GT(this=value.copy(), expression=huge.copy()), constant("Infinity")),
+        (exp.LT(this=value.copy(), expression=exp.Neg(this=huge.copy())), constant("-Infinity")),
+        (near, exp.Cast(this=exp.convert(0), to=_DOUBLE.copy())),
+    ]
+    return exp.Case(ifs=[exp.If(this=c, true=t) for c, t in cases], default=double)
+
+
+def stored_table(table: Table) -> exp.Table:
+    """The policy's table as the database names it, each part quoted: catalog too, for a
+    `database.schema.table` entry (dropped, the query read the current database's
+    table of that schema and name instead)."""
+    *qualifiers, name = table.name.split(".")
+    parts = [exp.to_identifier(part, quoted=True) for part in qualifiers[-2:]]
+    return exp.Table(
+        this=exp.to_identifier(name, quoted=True),
+        db=parts[-1] if parts else None,
+        catalog=parts[0] if len(parts) == 2 else None,
+    )
 
 
 def near_zero(interval: Interval, dialect: str) -> float | None:

@@ -50,7 +50,7 @@ from dpsql.results import Accuracy, Release
 from dpsql.sql.analyze import VALUE_PREFIX, Analysis, Interval, analyze, clamp, conjuncts
 from dpsql.sql.plan import DirectPlan, beyond_the_sampler
 from dpsql.sql.postprocess import project
-from dpsql.sql.rewrite import _keyed_hash, in_dialect, near_zero
+from dpsql.sql.rewrite import _keyed_hash, in_dialect, near_zero, read_double
 
 if TYPE_CHECKING:
     from dpsql.sql import PlanContext
@@ -233,11 +233,12 @@ class Domain:
             if self.width == 1:
                 return offset
             return exp.IntDiv(this=exp.paren(offset), expression=_literal(self.width))
-        value = (
-            exp.TimeToUnix(this=column)
-            if self.timed
-            else exp.Cast(this=column, to=exp.DataType.build("DOUBLE"))
-        )
+        if self.timed:
+            value: exp.Expression = exp.TimeToUnix(this=column)
+        elif self.column.read_as_double:
+            value = read_double(column, dialect)
+        else:
+            value = exp.Cast(this=column, to=exp.DataType.build("DOUBLE"))
         edges = Interval(float(self.lower), float(self.upper))
         zero_below = near_zero(edges, dialect) if self.column.type == "float" else None
         clamped = clamp(value, edges, zero_below=zero_below)
