@@ -136,7 +136,9 @@ def _relational(select: exp.Select, context: PlanContext) -> Plan:
     tables = tables_read(select, context.policy)
     if all(table.public for table in tables.values()):
         return plan_public(select, tables, context.dialect)
-    related = relation(select, context.policy, context.dialect, context.unique_references)
+    related = relation(
+        select, context.policy, context.dialect, context.unique_references, context.seed
+    )
     check_query(related.select, _Only(related.table))
     plan = DirectPlan(
         analyze(related.select, related.table), context.options, context.dialect, context.seed

@@ -28,7 +28,8 @@ Queries over public tables alone never come here: sql/public.py answers them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from sqlglot import exp
 from sqlglot.optimizer.eliminate_ctes import eliminate_ctes
@@ -39,6 +40,7 @@ from dpsql.errors import QueryRefused
 from dpsql.policy import Column, Policy, Table
 from dpsql.sql.analyze import RESERVED_PREFIX, require_total
 from dpsql.sql.check import check_clauses
+from dpsql.sql.per_unit import aggregates_per_unit, per_unit_table, shown
 from dpsql.sql.public import require_public_query
 from dpsql.sql.qualify import qualified, tables_read
 
@@ -57,9 +59,21 @@ def reads_relation(select: exp.Select) -> bool:
     )
 
 
-def inline(select: exp.Select) -> exp.Select:
-    """Subqueries and CTEs that only filter and project, merged into the outer query."""
-    merged = eliminate_ctes(merge_subqueries(eliminate_subqueries(select)))
+def inline(select: exp.Select, per_unit: Callable[[exp.CTE], str] | None = None) -> exp.Select:
+    """Subqueries and CTEs that only filter and project, merged into the outer query;
+    each that aggregates is read as the table `per_unit` names for it (none: refused)."""
+    merged = merge_subqueries(eliminate_subqueries(select))
+    with_ = merged.args.get("with_")
+    for cte in list(with_.expressions) if with_ is not None and per_unit is not None else []:
+        if isinstance(cte.this, exp.Select) and aggregates_per_unit(cte.this):
+            # its own query, with the CTEs before it (the subqueries it reads, hoisted)
+            inner = cte.this.copy()
+            before = with_.expressions[: with_.expressions.index(cte)]
+            if before:
+                inner.set("with_", exp.With(expressions=[c.copy() for c in before]))
+            _read_as(merged, cte.alias_or_name, per_unit(inner, cte.alias_or_name))
+            cte.pop()
+    merged = eliminate_ctes(merged)
     for cte in merged.find_all(exp.CTE):
         raise _unmerged(cte.this, f"the common table expression {cte.alias_or_name}")
     for subquery in merged.find_all(exp.Subquery):
@@ -67,14 +81,22 @@ def inline(select: exp.Select) -> exp.Select:
     return merged
 
 
+def _read_as(select: exp.Select, cte: str, table: str) -> None:
+    """Every read of the CTE `cte` in `select` made a read of the table `table`."""
+    for node in list(select.find_all(exp.Table)):
+        if not node.args.get("db") and node.name.lower() == cte.lower():
+            alias = node.alias or node.name
+            node.replace(exp.table_(exp.to_identifier(table), alias=exp.to_identifier(alias)))
+
+
 def _unmerged(inner: exp.Expression, what: str) -> QueryRefused:
-    if isinstance(inner, exp.Select) and (inner.args.get("group") or _aggregates(inner)):
+    if isinstance(inner, exp.Select) and aggregates_per_unit(inner):
         return QueryRefused(
             f"{what}, which aggregates",
-            "dpsql bounds contributions on the final relation before the outer aggregate, "
-            "and does not yet carry bounds through an aggregate computed per unit",
-            "aggregate once, over the joined tables: e.g. SELECT COUNT(*) FROM orders "
-            "instead of counting per customer first",
+            "dpsql reads an aggregating subquery only as a table in FROM (grouped by the "
+            "privacy unit), not as a value or a condition",
+            "join it in FROM: ... FROM customer c JOIN (SELECT o_custkey, COUNT(*) AS n "
+            "FROM orders GROUP BY o_custkey) t ON t.o_custkey = c.c_custkey",
         )
     return QueryRefused(
         what,
@@ -82,10 +104,6 @@ def _unmerged(inner: exp.Expression, what: str) -> QueryRefused:
         "(DISTINCT, LIMIT, a set operation or a window inside it)",
         "write its conditions in the outer query's WHERE, or join the tables directly",
     )
-
-
-def _aggregates(select: exp.Select) -> bool:
-    return any(isinstance(e.unalias(), exp.AggFunc) for e in select.expressions)
 
 
 @dataclass(frozen=True)
@@ -272,25 +290,60 @@ def relation(
     policy: Policy,
     dialect: str,
     unique: frozenset[str] = frozenset(),
+    seed: int = 0,
 ) -> Relation:
     """The query over one unit-carrying relation built from its FROM clause; `unique`
-    names the columns ("table.column") the database keeps unique."""
+    names the columns ("table.column") the database keeps unique; `seed` keys the hash
+    that bounds the rows of a subquery aggregating per unit."""
     tables = tables_read(select, policy)
     outer = select.copy()
     outer.set("joins", None)
     outer.set("with_", None)
     check_clauses(outer)
     resolved = qualified(select, tables, dialect)
-    filters = _public_filters(resolved, tables)
-    merged = inline(resolved)
-    on, moved = _join_conditions(merged)
-    bases = _joined(merged, tables, policy, unique, [*on, *moved])
-    names = _virtual_names(merged, bases)
-    virtual = _virtual_table(bases, names)
-    _check_conditions([*on, *moved], bases, names, virtual)
-    outer = _outer(merged, names, virtual)
-    virtual = replace(virtual, relation=_relation_sql(merged, bases, names, [*moved, *filters]))
-    return Relation(outer, virtual, _describe(bases))
+    return _Builder(tables, policy, unique, dialect, seed).build(resolved)
+
+
+@dataclass
+class _Builder:
+    """Builds the relation of one query, and of each subquery in it that aggregates per
+    unit (a table of its own: sql/per_unit.py)."""
+
+    tables: dict[str, Table]
+    policy: Policy
+    unique: frozenset[str]
+    dialect: str
+    seed: int
+    descriptions: dict[str, str] = field(default_factory=dict)
+
+    def build(self, resolved: exp.Select) -> Relation:
+        filters = _public_filters(resolved, self.tables)
+        merged = inline(resolved, self._per_unit)
+        on, moved = _join_conditions(merged)
+        bases = _joined(merged, self.tables, self.policy, self.unique, [*on, *moved])
+        names = _virtual_names(merged, bases)
+        virtual = _virtual_table(bases, names)
+        _check_conditions([*on, *moved], bases, names, virtual)
+        outer = _outer(merged, names, virtual)
+        sql = _relation_sql(merged, bases, names, [*moved, *filters])
+        for base in bases:
+            if base.table.relation is not None:  # a per-unit subquery: its SQL in place
+                node = next(n for n in sql.find_all(exp.Table) if n.name == base.table.name)
+                node.replace(base.table.relation.copy().subquery(base.alias))
+        description = _describe(bases, self.descriptions)
+        return Relation(outer, replace(virtual, relation=sql), description)
+
+    def _per_unit(self, select: exp.Select, name: str) -> str:
+        """The name of the table standing for `select`, the subquery `name` that
+        aggregates per unit, now among the tables the query reads."""
+        inner = self.build(select)
+        _check_inner_where(inner.select, inner.table)
+        while name.lower() in self.tables:
+            name = f"{RESERVED_PREFIX}_{name}"
+        table = per_unit_table(inner.select, inner.table, name, self.dialect, self.seed)
+        self.tables[name.lower()] = table
+        self.descriptions[name.lower()] = f"per unit of ({inner.description})"
+        return name
 
 
 def _public_filters(select: exp.Select, tables: dict[str, Table]) -> list[exp.Expression]:
@@ -463,7 +516,11 @@ def _check_conditions(
                         "join private tables on their privacy units (a.unit = b.unit), and "
                         "public tables on public columns",
                     )
-            _require_plain_comparison(conjunct, names, virtual)
+            _require_plain_comparison(
+                conjunct,
+                lambda c: virtual.column(names.get((c.table.lower(), c.name.lower()), "")),
+                "the join condition",
+            )
             require_total(_renamed(conjunct, names), virtual, "JOIN ... ON", condition=True)
     linked.require_one()
 
@@ -480,8 +537,10 @@ _CONSTANTS = (exp.Literal, exp.Null, exp.Boolean)
 
 
 def _require_plain_comparison(
-    conjunct: exp.Expression, names: dict[tuple[str, str], str], virtual: Table
+    conjunct: exp.Expression, spec: Callable[[exp.Column], Column | None], what: str
 ) -> None:
+    """Refuse `what` (`conjunct`) unless it compares columns of one kind (`spec` gives
+    each column's declaration) with each other or with constants."""
     operands = list(conjunct.iter_expressions()) if isinstance(conjunct, _JOIN_COMPARISONS) else []
     flat = [
         o
@@ -494,17 +553,35 @@ def _require_plain_comparison(
         or (isinstance(o, exp.Neg) and isinstance(o.this, exp.Literal))
         for o in flat
     )
-    kinds = {
-        _kind(virtual.column(names.get((c.table.lower(), c.name.lower()), ""))) for c in columns
-    }
-    if not plain or len(kinds) > 1:
+    if not plain or len({_kind(spec(c)) for c in columns}) > 1:
         raise QueryRefused(
-            f"the join condition {conjunct.sql()[:80]}",
-            "join conditions are compared on the tables as stored, so they may only compare "
-            "columns of one kind with each other or with constants (a computation there, or "
-            "a comparison across kinds, could fail for one row)",
-            "join on columns compared directly (ON a.key = b.key), and compute in WHERE",
+            f"{what} {shown(conjunct, 80)}",
+            "it is compared on the tables as stored, so it may only compare columns of one "
+            "kind with each other or with constants (a computation there, or a comparison "
+            "across kinds, could fail for one row)",
+            "compare columns directly (ON a.key = b.key, WHERE t.price > 10), and compute "
+            "in the outer query's WHERE",
         )
+
+
+def _check_inner_where(select: exp.Select, virtual: Table) -> None:
+    """The WHERE of a subquery aggregating per unit (read as stored, like a join
+    condition): comparisons of columns that are not private."""
+    where = select.args.get("where")
+    for conjunct in _conjuncts(where.this) if where is not None else []:
+        for column in conjunct.find_all(exp.Column):
+            spec = virtual.column(column.name)
+            if spec is not None and spec.private:
+                raise QueryRefused(
+                    f"the condition {shown(conjunct, 80)} in a subquery",
+                    f"it reads the private column {column.name}, which is never used to "
+                    "select rows",
+                    "filter on columns that are not private",
+                )
+        _require_plain_comparison(
+            conjunct, lambda c: virtual.column(c.name), "the subquery condition"
+        )
+        require_total(conjunct, virtual, "WHERE", condition=True)
 
 
 def _kind(column: Column | None) -> str:
@@ -609,9 +686,9 @@ def _relation_sql(
     return relation
 
 
-def _describe(bases: list[_Base]) -> str:
+def _describe(bases: list[_Base], per_unit: dict[str, str]) -> str:
     """The relation as EXPLAIN shows it: its joins, where its unit comes from, what is
-    public."""
+    public, and what each subquery aggregating per unit reads."""
     shown = [b for b in bases if not b.hidden]
     text = " JOIN ".join(f"{b.table.name} AS {b.alias}" for b in shown)
     units = []
@@ -622,6 +699,10 @@ def _describe(bases: list[_Base]) -> str:
             via = b.table.via
             units.append(f"{b.alias}.{via.column} -> {via.table}.{via.target}")
     public = [b.table.name for b in shown if not b.private]
-    return f"{text}; unit: {' = '.join(units)}" + (
-        f"; public: {', '.join(public)}" if public else ""
+    inner = [f"{b.table.name} {per_unit[b.table.name.lower()]}" for b in shown
+             if b.table.name.lower() in per_unit]  # fmt: skip
+    return (
+        f"{text}; unit: {' = '.join(units)}"
+        + (f"; public: {', '.join(public)}" if public else "")
+        + "".join(f"; {line}" for line in inner)
     )

@@ -504,7 +504,7 @@ def _bare_column(measurement: Measurement, table: Table) -> Column | None:
     return table.column(measurement.clamped.name)
 
 
-def _keyed_hash(dialect: str, seed: int, values: list[exp.Expression]) -> exp.Expression:
+def keyed_hash(dialect: str, seed: int, values: list[exp.Expression]) -> exp.Expression:
     """A hash keyed by a per-release secret: which rows a unit keeps is unpredictable.
 
     DuckDB's `hash`, Spark's `xxhash64` (the secret as first argument seeds
@@ -546,7 +546,7 @@ def _bounded(
         {c.name for m in analysis.measurements if m.argument is not None
          for c in m.argument.find_all(exp.Column)}
     )  # fmt: skip
-    row_hash = _keyed_hash(
+    row_hash = keyed_hash(
         dialect, seed, [unit, *keys, *[exp.column(c, quoted=True) for c in columns]]
     )
     row_rank = exp.Window(
@@ -557,7 +557,7 @@ def _bounded(
     items: list[exp.Expression] = [exp.Star(), row_rank]
     if keys and not single:
         group_hash = (
-            [] if earliest_groups else [exp.Ordered(this=_keyed_hash(dialect, seed + 1, keys))]
+            [] if earliest_groups else [exp.Ordered(this=keyed_hash(dialect, seed + 1, keys))]
         )
         items.append(
             exp.Window(

@@ -50,7 +50,7 @@ from dpsql.results import Accuracy, Release
 from dpsql.sql.analyze import VALUE_PREFIX, Analysis, Interval, analyze, clamp, conjuncts
 from dpsql.sql.plan import DirectPlan, beyond_the_sampler
 from dpsql.sql.postprocess import project
-from dpsql.sql.rewrite import _keyed_hash, in_dialect, near_zero, read_double
+from dpsql.sql.rewrite import in_dialect, keyed_hash, near_zero, read_double
 
 if TYPE_CHECKING:
     from dpsql.sql import PlanContext
@@ -820,7 +820,7 @@ def _histogram_sql(domain: Domain, dialect: str, seed: int) -> str:
     if bounded:
         ranks, kept = _bounding(table.max_groups_per_unit, table.max_rows_per_unit)
         order = exp.Order(expressions=[
-            exp.Ordered(this=_keyed_hash(dialect, seed, [exp.column(_BIN)])),
+            exp.Ordered(this=keyed_hash(dialect, seed, [exp.column(_BIN)])),
             exp.Ordered(this=exp.column(_BIN)),
         ])  # fmt: skip
         windows = [exp.Window(this=exp.Anonymous(this=function), partition_by=[unit.copy()],
