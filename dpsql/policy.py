@@ -291,6 +291,24 @@ class Policy:
                         key=f"tables.{second}",
                     )
 
+    def with_contribution_bounds(self, rows: int | None, groups: int | None) -> Policy:
+        """This policy with every table that has a privacy unit (its own or through a
+        reference) bounded to `rows` rows per group and `groups` groups per unit (None:
+        its own). The bounds choose utility only: every sensitivity follows them."""
+        if rows is None and groups is None:
+            return self
+        tables = {
+            key: replace(
+                table,
+                max_rows_per_unit=rows or table.max_rows_per_unit,
+                max_groups_per_unit=groups or table.max_groups_per_unit,
+            )
+            if table.privacy_unit or table.via
+            else table
+            for key, table in self.tables.items()
+        }
+        return replace(self, tables=tables)
+
     def with_public_columns(
         self, table_columns: Mapping[str, Mapping[str, str] | None], dialect: str
     ) -> Policy:

@@ -51,7 +51,11 @@ from dpsql.sql.synopsis import declared as declared_synopses
 
 _SETTABLE = (
     "dpsql.epsilon", "dpsql.delta", "dpsql.mechanism", "dpsql.ldp_postprocess", "dpsql.continual",
+    "dpsql.max_rows_per_unit", "dpsql.max_groups_per_unit",
 )  # fmt: skip
+#: The largest contribution bound SET may choose: far past any useful bound (the noise
+#: grows with it), and small enough that every backend compares a rank with it exactly.
+MAX_BOUND = 1_000_000
 #: The names each option that takes a name may be set to (SET dpsql.<option>, connect(),
 #: the shell's \set): the policy's mechanisms, the local-DP post-processing methods, and
 #: the running-total mechanisms or 'policy' (each column's own choice).
@@ -463,7 +467,8 @@ class Session:
     # -- options and budget -------------------------------------------------
 
     def set_option(self, name: str, value: Any) -> None:
-        """Set a per-session option: epsilon, delta, mechanism, ldp_postprocess or continual."""
+        """Set a per-session option: epsilon, delta, mechanism, ldp_postprocess, continual,
+        max_rows_per_unit or max_groups_per_unit ('policy': each table's own bounds)."""
         name = name.lower().removeprefix("dpsql.")
         if name in ("epsilon", "delta"):
             number = _number(value, name)
@@ -497,6 +502,8 @@ class Session:
                     "(the policy's choice per column)"
                 )
             self.options = replace(self.options, continual=value)
+        elif name in ("max_rows_per_unit", "max_groups_per_unit"):
+            self.options = replace(self.options, **{name: _bound(value, name)})
         else:
             raise ProgrammingError(f"unknown option dpsql.{name}; settable: {', '.join(_SETTABLE)}")
 
@@ -558,7 +565,8 @@ class Session:
             return Release(list(asdict(budget)), [tuple(asdict(budget).values())])
         option = key.removeprefix("dpsql.")
         if key in _SETTABLE:
-            return Release([key], [(getattr(self.options, option),)])
+            value = getattr(self.options, option)
+            return Release([key], [("policy" if value is None else value,)])
         raise QueryRefused(
             f"SHOW {name}",
             "only dpsql settings can be shown",
@@ -701,6 +709,22 @@ def _selection(kind: str) -> dict[str, Any]:
     if kind in _KIND_PREFIXES:
         return {"prefix": _KIND_PREFIXES[kind]}
     return {"excluding": tuple(_KIND_PREFIXES.values())}
+
+
+def _bound(value: Any, name: str) -> int | None:
+    """A contribution bound SET chooses: a whole number from 1 to MAX_BOUND, or 'policy'."""
+    if isinstance(value, str) and value.strip().lower() in ("policy", "default"):
+        return None
+    try:
+        number = _number(value, name)
+    except ProgrammingError:
+        number = math.nan
+    if not (1 <= number <= MAX_BOUND and number == int(number)):
+        raise ProgrammingError(
+            f"dpsql.{name} must be a whole number from 1 to {MAX_BOUND:,} (or 'policy' for "
+            f"each table's own bound), got {value!r}"
+        )
+    return int(number)
 
 
 def _number(value: Any, name: str) -> float:

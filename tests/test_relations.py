@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import uuid
@@ -675,3 +676,61 @@ def test_tables_named_as_the_engine_resolves_them(warehouse, tmp_path):
         (released,) = con.execute(sql).fetchone()
     (truth,) = warehouse.execute(sql).fetchone()
     assert abs(released - truth) < 1
+
+
+# -- bounds chosen per query -------------------------------------------------------
+
+
+def test_set_bounds_choose_a_querys_contribution_bounds(warehouse, tmp_path):
+    """SET dpsql.max_rows_per_unit / max_groups_per_unit replace the policy's bounds for
+    the session's queries (one table, joins, per-unit subqueries): the sensitivity
+    follows them, a repeat under other bounds is a new release, RESET goes back."""
+    join = "SELECT COUNT(*) FROM orders o JOIN customer c ON o.o_custkey = c.c_custkey"
+    per_unit = "SELECT AVG(n) FROM (SELECT o_custkey, COUNT(*) AS n FROM orders GROUP BY 1) t"
+    grouped = "SELECT o_orderstatus, COUNT(*) FROM orders GROUP BY o_orderstatus"
+    with dpsql.connect(warehouse, policy=tpch.policy(), ledger=tmp_path / "l.sqlite") as con:
+
+        def sensitivities(sql: str) -> list[str]:
+            explained = con.execute(f"EXPLAIN {sql}").fetchall()
+            return [v.split(",")[1] for k, v in explained if k.startswith("measure")]
+
+        assert sensitivities(join) == [" sensitivity 15"]
+        assert sensitivities(grouped) == [" sensitivity 150"]  # 10 groups of 15 rows
+        con.execute(join)
+        spent = con.budget().epsilon_spent
+        con.execute("SET dpsql.max_rows_per_unit = 3")
+        con.execute("SET dpsql.max_groups_per_unit = 2")
+        assert con.execute("SHOW dpsql.max_rows_per_unit").fetchall() == [(3,)]
+        assert sensitivities(join) == [" sensitivity 3"]
+        assert sensitivities(grouped) == [" sensitivity 6"]
+        # n is a per-unit count of at most 3 kept orders now
+        assert (
+            "clamped to [1, 3]"
+            in dict(con.execute(f"EXPLAIN {per_unit}").fetchall())['measure sum("n")']
+        )
+        con.execute(join)  # the same SQL under other bounds: released and charged again
+        assert con.budget().epsilon_spent > spent
+        con.execute("RESET dpsql.max_rows_per_unit")
+        assert con.execute("SHOW dpsql.max_rows_per_unit").fetchall() == [("policy",)]
+        assert sensitivities(join) == [" sensitivity 15"]
+        for wrong in ("0", "2.5", "'many'", "2000000"):
+            with pytest.raises(dpsql.ProgrammingError, match="whole number from 1 to"):
+                con.execute(f"SET dpsql.max_rows_per_unit = {wrong}")
+
+
+def test_set_bounds_hold_on_neighbours(warehouse):
+    """Plans under bounds chosen by SET move by at most their stated sensitivity."""
+    policy = _loaded_policy(warehouse)
+    options = dataclasses.replace(_options(), max_rows_per_unit=2, max_groups_per_unit=3)
+    plans = [
+        plan_query(
+            parse_statement(sql, "duckdb").tree,
+            PlanContext(policy, options, "duckdb", seed=11, unique_references=UNIQUE),
+        )
+        for sql in ACCEPTED
+    ]
+    full = [warehouse.execute(plan.sql).fetchall() for plan in plans]
+    customer = _heaviest(warehouse, 1)[0]
+    neighbour = _without(warehouse, customer)
+    _check_neighbours(plans, full, [neighbour.execute(p.sql).fetchall() for p in plans])
+    neighbour.close()

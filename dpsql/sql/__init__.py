@@ -99,9 +99,16 @@ def plan_query(select: exp.Select, context: PlanContext) -> Plan:
 
 def _planned(select: exp.Select, context: PlanContext) -> Plan:
     select = normalize(select)
-    plan = plan_running(select, context)
+    plan = plan_running(select, context)  # a stream keeps the policy's bounds throughout
     if plan is not None:
         return plan
+    options = context.options
+    context = replace(
+        context,
+        policy=context.policy.with_contribution_bounds(
+            options.max_rows_per_unit, options.max_groups_per_unit
+        ),
+    )
     if reads_relation(select) or _reads_relation_table(select, context.policy):
         return _relational(select, context)
     table = check_query(select, context.policy)  # once, for every planner below

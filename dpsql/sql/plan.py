@@ -75,6 +75,9 @@ class Options:
     ldp_postprocess: str = "none"  # for tables of local reports: dpsql.ldp.METHODS
     # running totals: 'binary' or 'factorization', or 'policy' for each column's own choice
     continual: str = "policy"
+    # contribution bounds for this query's private tables (None: each table's own)
+    max_rows_per_unit: int | None = None
+    max_groups_per_unit: int | None = None
 
 
 class Plan(Protocol):
