@@ -161,6 +161,15 @@ def noisy_text(value: Any, accuracy: Accuracy | None, row: int) -> str:
     return f"{parts[0]} ({parts[1]} to {parts[2]})"
 
 
+def half_width_text(half_width: float) -> str:
+    """`± h` for a half-width stated for a whole column, to SIGNIFICANT_DIGITS digits
+    (rounded up; an integral one to units at least)."""
+    place = decimal_place(half_width, float(half_width).is_integer())
+    if place is None:
+        return f"± {format_value(half_width)}"
+    return f"± {format_number(half_width, place, ROUND_CEILING)}"
+
+
 def csv_header(name: str, accuracy: Accuracy | None) -> list[str]:
     """The CSV header cells of column `name`, matching `csv_cells`: `<name>_interval95` (a
     half-width) after a column-wide interval, `<name>_low95` and `<name>_high95` after
@@ -199,5 +208,6 @@ __all__ = [
     "decimal_place",
     "format_number",
     "format_value",
+    "half_width_text",
     "noisy_text",
 ]
