@@ -18,8 +18,9 @@ values and the two mechanisms' exact central intervals:
   interval is the whole declared range.
 
 It covers the truth with probability at least 95% (it ignores that the two
-errors are rarely both extreme, hence conservative), and it is never
-narrower than the SUM's own noise at the largest count the interval allows.
+errors are rarely both extreme, hence conservative), and, unless the bounds
+cut it, it is never narrower than a / C~, the SUM's own noise at the noisy
+count (a / 2 (1/(C~ - b) + 1/(C~ + b)) >= a / C~ where both ends are positive).
 """
 
 from __future__ import annotations
