@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from decimal import ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_EVEN, Decimal
+from decimal import ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_EVEN, Decimal, localcontext
 from typing import Any
 
 import numpy as np
@@ -104,7 +104,10 @@ def format_number(
     number: float, place: int, rounding: str = ROUND_HALF_EVEN, separators: bool = True
 ) -> str:
     """`number` rounded to a multiple of 10^place, written out in full (no exponent)."""
-    rounded = Decimal(float(number)).quantize(Decimal(1).scaleb(place), rounding=rounding)
+    exact = Decimal(float(number))
+    with localcontext() as context:  # enough digits for 1e30 to the units, say
+        context.prec = max(context.prec, exact.adjusted() - place + 2)
+        rounded = exact.quantize(Decimal(1).scaleb(place), rounding=rounding)
     if rounded == 0:
         rounded = abs(rounded)  # -0 reads 0
     return f"{rounded:,f}" if separators else f"{rounded:f}"

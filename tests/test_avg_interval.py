@@ -94,7 +94,7 @@ def test_the_interval_covers_the_true_mean_in_every_group(
         intervals = release.accuracy["m"].intervals
         assert len(intervals) == len(release.rows) == len(SIZES)
         for (group, value), (low, high) in zip(release.rows, intervals, strict=True):
-            assert 0 <= low <= high <= UPPER
+            assert 0 <= low <= value <= high <= UPPER  # the released value lies inside
             if group in truth:  # the empty group has no mean to cover
                 covered[group] += low <= truth[group] <= high
                 halved[group] += (
@@ -163,6 +163,27 @@ def test_each_rows_interval_follows_it(table, tmp_path: Path, ordered: str) -> N
     assert "twice" not in release.accuracy  # an expression of a noisy value states none
     for row, interval in zip(release.rows, release.accuracy["m"].intervals, strict=True):
         assert by_group[row[0]] == (row[1], interval)
+    connection.close()
+
+
+def test_keys_from_the_data_and_a_global_avg_state_intervals_too(table, tmp_path) -> None:
+    path, truth = table
+    policy = _policy()
+    policy["tables"]["t"]["columns"]["g"] = {"type": "int"}  # no public domain: selection
+    connection = dpsql.connect(
+        str(path), policy=policy, ledger=tmp_path / "ledger.sqlite", seed=3, epsilon=2.0
+    )
+    grouped = connection.execute(AVG)
+    rows, accuracy = grouped.fetchall(), grouped.accuracy["m"]
+    assert 4 in {row[0] for row in rows} and len(accuracy.intervals) == len(rows)
+    low, high = accuracy.interval(rows.index(next(r for r in rows if r[0] == 4)), 0.0)
+    assert low <= truth[4] <= high
+    overall = connection.execute("SELECT AVG(v) AS m FROM t")
+    ((low, high),) = overall.accuracy["m"].intervals
+    ((value,),) = overall.fetchall()
+    assert low <= value <= high
+    explained = dict(connection.execute(f"EXPLAIN {AVG}").fetchall())
+    assert "conservative" in explained["AVG interval"]
     connection.close()
 
 
@@ -239,6 +260,7 @@ def test_values_show_only_the_digits_their_interval_supports() -> None:
     assert noisy_text(97.7, per_row, 1) == "100 (0 to 5,000)"
     assert csv_cells(2500.123, per_row, 0) == ["2500", "1900", "3110"]
     assert render.format_value(0.1 + 0.2) == "0.3"
+    assert noisy_text(2.0**100, column(1.0), 0) == f"{2**100:,}.0 ± 1.0"  # 31 digits, past 28
 
 
 @pytest.mark.parametrize("seed", range(5))

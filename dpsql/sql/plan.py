@@ -468,6 +468,12 @@ class DirectPlan(_Batched):
             if measure.step != 1.0:
                 detail += f"; released on a grid of {measure.step!r}"
             lines.append((f"measure {measurement.key}", detail))
+        for widths in self._avg_widths.values():
+            lines.append((
+                "AVG interval",
+                f"per row, conservative: the SUM's 97.5% half-width {widths.total:.6g} and the "
+                f"COUNT's {widths.count:g} combined, within the column's bounds",
+            ))  # fmt: skip
         if analysis.grouped:
             lines.append(("group keys", self._keys_explanation()))
         return lines + [("note", note) for note in self.notes]
