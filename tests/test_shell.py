@@ -111,6 +111,13 @@ def test_accuracy_notice_of_the_wire_server_is_parsed() -> None:
         '{"n": {"mechanism": "discrete_laplace", "scale": 3, "interval95": 9, "sensitivity": 1}}'
     )
     assert parse_accuracy(detail) == {"n": Accuracy("discrete_laplace", 3.0, 9.0, 1.0)}
+    per_row = (
+        '{"m": {"mechanism": "laplace", "scale": 3, "interval95": null, "sensitivity": 1, '
+        '"note": "conservative", "intervals": [[1, 2.5], [0, 5000]]}}'
+    )
+    assert parse_accuracy(per_row) == {
+        "m": Accuracy("laplace", 3.0, None, 1.0, "conservative", ((1.0, 2.5), (0.0, 5000.0)))
+    }
     assert parse_accuracy("not json") == {}
 
 
