@@ -190,7 +190,8 @@ class Cursor:
 
     @property
     def accuracy(self) -> dict[str, Accuracy]:
-        """Per noisy output column: mechanism, noise scale and 95% interval half-width."""
+        """Per noisy output column: mechanism, noise scale and 95% interval half-width, or,
+        where it differs per row (AVG), `intervals`: one (low, high) per row."""
         return dict(self._release.accuracy) if self._release else {}
 
     @property

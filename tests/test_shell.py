@@ -70,16 +70,21 @@ def test_enter_runs_only_a_finished_statement() -> None:
     assert statement_complete("")
 
 
-def test_noisy_values_carry_their_interval() -> None:
+def test_noisy_values_carry_their_interval_at_the_precision_it_supports() -> None:
     count = Accuracy("discrete_laplace", 3.0, 9.0, 1.0)
-    assert render.noisy_cell(24550, count) == "24550 ± 9"
     total = Accuracy("discrete_laplace", 1.5e6, 4493598.0, 5e5)
-    assert render.noisy_cell(942188990.0, total) == "942,188,990 ± 4,493,598"
-    mean = Accuracy("discrete_laplace", 1.5e6, None, 5e5, "depends on the count")
-    assert render.noisy_cell(38379.91, mean) == "38,379.9"
-    assert render.noisy_cell(None, count) == "NULL"
+    mean = Accuracy("discrete_laplace", 1.5e6, None, 5e5, "conservative", ((29000.5, 47000.2),))
+    table = render.result_table(
+        ["n", "total", "mean"], [(24550, 942188990.0, 38379.91), (None, None, None)],
+        {"n": count, "total": total, "mean": mean},
+    )  # fmt: skip
+    console = Console(file=io.StringIO(), width=200)
+    console.print(table)
+    text = console.file.getvalue()
+    assert "24,550 ± 9" in text and "942,200,000 ± 4,500,000" in text
+    assert "38,400 (29,000 to 47,100)" in text and "NULL" in text
     assert render.accuracy_notes({"avg": mean, "n": count}) == [
-        "avg: depends on the count (discrete_laplace, noise scale 1,500,000)"
+        "avg: conservative (discrete_laplace, noise scale 1,500,000)"
     ]
 
 
@@ -89,8 +94,8 @@ def test_csv_puts_each_interval_in_its_own_column() -> None:
     render.write_csv(out, ["sex", "n"], [(0, 24550), (1, 25454)], accuracy)
     assert list(csv.reader(io.StringIO(out.getvalue()))) == [
         ["sex", "n", "n_interval95"],
-        ["0", "24550", "9.0"],
-        ["1", "25454", "9.0"],
+        ["0", "24550", "9"],
+        ["1", "25454", "9"],
     ]
 
 
@@ -106,6 +111,13 @@ def test_accuracy_notice_of_the_wire_server_is_parsed() -> None:
         '{"n": {"mechanism": "discrete_laplace", "scale": 3, "interval95": 9, "sensitivity": 1}}'
     )
     assert parse_accuracy(detail) == {"n": Accuracy("discrete_laplace", 3.0, 9.0, 1.0)}
+    per_row = (
+        '{"m": {"mechanism": "laplace", "scale": 3, "interval95": null, "sensitivity": 1, '
+        '"note": "conservative", "intervals": [[1, 2.5], [0, 5000]]}}'
+    )
+    assert parse_accuracy(per_row) == {
+        "m": Accuracy("laplace", 3.0, None, 1.0, "conservative", ((1.0, 2.5), (0.0, 5000.0)))
+    }
     assert parse_accuracy("not json") == {}
 
 

@@ -2,12 +2,17 @@
 
 dpsql query --demo "SELECT sex, COUNT(*) FROM census GROUP BY sex"
 dpsql query --database pums.duckdb --policy policy.yaml --json "SELECT AVG(income) FROM pums"
+dpsql query --demo --csv "SELECT sex, AVG(income) FROM census GROUP BY sex" > means.csv
+
+The table and CSV show each value to the precision its 95% interval supports
+(results.noisy_text); --json gives the full values and intervals, for programs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -27,7 +32,12 @@ def register(commands: Any) -> None:
     add_connection_options(query)
     query.add_argument("sql", help='the query, e.g. "SELECT COUNT(*) FROM census"')
     query.add_argument("--epsilon", type=float, help="privacy cost of this query (default: policy)")
-    query.add_argument("--json", action="store_true", help="print the release as JSON")
+    output = query.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="print the release as JSON")
+    output.add_argument(
+        "--csv", action="store_true",
+        help="print the rows as CSV, each noisy column followed by its 95%% interval",
+    )  # fmt: skip
     query.set_defaults(run=_run)
 
 
@@ -45,10 +55,16 @@ def _run(args: argparse.Namespace) -> int:
                 "budget": vars(budget),
             }, default=str, indent=2))  # fmt: skip
             return 0
+        notes = [*release.notes, *render.accuracy_notes(release.accuracy)]
+        if args.csv:  # the notes go to stderr, so that stdout is the CSV alone
+            render.write_csv(sys.stdout, release.columns, rows, release.accuracy)
+            for note in notes:
+                print(f"note: {note}", file=sys.stderr)
+            return 0
         console = Console()
         if release.columns:
             console.print(render.result_table(release.columns, rows, release.accuracy))
-        for note in release.notes:
+        for note in notes:
             console.print(f"[dim]note: {note}[/]", highlight=False)
         console.print(f"[dim]{render.budget_line(budget)}[/]", highlight=False)
     return 0

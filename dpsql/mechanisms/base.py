@@ -3,13 +3,14 @@
 A mechanism is built for one sensitivity and one privacy parameter, carries
 its own privacy cost (like an OpenDP measurement carries its privacy map), and
 adds noise to a whole numpy array of true values at once. Also here: the one
-search every mechanism's exact 95% interval uses.
+search every mechanism's exact central interval uses, at any miss probability.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from fractions import Fraction
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -18,6 +19,23 @@ from dpsql.accounting import Cost
 from dpsql.errors import InternalError
 
 COVERAGE_MISS = 0.05  # interval95 leaves at most this probability outside
+
+
+def valid_miss(miss: float) -> float:
+    """`miss`, the probability an interval may leave outside, or a ValueError unless it
+    lies strictly between 0 and 1."""
+    if not 0 < miss < 1:
+        raise ValueError(f"a miss probability must lie strictly between 0 and 1, got {miss!r}")
+    return float(miss)
+
+
+def miss_probability(miss: float) -> Fraction:
+    """`miss` as an exact rational no larger than it, for exact tail comparisons: the short
+    fraction it prints as (0.05 is 1/20, below the float 0.05) unless that is larger than
+    the float, then the float's own value. A ValueError unless 0 < miss < 1."""
+    exact = Fraction(valid_miss(miss))
+    short = exact.limit_denominator(1 << 32)
+    return short if short <= exact else exact
 
 
 class OutOfRange(ValueError):
@@ -60,11 +78,14 @@ class NoiseMechanism(Protocol):
         OutOfRange if these parameters are beyond them. Callers that charge for a draw
         prepare first, so that no draw fails after the charge."""
 
+    def half_width(self, miss: float) -> float:
+        """Exact half-width w with P(|noise| > w) <= miss, the smallest on the output grid."""
+
     def sample(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Noisy copies of `values`, one independent draw per element."""
 
     def interval95(self) -> float:
-        """Exact half-width w with P(|noise| <= w) >= 0.95, the smallest on the output grid."""
+        """half_width(COVERAGE_MISS): the central 95% interval's half-width."""
 
     def expected_abs_error(self) -> float:
         """E|noise| in closed form."""

@@ -31,11 +31,18 @@ from __future__ import annotations
 import functools
 import math
 from fractions import Fraction
+from statistics import NormalDist
 
 import numpy as np
 
 from dpsql.accounting import Cost
-from dpsql.mechanisms.base import COVERAGE_MISS, OutOfRange, drawable, smallest_covering
+from dpsql.mechanisms.base import (
+    COVERAGE_MISS,
+    OutOfRange,
+    drawable,
+    miss_probability,
+    smallest_covering,
+)
 from dpsql.mechanisms.grid import (
     GridMechanism,
     as_float,
@@ -56,7 +63,8 @@ _FLOOR = constant(
 _WORD = constant(2.0**-64, np.float64)
 _NONE = np.empty(0, dtype=np.int64)
 _DIRECT_SIGMA = 1 << 16  # above this the closed forms use Euler-Maclaurin, exact to ~sigma^-4
-_CERTAIN = 2.0**-40  # coverage is decided in floating point only when it is this far from 0.95
+_CERTAIN = 2.0**-40  # coverage is decided in floating point only this far from 1 - miss
+_SMALLEST_MISS = Fraction(1, 1 << 32)
 
 
 def _floor_sqrt(value: Fraction) -> int:
@@ -189,20 +197,26 @@ class _Sums:
         correction = edge * math.exp(-edge * edge / 2) / (12 * self.sigma2)
         return math.erf(edge / math.sqrt(2)) + correction * self.sigma / self.total
 
-    def interval95(self) -> int:
-        """The smallest m whose coverage is certainly >= 0.95 (the true smallest unless
-        the coverage of m - 1 is within 2^-40 of 0.95, when this may be one more)."""
-        guess = math.ceil(1.96 * self.sigma) - 1
-
-        def tail_exceeds(m: int) -> bool:
-            return self.coverage(m) * (1 - _CERTAIN) < 1 - COVERAGE_MISS
-
-        return smallest_covering(tail_exceeds, guess)
-
 
 @functools.lru_cache(maxsize=256)
 def _sums(sigma2: Fraction) -> _Sums:
     return _Sums(sigma2)
+
+
+@functools.lru_cache(maxsize=256)
+def _half_width(sigma2: Fraction, miss: Fraction) -> int:
+    """The smallest m whose coverage is certainly >= 1 - miss (the true smallest unless
+    the coverage of m - 1 is within a relative 2^-40 of it, when this may be one more).
+    The continuous closed form sigma * z_(1 - miss/2) is only the first guess."""
+    if miss < _SMALLEST_MISS:  # the float coverage cannot tell such tails apart from 0
+        raise ValueError(f"a Gaussian half-width needs a miss probability >= 2^-32, got {miss}")
+    sums = _sums(sigma2)
+    guess = math.ceil(sums.sigma * NormalDist().inv_cdf(1 - float(miss) / 2)) - 1
+
+    def tail_exceeds(m: int) -> bool:
+        return sums.coverage(m) * (1 - _CERTAIN) < 1 - miss
+
+    return smallest_covering(tail_exceeds, guess)
 
 
 class DiscreteGaussian:
@@ -244,8 +258,11 @@ class DiscreteGaussian:
         exact = as_integers(values, "the discrete Gaussian")
         return exact + self.noise(exact.size, rng).reshape(exact.shape)
 
+    def half_width(self, miss: float) -> float:
+        return _half_width(self.sigma2, miss_probability(miss))
+
     def interval95(self) -> float:
-        return _sums(self.sigma2).interval95()
+        return self.half_width(COVERAGE_MISS)
 
     def expected_abs_error(self) -> float:
         return _sums(self.sigma2).abs_mean()

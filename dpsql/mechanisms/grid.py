@@ -112,6 +112,8 @@ class IntegerNoise(Protocol):
         """noise(size, rng): `size` values of the noise alone, what sample adds to the
         integers it has checked."""
 
+    def half_width(self, miss: float) -> float: ...
+
     def interval95(self) -> float: ...
 
     def expected_abs_error(self) -> float: ...
@@ -125,8 +127,8 @@ class GridMechanism:
     """An integer mechanism run on the grid g*Z = 2^exponent * Z for real-valued queries.
 
     Subclasses set name, sensitivity, cost, and call `_set_grid` with the
-    exponent and the integer mechanism to run in grid steps. interval95,
-    expected_abs_error and variance describe the added noise g*Z; the rounding
+    exponent and the integer mechanism to run in grid steps. half_width,
+    interval95, expected_abs_error and variance describe the added noise g*Z; the rounding
     of the input adds at most g/2 on top.
     """
 
@@ -167,6 +169,9 @@ class GridMechanism:
         # int -> float rounds only beyond 2^53 steps, onto a coarser power-of-two grid (still
         # on g*Z); the product with g is then exact, as the exponent range leaves headroom
         return noisy.astype(np.float64) * self._granularity
+
+    def half_width(self, miss: float) -> float:
+        return self.granularity * self.steps.half_width(miss)
 
     def interval95(self) -> float:
         return self.granularity * self.steps.interval95()

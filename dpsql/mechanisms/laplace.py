@@ -22,7 +22,13 @@ from fractions import Fraction
 import numpy as np
 
 from dpsql.accounting import Cost
-from dpsql.mechanisms.base import COVERAGE_MISS, NoiseMechanism, drawable, smallest_covering
+from dpsql.mechanisms.base import (
+    COVERAGE_MISS,
+    NoiseMechanism,
+    drawable,
+    miss_probability,
+    smallest_covering,
+)
 from dpsql.mechanisms.grid import (
     GridMechanism,
     as_float,
@@ -36,21 +42,25 @@ from dpsql.mechanisms.pool import Draw
 from dpsql.mechanisms.samplers import ExactReal, laplace_sampler
 
 GRANULARITY_BITS = 19
-_MISS = Fraction(COVERAGE_MISS).limit_denominator(100)
 
 
-def _tail_exceeds(scale: Fraction, m: int) -> bool:
-    """Whether P(|Z| > m) = 2 a^(m+1) / (1+a) is above 1 - 0.95 (never equal: it is irrational)."""
+def _tail_exceeds(scale: Fraction, miss: Fraction, m: int) -> bool:
+    """Whether P(|Z| > m) = 2 a^(m+1) / (1+a) is above `miss` (never equal: it is irrational)."""
     tail = 2 * ExactReal.exp_neg((m + 1) / scale) / (1 + ExactReal.exp_neg(1 / scale))
-    return tail.exceeds(_MISS)
+    return tail.exceeds(miss)
 
 
 @functools.lru_cache(maxsize=256)  # exact, hence slow-ish; the same scales recur query after query
-def interval95_units(scale: Fraction) -> int:
-    """The smallest integer m with P(|Z| <= m) >= 0.95 for discrete Laplace of this scale."""
+def half_width_units(scale: Fraction, miss: Fraction) -> int:
+    """The smallest integer m with P(|Z| > m) <= miss for discrete Laplace of this scale.
+
+    The closed form: P(|Z| > m) = 2 a^(m+1) / (1 + a) with a = e^(-1/scale), so m is
+    ceil(scale * ln(2 / (miss (1 + a)))) - 1; evaluated in floating point it is only
+    the first guess, and the exact comparison decides.
+    """
     a = math.exp(-1 / scale)
-    guess = math.ceil(math.log(COVERAGE_MISS * (1 + a) / 2) * -float(scale)) - 1
-    return smallest_covering(functools.partial(_tail_exceeds, scale), guess)
+    guess = math.ceil(math.log(float(miss) * (1 + a) / 2) * -float(scale)) - 1
+    return smallest_covering(functools.partial(_tail_exceeds, scale, miss), guess)
 
 
 # Below this rate 1/scale, 2a/(1 - a^2) is 1/rate and 2a/(1 - a)^2 is 2/rate^2 to far
@@ -111,8 +121,11 @@ class DiscreteLaplace:
         exact = as_integers(values, "discrete Laplace")
         return exact + self.noise(exact.size, rng).reshape(exact.shape)
 
+    def half_width(self, miss: float) -> float:
+        return half_width_units(self.exact_scale, miss_probability(miss))
+
     def interval95(self) -> float:
-        return interval95_units(self.exact_scale)
+        return self.half_width(COVERAGE_MISS)
 
     def expected_abs_error(self) -> float:
         return _abs_error_units(self.exact_scale)

@@ -32,7 +32,7 @@ from fractions import Fraction
 import numpy as np
 
 from dpsql.accounting import Cost
-from dpsql.mechanisms.base import COVERAGE_MISS, drawable, smallest_covering
+from dpsql.mechanisms.base import COVERAGE_MISS, drawable, miss_probability, smallest_covering
 from dpsql.mechanisms.grid import (
     GridMechanism,
     as_integers,
@@ -58,7 +58,6 @@ from dpsql.mechanisms.samplers import (
 GRID_STEPS_BITS = 20  # a block of the grid staircase spans about 2^20 grid steps
 _MAX_SENSITIVITY = (1 << 31) - 1  # uniform_below draws offsets below 2^32
 _TABLE_OFFSETS = 4096  # up to here one table holds every offset of a block
-_MISS = Fraction(COVERAGE_MISS).limit_denominator(100)
 
 
 def continuous_gamma(epsilon: float, objective: str) -> float:
@@ -247,10 +246,13 @@ class Staircase:
         k, j = divmod(abs(i), self.sensitivity)
         return k + (j >= self.steps)
 
-    def interval95(self) -> float:
+    def half_width(self, miss: float) -> float:
         if self._geometric is not None:
-            return self._geometric.interval95()
-        return _interval95(self.sensitivity, self.steps, self.exact_epsilon)
+            return self._geometric.half_width(miss)
+        return _half_width(self.sensitivity, self.steps, self.exact_epsilon, miss_probability(miss))
+
+    def interval95(self) -> float:
+        return self.half_width(COVERAGE_MISS)
 
     def expected_abs_error(self) -> float:
         if self._geometric is not None:  # the same number, to the last bit, as Laplace's
@@ -264,8 +266,9 @@ class Staircase:
 
 
 @functools.lru_cache(maxsize=256)  # exact, hence slow-ish; the same mechanisms recur
-def _interval95(delta: int, r: int, epsilon: Fraction) -> int:
-    """The smallest m with P(|Z| <= m) >= 0.95, decided with exact arithmetic."""
+def _half_width(delta: int, r: int, epsilon: Fraction, miss: Fraction) -> int:
+    """The smallest m with P(|Z| > m) <= miss, decided with exact arithmetic on the
+    staircase's own tail (below): a float search brackets it, the exact tail decides."""
     b = ExactReal.exp_neg(epsilon)
     block = r + b * (delta - r)
 
@@ -275,15 +278,16 @@ def _interval95(delta: int, r: int, epsilon: Fraction) -> int:
         k, j = divmod(m, delta)
         covered = min(j + 1, r) + b * max(0, j + 1 - r)
         tail = 2 * ExactReal.exp_neg(k * epsilon) * ((1 - b) * (block - covered) + b * block)
-        return (tail / (2 * block - (1 - b))).exceeds(_MISS)
+        return (tail / (2 * block - (1 - b))).exceeds(miss)
 
     shape = _Shape(delta, r, float(epsilon))
     low, high = 0, 1
-    while shape.tail(high) > COVERAGE_MISS:  # a floating-point bracket for the first guess
+    rough = float(miss)
+    while shape.tail(high) > rough:  # a floating-point bracket for the first guess
         low, high = high, high * 2
     while high - low > 1:
         middle = (low + high) // 2
-        low, high = (middle, high) if shape.tail(middle) > COVERAGE_MISS else (low, middle)
+        low, high = (middle, high) if shape.tail(middle) > rough else (low, middle)
     return smallest_covering(tail_exceeds, high)
 
 

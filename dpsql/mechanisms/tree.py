@@ -59,11 +59,11 @@ from fractions import Fraction
 
 import numpy as np
 
+from dpsql.mechanisms.base import COVERAGE_MISS, valid_miss
 from dpsql.mechanisms.gaussian import DiscreteGaussian
 from dpsql.mechanisms.grid import privacy_parameter
 from dpsql.mechanisms.laplace import DiscreteLaplace
 
-_TAIL = 0.05
 _SQRT_BITS = 32  # the L2 sensitivity is rounded up to a multiple of 2^-32
 _NEWTON_STEPS = 20  # a cap: K from 1e-3 to 1e12 needs at most 5
 _NEWTON_TOLERANCE = 1e-12  # relative to the half-width, far below the 1e-9 margin
@@ -250,13 +250,15 @@ def _coverage(node: np.ndarray, size: np.ndarray, a: np.ndarray, e: np.ndarray) 
     return np.maximum(np.minimum(e, low + size) - np.maximum(a, low), 0) / size
 
 
-def chernoff_halfwidths(scale: float, squares: np.ndarray, largest: np.ndarray) -> np.ndarray:
-    """Half-widths t with P(|sum_v w_v Z_v| > t) <= 5% for discrete Laplace Z_v of `scale`.
+def chernoff_halfwidths(
+    scale: float, squares: np.ndarray, largest: np.ndarray, miss: float = COVERAGE_MISS
+) -> np.ndarray:
+    """Half-widths t with P(|sum_v w_v Z_v| > t) <= miss for discrete Laplace Z_v of `scale`.
 
     `squares` = sum w_v^2 and `largest` = max |w_v|, per estimate. In units of
     s W the half-width depends only on K = squares / largest^2: it is where
     f(tau) = min over v of -v tau - K log(1 - v^2) (the log of the one-sided
-    bound) crosses log 2.5%. f is a minimum of lines in tau, so concave and
+    bound) crosses log(miss / 2). f is a minimum of lines in tau, so concave and
     decreasing, with slope -v at the optimum v = tau / (sqrt(K^2 + tau^2) + K).
     Newton's method therefore lands at or beyond the crossing from any start
     (a concave function lies below its tangents) and then descends to it
@@ -268,8 +270,9 @@ def chernoff_halfwidths(scale: float, squares: np.ndarray, largest: np.ndarray) 
     squares, largest = np.asarray(squares, dtype=float), np.asarray(largest, dtype=float)
     valid = (squares > 0) & (largest > 0)
     ratio = np.where(valid, squares / np.where(valid, largest, 1) ** 2 * (1 - 1e-9), 1.0)
-    target = math.log(_TAIL / 2)
-    tau = np.sqrt(4 * ratio * math.log(40)) + math.log(40)  # about the answer
+    target = math.log(valid_miss(miss) / 2)
+    # about the answer: sqrt(4 K log(2/miss)) + log(2/miss)
+    tau = np.sqrt(4 * ratio * -target) - target
     squared = ratio * ratio
     for _ in range(_NEWTON_STEPS):
         v = tau / (np.sqrt(squared + tau * tau) + ratio)
@@ -280,14 +283,16 @@ def chernoff_halfwidths(scale: float, squares: np.ndarray, largest: np.ndarray) 
     return np.where(valid, scale * largest * tau * (1 + 1e-9), 0.0)
 
 
-def subgaussian_halfwidths(sigma: float, squares: np.ndarray) -> np.ndarray:
-    """Half-widths t with P(|sum_v w_v Z_v| > t) <= 5% for discrete Gaussians Z_v of `sigma`.
+def subgaussian_halfwidths(
+    sigma: float, squares: np.ndarray, miss: float = COVERAGE_MISS
+) -> np.ndarray:
+    """Half-widths t with P(|sum_v w_v Z_v| > t) <= miss for discrete Gaussians Z_v of `sigma`.
 
     `squares` = sum w_v^2 per estimate. Rounded up by 1e-9 so float rounding
     never narrows the interval.
     """
     squares = np.asarray(squares, dtype=float)
-    return sigma * np.sqrt(2 * squares * math.log(2 / _TAIL)) * (1 + 1e-9)
+    return sigma * np.sqrt(2 * squares * math.log(2 / valid_miss(miss))) * (1 + 1e-9)
 
 
 def l2_sensitivity(levels: int, contributions: int) -> Fraction:
@@ -384,11 +389,14 @@ class HierarchicalHistogram:
         """The node noise: 'laplace' or 'gaussian'."""
         return self.noise.name
 
-    def halfwidths(self, squares: np.ndarray, largest: np.ndarray) -> np.ndarray:
-        """Guaranteed 95% half-widths of estimates with these sums and maxima of |weights|."""
+    def halfwidths(
+        self, squares: np.ndarray, largest: np.ndarray, miss: float = COVERAGE_MISS
+    ) -> np.ndarray:
+        """Guaranteed half-widths (P(|error| > t) <= miss, 95% by default) of estimates with
+        these sums and maxima of |weights|."""
         if isinstance(self.noise, DiscreteGaussian):
-            return subgaussian_halfwidths(self.noise.scale, squares)
-        return chernoff_halfwidths(self.noise.scale, squares, largest)
+            return subgaussian_halfwidths(self.noise.scale, squares, miss)
+        return chernoff_halfwidths(self.noise.scale, squares, largest, miss)
 
     @property
     def prefix(self) -> np.ndarray:

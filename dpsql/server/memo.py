@@ -74,5 +74,6 @@ class ReleaseMemo(WeightedLru):
         release = answer.release
         if isinstance(release, CachedRelease):
             values = len(release.columns) * len(release.rows) + len(release.accuracy)
+            values += sum(2 * len(a.intervals or ()) for a in release.accuracy.values())
             size = ENTRY_BYTES + len(key[2]) + len(key[3]) + len(answer.notices)
             self.put(key, answer, size + VALUE_BYTES * values)

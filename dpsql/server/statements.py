@@ -10,7 +10,10 @@ A statement runs once per portal, at Bind (or at a parameterless Describe):
 its columns are only known from the release, and the release is what is
 charged. After a noisy release the portal sends a NoticeResponse
 `dpsql accuracy` whose detail is JSON {column: {mechanism, scale,
-interval95, sensitivity}}; `dpsql shell` reads it.
+interval95, sensitivity, note, intervals}} (full floats, for programs;
+`intervals` is one [low, high] per row where the interval differs per row,
+as for AVG) and whose hint is the same for a person, at the precision each
+interval supports (results.noisy_text); `dpsql shell` reads the detail.
 
 A statement that runs over the query timeout, or that the client cancels,
 is answered 57014 at once and its statement is interrupted in the database
@@ -35,7 +38,7 @@ from pg_mimic.session import Portal, Statement
 
 from dpsql.errors import Error, InterfaceError, ProgrammingError
 from dpsql.lru import WeightedLru
-from dpsql.results import MAX_GROUPS, Release
+from dpsql.results import MAX_GROUPS, Release, half_width_text, noisy_text
 from dpsql.server import introspection
 from dpsql.server.memo import (
     ENTRY_BYTES,
@@ -57,6 +60,7 @@ from dpsql.session import Session
 
 _logger = logging.getLogger(__name__)
 ACCURACY_NOTICE = "dpsql accuracy"
+HINT_ROWS = 10  # rows whose own intervals the accuracy notice's hint spells out
 # How often a stopped statement's interrupt is repeated until its worker is free:
 # the worker may be planning or charging when the first one comes, before the
 # database has a statement to interrupt.
@@ -302,17 +306,37 @@ def _notices(release: Release) -> bytes:
     detail = {
         column: {
             "mechanism": a.mechanism, "scale": a.scale,
-            "interval95": a.interval95, "sensitivity": a.sensitivity,
+            "interval95": a.interval95, "sensitivity": a.sensitivity, "note": a.note,
+            "intervals": None if a.intervals is None else [list(pair) for pair in a.intervals],
         }
         for column, a in release.accuracy.items()
     }  # fmt: skip
     notes = [_notice(note) for note in release.notes]
-    return b"".join([_notice(ACCURACY_NOTICE, json.dumps(detail)), *notes])
+    hint = _accuracy_hint(release)
+    return b"".join([_notice(ACCURACY_NOTICE, json.dumps(detail), hint), *notes])
 
 
-def _notice(message: str, detail: str | None = None) -> bytes:
+def _accuracy_hint(release: Release) -> str:
+    """Each noisy column's 95% interval as a person reads it: one half-width, or the first
+    HINT_ROWS rows' values with their own intervals."""
+    lines = []
+    for column, accuracy in release.accuracy.items():
+        if accuracy.intervals is None:
+            width = accuracy.interval95
+            stated = "not stated" if width is None else half_width_text(width)
+            lines.append(f"{column}: 95% interval {stated} ({accuracy.mechanism})")
+            continue
+        index = release.columns.index(column)
+        shown = [noisy_text(row[index], accuracy, i) for i, row in enumerate(release.rows)]
+        more = ", ..." if len(shown) > HINT_ROWS else ""
+        lines.append(f"{column}: per row, {', '.join(shown[:HINT_ROWS])}{more}")
+    return "\n".join(lines)
+
+
+def _notice(message: str, detail: str | None = None, hint: str | None = None) -> bytes:
     fields = {"S": "NOTICE", "V": "NOTICE", "C": "00000", "M": message}
-    return make_notice_response(fields | ({"D": detail} if detail is not None else {}))
+    fields |= {"D": detail} if detail is not None else {}
+    return make_notice_response(fields | ({"H": hint} if hint else {}))
 
 
 class PrivateStatement(Statement):

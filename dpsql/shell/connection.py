@@ -7,7 +7,8 @@ as `StatementFailed` with the message to show, whichever side produced them.
 
 Over the wire, accuracy arrives in a NoticeResponse whose message is
 `dpsql accuracy` and whose detail is JSON {column: {"mechanism", "scale",
-"interval95", "sensitivity"}}; the budget comes from `SHOW dpsql.budget`.
+"interval95", "sensitivity", "note", "intervals"}} (intervals: one [low, high]
+per row, where they differ per row); the budget comes from `SHOW dpsql.budget`.
 """
 
 from __future__ import annotations
@@ -176,7 +177,8 @@ def parse_accuracy(detail: str) -> dict[str, Accuracy]:
                 float(item["scale"]),
                 None if item.get("interval95") is None else float(item["interval95"]),
                 float(item["sensitivity"]),
-                str(item.get("note", "")),
+                str(item.get("note") or ""),
+                None if item.get("intervals") is None else item["intervals"],
             )
             for column, item in data.items()
         }

@@ -1,40 +1,22 @@
 """How results look in a terminal: noisy values with their 95% interval, budgets, policies.
 
 Shared by `dpsql shell` and `dpsql query`, so both show a release the same
-way. Everything here is a pure function from data to rich renderables or
-text; nothing connects or runs a query.
+way; each value is written by results.noisy_text (or csv_cells), at the
+precision its interval supports. Everything here is a pure function from data
+to rich renderables or text; nothing connects or runs a query.
 """
 
 from __future__ import annotations
 
 import csv
-import math
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import IO, Any
 
 from rich.table import Table
 
-from dpsql.results import Accuracy
+from dpsql.results import Accuracy, csv_cells, csv_header, format_value, noisy_text
 from dpsql.session import Budget
-
-
-def format_value(value: Any) -> str:
-    """A released value as the shell shows it: NULL, 6 significant digits for reals."""
-    if isinstance(value, float | Decimal):
-        number = float(value)
-        if not math.isfinite(number) or abs(number) < 1e6:
-            return f"{number:,.6g}"
-        return f"{number:,.0f}"
-    return "NULL" if value is None else str(value)
-
-
-def noisy_cell(value: Any, accuracy: Accuracy | None) -> str:
-    """`value ± half-width` when the column's 95% interval is known, else the value."""
-    text = format_value(value)
-    if value is None or accuracy is None or accuracy.interval95 is None:
-        return text
-    return f"{text} ± {format_value(accuracy.interval95)}"
 
 
 def result_table(
@@ -45,16 +27,17 @@ def result_table(
     for index, name in enumerate(columns):
         numeric = all(isinstance(row[index], int | float | Decimal | None) for row in rows)
         table.add_column(name, justify="right" if numeric else "left")
-    for row in rows:
+    for index, row in enumerate(rows):
         cells = [
-            noisy_cell(value, accuracy.get(name)) for name, value in zip(columns, row, strict=True)
+            noisy_text(value, accuracy.get(name), index)
+            for name, value in zip(columns, row, strict=True)
         ]
         table.add_row(*cells)
     return table
 
 
 def accuracy_notes(accuracy: Mapping[str, Accuracy]) -> list[str]:
-    """One line per noisy column whose interval is not shown beside its values."""
+    """One line per noisy column whose interval is not one half-width for every row."""
     return [
         f"{name}: {item.note or 'the 95% interval varies per row'} "
         f"({item.mechanism}, noise scale {format_value(item.scale)})"
@@ -69,25 +52,19 @@ def write_csv(
     rows: Sequence[Sequence[Any]],
     accuracy: Mapping[str, Accuracy],
 ) -> None:
-    """The rows as CSV; each noisy column with a known interval is followed by
-    `<column>_interval95`, the half-width of its 95% interval."""
-    intervals = {
-        name: item.interval95 for name, item in accuracy.items() if item.interval95 is not None
-    }
-    header: list[str] = []
-    for name in columns:
-        header.append(name)
-        if name in intervals:
-            header.append(f"{name}_interval95")
+    """The rows as CSV, each value at the precision its interval supports; a noisy column
+    is followed by `<column>_interval95` (its half-width) or, where the interval differs
+    per row, by `<column>_low95` and `<column>_high95`."""
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(header)
-    for row in rows:
-        cells: list[Any] = []
-        for name, value in zip(columns, row, strict=True):
-            cells.append(value)
-            if name in intervals:
-                cells.append(intervals[name])
-        writer.writerow(cells)
+    writer.writerow([cell for name in columns for cell in csv_header(name, accuracy.get(name))])
+    for index, row in enumerate(rows):
+        writer.writerow(
+            [
+                cell
+                for name, value in zip(columns, row, strict=True)
+                for cell in csv_cells(value, accuracy.get(name), index)
+            ]
+        )
 
 
 def budget_line(budget: Budget) -> str:

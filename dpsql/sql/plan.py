@@ -23,7 +23,7 @@ from sqlglot import exp
 
 from dpsql.accounting import Cost, round_up, split_epsilon, zcdp_rho
 from dpsql.errors import QueryRefused, TooManyGroups
-from dpsql.mechanisms.base import NoiseMechanism, OutOfRange
+from dpsql.mechanisms.base import NoiseMechanism, OutOfRange, drawable
 from dpsql.mechanisms.choice import choose
 from dpsql.mechanisms.gaussian import DiscreteGaussian
 from dpsql.mechanisms.grid import GRID_LIMIT
@@ -34,8 +34,9 @@ from dpsql.mechanisms.tree import l2_sensitivity
 from dpsql.policy import MAX_PUBLIC_KEYS
 from dpsql.results import Accuracy, Release
 from dpsql.sql.analyze import KEY_PREFIX, VALUE_PREFIX, Aggregate, Analysis, Interval, conjuncts
+from dpsql.sql.avg_interval import AvgWidths, avg_intervals, avg_widths
 from dpsql.sql.keys import canonical_keys, key_kinds
-from dpsql.sql.postprocess import RELEASED, project, query_released
+from dpsql.sql.postprocess import RELEASED, project, project_rows, query_released
 from dpsql.sql.rewrite import SumGrid, rewrite
 
 # Grid resolution: a SUM is released in steps of about (noise scale) / 2^20, so
@@ -197,6 +198,12 @@ def _prepared_noise(
     return noise
 
 
+_AVG_NOTE = (
+    "noisy SUM / noisy COUNT: a 95% interval per row, conservative (each of the two "
+    "measurements' 97.5% intervals, combined, within the column's bounds)"
+)
+
+
 class DirectPlan(_Batched):
     """A noisy answer to an aggregate query, measured directly on the table."""
 
@@ -246,6 +253,11 @@ class DirectPlan(_Batched):
                 self.measures.append(
                     self._measure(1 if measurement.kind == "count_units" else rows_per_unit)
                 )
+        self._avg_widths = {
+            aggregate.measurements: self._avg_widths_of(aggregate)
+            for aggregate in analysis.aggregates
+            if aggregate.function == "avg"
+        }
         pure = sum((m.noise.cost for m in self.measures), Cost())
         if self.selection is not None:
             pure = pure + self.selection.cost
@@ -267,6 +279,16 @@ class DirectPlan(_Batched):
         except OutOfRange as exc:
             raise beyond_the_sampler(name, self.share, exc) from None
         return _Measure(noise, step, reason)
+
+    def _avg_widths_of(self, aggregate: Aggregate) -> AvgWidths:
+        """The half-widths an AVG's intervals need, found now: an exact search that fails
+        on extreme parameters must fail before the charge."""
+        total, count = (self.measures[i] for i in aggregate.measurements)
+        try:
+            with drawable(f"the 95% interval of {total.noise.name} noise"):
+                return avg_widths(total.noise, total.step, count.noise)
+        except OutOfRange as exc:
+            raise beyond_the_sampler(total.noise.name, self.share, exc) from None
 
     @property
     def known_groups(self) -> int | None:
@@ -331,8 +353,10 @@ class DirectPlan(_Batched):
         order = key_order(keys)
         keys = [keys[i] for i in order]
         values = [column[order] if len(order) else column for column in values]
-        result_columns, result_rows = project(analysis, keys, values)
-        return Release(result_columns, result_rows, self._accuracy(), notes)
+        result_columns, result_rows, groups = project_rows(analysis, keys, values)
+        # each final row's group in the noisy arrays, for the accuracy that varies per group
+        source = np.asarray(order, dtype=np.int64)[np.asarray(groups, dtype=np.int64)]
+        return Release(result_columns, result_rows, self._accuracy(noisy, source), notes)
 
     def _select(
         self, batches: Iterable[list[tuple]], rng: np.random.Generator, max_groups: int | None
@@ -376,23 +400,32 @@ class DirectPlan(_Batched):
         # dividing noisy values is post-processing; clamping to the bounds too
         return np.clip(mean, aggregate.bounds.lower, aggregate.bounds.upper)
 
-    def _accuracy(self) -> dict[str, Accuracy]:
+    def _accuracy(self, noisy: list[np.ndarray], source: np.ndarray) -> dict[str, Accuracy]:
+        """Each released aggregate's accuracy; `source` is each final row's index in `noisy`."""
         return {
-            name: self._aggregate_accuracy(aggregate)
+            name: self._aggregate_accuracy(aggregate, noisy, source)
             for name, aggregate in released_aggregates(self.analysis)
         }
 
-    def _aggregate_accuracy(self, aggregate: Aggregate) -> Accuracy:
+    def _aggregate_accuracy(
+        self, aggregate: Aggregate, noisy: list[np.ndarray], source: np.ndarray
+    ) -> Accuracy:
         measure = self.measures[aggregate.measurements[0]]
         noise = measure.noise
         scale = float(noise.scale) * measure.step
         if aggregate.function == "avg":
+            total, count = (noisy[i] for i in aggregate.measurements)
+            bounds = (aggregate.bounds.lower, aggregate.bounds.upper)
+            low, high = avg_intervals(
+                total * measure.step, count, self._avg_widths[aggregate.measurements], bounds
+            )
             return Accuracy(
                 noise.name,
                 scale,
                 None,
                 noise.sensitivity * measure.step,
-                "noisy SUM / noisy COUNT: the interval depends on the count",
+                _AVG_NOTE,
+                tuple(zip(low[source].tolist(), high[source].tolist(), strict=True)),
             )
         return Accuracy(
             noise.name,
@@ -438,6 +471,12 @@ class DirectPlan(_Batched):
             if measure.step != 1.0:
                 detail += f"; released on a grid of {measure.step!r}"
             lines.append((f"measure {measurement.key}", detail))
+        for widths in self._avg_widths.values():
+            lines.append((
+                "AVG interval",
+                f"per row, conservative: the SUM's 97.5% half-width {widths.total:.6g} and the "
+                f"COUNT's {widths.count:g} combined, within the column's bounds",
+            ))  # fmt: skip
         if analysis.grouped:
             lines.append(("group keys", self._keys_explanation()))
         return lines + [("note", note) for note in self.notes]

@@ -39,24 +39,36 @@ def project(
     analysis: Analysis, keys: list[tuple], values: list[np.ndarray]
 ) -> tuple[list[str], list[tuple]]:
     """The final columns and rows from released keys and aggregate values."""
+    names, rows, _ = project_rows(analysis, keys, values)
+    return names, rows
+
+
+def project_rows(
+    analysis: Analysis, keys: list[tuple], values: list[np.ndarray]
+) -> tuple[list[str], list[tuple], list[int]]:
+    """The final columns and rows, and for each final row the released group it comes
+    from (its index in `keys`): what HAVING, ORDER BY and LIMIT kept, in their order, so
+    per-group accuracy (AVG's intervals) follows its row."""
     names = [output.name for output in analysis.outputs]
     columns = {f"{KEY_PREFIX}{i}": [key[i] for key in keys] for i in range(len(analysis.keys))}
     columns.update({f"{VALUE_PREFIX}{j}": v for j, v in enumerate(values)})
     if analysis.is_plain_projection:
         picked = [_python_values(columns[out.expression.name]) for out in analysis.outputs]
-        return names, list(zip(*picked, strict=True)) if picked else []
-    sorted_rows = _sorted_in_python(analysis, columns)
-    if sorted_rows is not None:
-        return names, sorted_rows
-    return names, _evaluate(analysis, columns)
+        rows = list(zip(*picked, strict=True)) if picked else []
+        return names, rows, list(range(len(rows)))
+    ordered = _sorted_in_python(analysis, columns)
+    if ordered is not None:
+        return names, *ordered
+    evaluated = _evaluate(analysis, columns)
+    return names, [row[:-1] for row in evaluated], [row[-1] for row in evaluated]
 
 
 def _sorted_in_python(
     analysis: Analysis, columns: dict[str, list | np.ndarray]
-) -> list[tuple] | None:
+) -> tuple[list[tuple], list[int]] | None:
     """Bare outputs ordered by released columns, with LIMIT and OFFSET, as DuckDB
-    would order them (each item's NULL placement as parsed); None when the query
-    needs more (HAVING, expressions) or its values do not compare."""
+    would order them (each item's NULL placement as parsed), and the group of each;
+    None when the query needs more (HAVING, expressions) or its values do not compare."""
     if analysis.having is not None or not analysis.outputs:
         return None
     if not all(isinstance(out.expression, exp.Column) for out in analysis.outputs):
@@ -79,7 +91,8 @@ def _sorted_in_python(
         return None
     start = analysis.offset or 0
     end = None if analysis.limit is None else start + analysis.limit
-    return [tuple(column[i] for column in outputs) for i in order[start:end]]
+    kept = order[start:end]
+    return [tuple(column[i] for column in outputs) for i in kept], kept
 
 
 def _released_column(target: exp.Expression, analysis: Analysis) -> str | None:
@@ -98,11 +111,14 @@ def _python_values(column: list | np.ndarray) -> list:
 
 
 def _evaluate(analysis: Analysis, columns: dict[str, list | np.ndarray]) -> list[tuple]:
+    """The final rows, each followed by the position of the released group it comes from."""
+    columns[_POSITION] = np.arange(len(next(iter(columns.values()), [])))
     query = exp.select(
         *[
             out.expression.copy().as_(f"{_OUTPUT_PREFIX}{i}")
             for i, out in enumerate(analysis.outputs)
-        ]
+        ],
+        exp.column(_POSITION),
     ).from_(RELEASED)
     if analysis.having is not None:
         query = query.where(analysis.having.copy())
@@ -110,7 +126,6 @@ def _evaluate(analysis: Analysis, columns: dict[str, list | np.ndarray]) -> list
         query = query.order_by(*[_order_item(o, analysis) for o in analysis.order])
     elif query.find(exp.Window) is not None:
         # a window reorders rows: keep the release's key order, as without one
-        columns[_POSITION] = np.arange(len(next(iter(columns.values()), [])))
         query = query.order_by(exp.column(_POSITION))
     if analysis.limit is not None:
         query = query.limit(analysis.limit)

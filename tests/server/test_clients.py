@@ -47,7 +47,10 @@ def test_psql_command(served) -> None:
     assert "NOTICE:  dpsql accuracy" in result.stderr
     detail = json.loads(result.stderr.split("DETAIL:", 1)[1].strip().splitlines()[0])
     assert set(detail) == {"n", "income"}
-    assert set(detail["n"]) == {"mechanism", "scale", "interval95", "sensitivity"}
+    keys = {"mechanism", "scale", "interval95", "sensitivity", "note", "intervals"}
+    assert set(detail["n"]) == keys and detail["n"]["intervals"] is None
+    assert len(detail["income"]["intervals"]) == 2  # AVG: one 95% interval per row
+    assert "HINT:  n: 95% interval ± " in result.stderr and "income: per row, " in result.stderr
 
 
 def test_psql_several_statements_in_one_query(duck) -> None:
