@@ -97,7 +97,7 @@ def implicit_dates(select: exp.Select) -> exp.Select:
 def _is_plain_distinct(select: exp.Select) -> bool:
     distinct = select.args.get("distinct")
     return (
-        distinct is not None
+        isinstance(distinct, exp.Distinct)  # a set operation's is a flag, not a clause
         and not distinct.args.get("on")
         and not select.args.get("group")
         and select.find(*AGGREGATES) is None
