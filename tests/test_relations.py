@@ -152,7 +152,42 @@ ACCEPTED += [
     "GROUP BY o_custkey) t WHERE t.s BETWEEN 50000 AND 200000",
 ]
 
+# UNION ALL of relations of one unit (sql/unions.py)
+ACCEPTED += [
+    "SELECT COUNT(*), SUM(v) FROM (SELECT o_custkey AS u, o_totalprice AS v FROM orders "
+    "WHERE o_orderstatus = 'F' UNION ALL SELECT o_custkey, o_totalprice FROM orders "
+    "WHERE o_totalprice > 90000) t",
+    "WITH touched AS (SELECT c.c_custkey AS u, c.c_mktsegment AS seg FROM customer c "
+    "WHERE c.c_acctbal > 5000 UNION ALL SELECT o.o_custkey, c.c_mktsegment FROM orders o "
+    "JOIN customer c ON o.o_custkey = c.c_custkey) SELECT seg, COUNT(*) FROM touched "
+    "GROUP BY seg",
+    "SELECT AVG(n) FROM (SELECT o_custkey AS u, n FROM (SELECT o_custkey, COUNT(*) AS n "
+    "FROM orders GROUP BY o_custkey) a UNION ALL SELECT c_custkey, c_acctbal FROM customer) t",
+    "SELECT COUNT(*) FROM (SELECT o_custkey FROM orders UNION ALL SELECT c_custkey "
+    "FROM customer) u",
+]
+
 REFUSED = [
+    # set operations other than UNION ALL of relations of one unit
+    "SELECT COUNT(*) FROM (SELECT o_custkey FROM orders UNION SELECT c_custkey FROM customer) t",
+    "SELECT COUNT(*) FROM (SELECT o_custkey FROM orders INTERSECT SELECT c_custkey "
+    "FROM customer) t",
+    "SELECT COUNT(*) FROM (SELECT o_custkey FROM orders EXCEPT SELECT c_custkey FROM customer) t",
+    "SELECT COUNT(*) FROM (SELECT o_custkey, o_totalprice FROM orders UNION ALL "
+    "SELECT c_acctbal, c_custkey FROM customer) t",
+    "SELECT COUNT(*) FROM (SELECT o_custkey, o_totalprice * 2 FROM orders UNION ALL "
+    "SELECT c_custkey, c_acctbal FROM customer) t",
+    "SELECT COUNT(*) FROM (SELECT n_nationkey FROM nation UNION ALL SELECT c_custkey "
+    "FROM customer) t",
+    "SELECT COUNT(*) FROM (SELECT o_custkey FROM orders WHERE o_totalprice / 0 > 1 "
+    "UNION ALL SELECT c_custkey FROM customer) t",
+    "SELECT COUNT(*) FROM (SELECT o_custkey, o_orderstatus FROM orders UNION ALL "
+    "SELECT c_custkey, c_acctbal FROM customer) t",
+    "SELECT COUNT(*) FROM (SELECT o_custkey FROM orders UNION ALL SELECT c_custkey "
+    "FROM customer ORDER BY 1 LIMIT 10) t",
+    "SELECT * FROM (SELECT o_custkey AS u FROM orders UNION ALL SELECT c_custkey FROM customer) t",
+    "SELECT COUNT(*) FROM (SELECT o_custkey, COUNT(*) FROM orders GROUP BY 1 UNION ALL "
+    "SELECT c_custkey, 1 FROM customer) t",
     # subqueries that aggregate, but not per unit, or release or compute what they must not
     "SELECT AVG(s) FROM (SELECT c_nationkey, SUM(c_acctbal) AS s FROM customer "
     "GROUP BY c_nationkey) t",
@@ -235,8 +270,6 @@ REFUSED = [
     "WHERE n_name IN (SELECT c_mktsegment FROM customer))",
     "SELECT COUNT(*) FROM customer WHERE c_nationkey IN (SELECT n_nationkey FROM nation, "
     "read_csv('/etc/passwd'))",
-    "SELECT COUNT(*) FROM (SELECT o_custkey FROM orders UNION ALL SELECT c_custkey "
-    "FROM customer) u",
     "SELECT COUNT(*) FROM orders o JOIN (SELECT o_custkey, ROW_NUMBER() OVER () AS r "
     "FROM orders) x ON x.o_custkey = o.o_custkey",
     "SELECT COUNT(*) FROM orders TABLESAMPLE 10 PERCENT JOIN customer c "

@@ -43,6 +43,7 @@ from dpsql.sql.check import check_clauses
 from dpsql.sql.per_unit import aggregates_per_unit, per_unit_table, shown
 from dpsql.sql.public import require_public_query
 from dpsql.sql.qualify import qualified, tables_read
+from dpsql.sql.unions import union_branches, union_table
 
 _UNIT = f"{RESERVED_PREFIX}_unit"  # the relation's unit column, when its own name is taken
 _JOIN_SIDES = ("", "LEFT", "RIGHT")
@@ -65,7 +66,8 @@ def inline(select: exp.Select, per_unit: Callable[[exp.CTE], str] | None = None)
     merged = merge_subqueries(eliminate_subqueries(select))
     with_ = merged.args.get("with_")
     for cte in list(with_.expressions) if with_ is not None and per_unit is not None else []:
-        if isinstance(cte.this, exp.Select) and aggregates_per_unit(cte.this):
+        derived = isinstance(cte.this, exp.Select) and aggregates_per_unit(cte.this)
+        if derived or isinstance(cte.this, exp.SetOperation):
             # its own query, with the CTEs before it (the subqueries it reads, hoisted)
             inner = cte.this.copy()
             before = with_.expressions[: with_.expressions.index(cte)]
@@ -333,16 +335,37 @@ class _Builder:
         description = _describe(bases, self.descriptions)
         return Relation(outer, replace(virtual, relation=sql), description)
 
-    def _per_unit(self, select: exp.Select, name: str) -> str:
-        """The name of the table standing for `select`, the subquery `name` that
-        aggregates per unit, now among the tables the query reads."""
-        inner = self.build(select)
-        _check_inner_where(inner.select, inner.table)
+    def _per_unit(self, query: exp.Query, name: str) -> str:
+        """The name of the table standing for `query`, the subquery `name` that
+        aggregates per unit or stacks relations with UNION ALL, now among the tables
+        the query reads."""
+        with_ = query.args.get("with_")
+        branches = []
+        for branch in union_branches(query, name):
+            if with_ is not None and branch is not query:  # the CTEs it may read
+                branch = branch.copy()
+                branch.set("with_", with_.copy())
+            read = [self.tables.get(t.name.lower()) for t in branch.find_all(exp.Table)]
+            if isinstance(query, exp.Union) and all(t is None or t.public for t in read):
+                raise QueryRefused(
+                    f"a branch of the UNION ALL in {name} over public tables only",
+                    "its rows belong to nobody, so no privacy unit could bound them",
+                    "stack relations of private tables, each selecting its unit",
+                )
+            inner = self.build(branch)
+            _check_inner_where(inner.select, inner.table)
+            branches.append(inner)
         while name.lower() in self.tables:
             name = f"{RESERVED_PREFIX}_{name}"
-        table = per_unit_table(inner.select, inner.table, name, self.dialect, self.seed)
+        if isinstance(query, exp.Union):
+            table = union_table([(b.select, b.table) for b in branches], name)
+            shown = " UNION ALL ".join(f"({b.description})" for b in branches)
+        else:
+            (inner,) = branches
+            table = per_unit_table(inner.select, inner.table, name, self.dialect, self.seed)
+            shown = f"per unit of ({inner.description})"
         self.tables[name.lower()] = table
-        self.descriptions[name.lower()] = f"per unit of ({inner.description})"
+        self.descriptions[name.lower()] = shown
         return name
 
 
