@@ -37,10 +37,11 @@ from sqlglot.optimizer.merge_subqueries import merge_subqueries
 
 from dpsql.errors import QueryRefused
 from dpsql.policy import Column, Policy, Table
-from dpsql.sql.analyze import RESERVED_PREFIX, require_total
+from dpsql.sql.analysis import RESERVED_PREFIX
 from dpsql.sql.check import check_clauses
 from dpsql.sql.public import require_public_query
 from dpsql.sql.qualify import qualified, tables_read
+from dpsql.sql.total import require_total
 
 _UNIT = f"{RESERVED_PREFIX}_unit"  # the relation's unit column, when its own name is taken
 _JOIN_SIDES = ("", "LEFT", "RIGHT")
