@@ -33,7 +33,7 @@ from dpsql.adapters import open_adapter
 from dpsql.ledger import Ledger
 from dpsql.policy import load_policy
 from dpsql.session import Session
-from dpsql.sql.analyze import _PART_UNITS, _TIME_UNITS, _TRUNC_UNITS
+from dpsql.sql.arguments import _PART_UNITS, _TIME_UNITS, _TRUNC_UNITS
 from dpsql.sql.spellings import _FIRST_YEAR_KEPT
 
 _START = dt.datetime(2000, 3, 5, 0, 0, 0)  # a Sunday

@@ -232,8 +232,8 @@ def test_the_rewrite_refuses_an_undeclared_name_the_analysis_let_through(people,
     checked for names the policy does not declare, before any charge."""
     import importlib
 
-    analyze = importlib.import_module("dpsql.sql.analyze")
-    monkeypatch.setattr(analyze._Resolver, "require_public", lambda self, node, where: None)
+    resolve = importlib.import_module("dpsql.sql.resolve")
+    monkeypatch.setattr(resolve.Resolver, "require_public", lambda self, node, where: None)
     connection = people
     with pytest.raises(
         dpsql.QueryRefused, match=r"the column salary: it is not declared.*Instead: use one of: sex"
@@ -292,7 +292,7 @@ def test_units_patterns_and_positions_every_backend_accepts_for_every_row(visits
     an ESCAPE, only once a row reaches them: `age > 95 AND DATE_TRUNC('foo', day) = day`
     failed exactly when someone was over 95. Such operands are refused, and every unit
     dpsql accepts is answered on each backend."""
-    from dpsql.sql.analyze import _PART_UNITS, _TIME_UNITS, _TRUNC_UNITS
+    from dpsql.sql.arguments import _PART_UNITS, _TIME_UNITS, _TRUNC_UNITS
 
     connection, table = visits
     for condition in (

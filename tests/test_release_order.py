@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from dpsql import demo
 from dpsql.policy import load_policy
-from dpsql.sql.analyze import KEY_PREFIX, VALUE_PREFIX, analyze
+from dpsql.sql.analysis import KEY_PREFIX, VALUE_PREFIX
+from dpsql.sql.analyze import analyze
 from dpsql.sql.check import check_query
 from dpsql.sql.parse import parse_statement
 from dpsql.sql.postprocess import _evaluate, _sorted_in_python, project

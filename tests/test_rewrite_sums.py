@@ -30,7 +30,7 @@ from dpsql.mechanisms.grid import GRID_LIMIT
 from dpsql.mechanisms.laplace import DiscreteLaplace
 from dpsql.policy import load_policy
 from dpsql.session import Session
-from dpsql.sql.analyze import Interval
+from dpsql.sql.intervals import Interval
 from dpsql.sql.parse import parse_statement
 from dpsql.sql.plan import (
     ROW_STEP_BITS,

@@ -635,7 +635,7 @@ def test_a_factorization_sum_keeps_its_epsilons_grid_unless_coarser_than_a_row_a
     epsilon 1e-300 it was 2^986, and the releases 1e308 or inf."""
     from dpsql.accounting import zcdp_rho
     from dpsql.mechanisms.continual import column_norm_squared
-    from dpsql.sql.analyze import Interval
+    from dpsql.sql.intervals import Interval
     from dpsql.sql.plan import sum_grid
 
     bounds, rows, horizon = Interval(0.0, 10.0), 120, 40

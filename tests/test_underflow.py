@@ -31,7 +31,7 @@ from sqlglot import exp
 
 import dpsql
 from dpsql.policy import NEAR_ZERO, PolicyError, load_policy
-from dpsql.sql.analyze import MIN_NONZERO, _interval
+from dpsql.sql.intervals import MIN_NONZERO, interval_with
 
 # Subnormal, tiny and ordinary values in x, and their magnitudes in w.
 TINY = [5e-324, -5e-324, 1e-310, 2.5e-308, 1e-31, -3e-45, 0.0]
@@ -183,7 +183,7 @@ def _evaluate(node: exp.Expression, row: dict[str, float]) -> tuple[float, Fract
         return row[node.name], Fraction(row[node.name])
     if isinstance(node, exp.Literal):
         return float(node.this), Fraction(Decimal(node.this))
-    interval = _interval(node, TABLE, {})
+    interval = interval_with(node, TABLE, {})
     if type(node) in _UNARY:
         inner, inner_exact = _evaluate(node.this, row)
         value = _UNARY[type(node)](inner)
@@ -218,7 +218,7 @@ def _check(node: exp.Expression, interval, value: float, exact: Fraction) -> Non
 @given(text=expressions)
 def test_no_value_but_zero_is_nearer_zero_than_the_model_says(text: str) -> None:
     node = sqlglot.parse_one(text)
-    if _interval(node, TABLE, {}) is None:
+    if interval_with(node, TABLE, {}) is None:
         return  # a divisor that can be zero: refused as a whole
     for x in X_VALUES:
         for n in N_VALUES:

@@ -28,7 +28,7 @@ import numpy as np
 import dpsql
 from dpsql.audit.events import Finding, audit_outputs, with_low_bits
 from dpsql.mechanisms.samplers import secure_generator
-from dpsql.sql.analyze import KEY_PREFIX
+from dpsql.sql.analysis import KEY_PREFIX
 from dpsql.sql.parse import parse_statement
 
 TABLE = "audit_people"

@@ -37,7 +37,9 @@ from sqlglot import exp
 
 from dpsql.errors import QueryRefused
 from dpsql.policy import Table
-from dpsql.sql.analyze import Analysis, interval_of, value_kind
+from dpsql.sql.analysis import Analysis
+from dpsql.sql.intervals import interval_of
+from dpsql.sql.kinds import value_kind
 
 # The byte-wise collation of each backend whose one dpsql knows: under it two
 # strings are equal only if their bytes are. A Var, not an identifier: the

@@ -25,7 +25,8 @@ from dpsql.accounting import Cost
 from dpsql.errors import QueryRefused
 from dpsql.policy import Column, LocalSpec, Table
 from dpsql.results import Accuracy, Release
-from dpsql.sql.analyze import KEY_PREFIX, Aggregate, Analysis, Measurement, analyze
+from dpsql.sql.analysis import KEY_PREFIX, Aggregate, Analysis, Measurement
+from dpsql.sql.analyze import analyze
 from dpsql.sql.plan import key_order, released_aggregates
 from dpsql.sql.postprocess import RELEASED, project, query_released
 

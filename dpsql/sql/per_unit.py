@@ -26,7 +26,9 @@ from sqlglot import exp
 
 from dpsql.errors import QueryRefused
 from dpsql.policy import Column, Table
-from dpsql.sql.analyze import RESERVED_PREFIX, clamp, column_interval
+from dpsql.sql.analysis import RESERVED_PREFIX
+from dpsql.sql.clamps import clamp
+from dpsql.sql.intervals import column_interval
 from dpsql.sql.rewrite import keyed_hash, read_double
 
 _RANK = f"{RESERVED_PREFIX}_inner_rank"

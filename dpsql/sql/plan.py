@@ -33,10 +33,12 @@ from dpsql.mechanisms.staircase import Staircase
 from dpsql.mechanisms.tree import l2_sensitivity
 from dpsql.policy import MAX_PUBLIC_KEYS
 from dpsql.results import Accuracy, Release
-from dpsql.sql.analyze import KEY_PREFIX, VALUE_PREFIX, Aggregate, Analysis, Interval, conjuncts
+from dpsql.sql.analysis import KEY_PREFIX, VALUE_PREFIX, Aggregate, Analysis
 from dpsql.sql.avg_interval import AvgWidths, avg_intervals, avg_widths
+from dpsql.sql.intervals import Interval
 from dpsql.sql.keys import canonical_keys, key_kinds
 from dpsql.sql.postprocess import RELEASED, project, project_rows, query_released
+from dpsql.sql.ranges import conjuncts
 from dpsql.sql.rewrite import SumGrid, rewrite
 
 # Grid resolution: a SUM is released in steps of about (noise scale) / 2^20, so

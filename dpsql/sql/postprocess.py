@@ -18,7 +18,7 @@ import numpy as np
 from sqlglot import exp
 
 from dpsql.errors import DataError
-from dpsql.sql.analyze import KEY_PREFIX, VALUE_PREFIX, Analysis
+from dpsql.sql.analysis import KEY_PREFIX, VALUE_PREFIX, Analysis
 
 RELEASED = "__dpsql_released"
 _OUTPUT_PREFIX = "__dpsql_o"  # the select list's outputs, in order

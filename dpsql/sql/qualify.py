@@ -9,8 +9,8 @@ from sqlglot.optimizer.qualify import qualify
 
 from dpsql.errors import QueryRefused
 from dpsql.policy import Policy, Table
-from dpsql.sql.analyze import output_name
 from dpsql.sql.check import policy_table, table_list
+from dpsql.sql.resolve import output_name
 
 # sqlglot's type names for the policy's types: the schema qualify() resolves columns by
 SCHEMA_TYPES = {

@@ -38,11 +38,12 @@ from sqlglot.optimizer.merge_subqueries import merge_subqueries
 
 from dpsql.errors import QueryRefused
 from dpsql.policy import Column, Policy, Table
-from dpsql.sql.analyze import RESERVED_PREFIX, require_total
+from dpsql.sql.analysis import RESERVED_PREFIX
 from dpsql.sql.check import check_clauses
 from dpsql.sql.per_unit import aggregates_per_unit, per_unit_table, shown
 from dpsql.sql.public import require_public_query
 from dpsql.sql.qualify import qualified, tables_read
+from dpsql.sql.total import require_total
 from dpsql.sql.unions import union_branches, union_table
 
 _UNIT = f"{RESERVED_PREFIX}_unit"  # the relation's unit column, when its own name is taken
@@ -384,7 +385,9 @@ def _public_filters(select: exp.Select, tables: dict[str, Table]) -> list[exp.Ex
             filters.append(conjunct)
         else:
             kept.append(conjunct)
-    select.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
+    if filters:  # else the WHERE stays as written, for the analysis to refuse or read
+        kept = [k if isinstance(k, exp.Condition) else exp.paren(k) for k in kept]
+        select.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
     return filters
 
 

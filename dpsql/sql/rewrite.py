@@ -15,23 +15,14 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dpsql.policy import NEAR_ZERO, Column, Table
-from dpsql.sql.analyze import (
-    KEY_PREFIX,
-    MIN_NONZERO,
-    RESERVED_PREFIX,
-    Analysis,
-    Interval,
-    Measurement,
-    clamp,
-    column_interval,
-    compared_operands,
-    dates_only,
-    is_day_count,
-    undeclared,
-    where_range,
-)
+from dpsql.sql.analysis import KEY_PREFIX, RESERVED_PREFIX, Analysis, Measurement
+from dpsql.sql.clamps import clamp
+from dpsql.sql.intervals import MIN_NONZERO, Interval, column_interval
 from dpsql.sql.keys import canonical_sql, key_kinds
+from dpsql.sql.kinds import compared_operands, dates_only, is_day_count
 from dpsql.sql.parse import sqlglot_dialect
+from dpsql.sql.ranges import where_range
+from dpsql.sql.resolve import undeclared
 from dpsql.sql.spellings import kinds as spelled_kinds
 from dpsql.sql.spellings import spell
 from dpsql.sql.temporal import YEARS_PYTHON_HOLDS, held_by, prefilter, temporal_or_null
@@ -224,7 +215,7 @@ def _clamped_source(
     BIGINT or DOUBLE and clamped to its declared bounds when the query computes with
     it, before WHERE, GROUP BY or an aggregate reads it.
 
-    This is what makes analyze.require_total's proofs hold for every row, whatever
+    This is what makes total.require_total's proofs hold for every row, whatever
     the data: arithmetic on clamped, widened values cannot overflow or leave the
     domain it was proven in, so no row can make the query fail (a failure would
     be a noiseless answer). Values outside the bounds count as the nearest bound,
@@ -347,7 +338,7 @@ def near_zero(interval: Interval, dialect: str) -> float | None:
     PostgreSQL fails a product or quotient of nonzero doubles that rounds to zero:
     `x / 1000` failed for a subnormal x only. Read as 0 there, a float column's
     values are 0 or at least NEAR_ZERO from it (or within bounds that exclude 0,
-    which the policy keeps as far from it), as analyze.column_interval assumes.
+    which the policy keeps as far from it), as intervals.column_interval assumes.
     """
     if dialect in _UNDERFLOWS and interval.lower <= 0 <= interval.upper:
         return NEAR_ZERO

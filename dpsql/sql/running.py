@@ -53,9 +53,12 @@ from dpsql.mechanisms.continual import (
 )
 from dpsql.policy import Column, ContinualSpec, Table
 from dpsql.results import Accuracy, Release
-from dpsql.sql.analyze import Analysis, Interval, analyze, conjuncts
+from dpsql.sql.analysis import Analysis
+from dpsql.sql.analyze import analyze
 from dpsql.sql.check import AGGREGATES, check_clauses, check_query, over_the_release
+from dpsql.sql.intervals import Interval
 from dpsql.sql.plan import beyond_the_sampler, exact_integers, sum_grid
+from dpsql.sql.ranges import conjuncts
 from dpsql.sql.rewrite import SumGrid, rewrite
 from dpsql.sql.temporal import holds_date
 

@@ -29,7 +29,7 @@ there; the rewritten query must run there and mean the same:
   with an exponent and whole numbers beyond 64 bits too, numerics there, unless
   compared as written), and so is PostgreSQL's EXTRACT(EPOCH ...), a numeric
   too: every value computed with is then an integer or a double, which the
-  analysis models (analyze.Interval).
+  analysis models (intervals.Interval).
 * PostgreSQL has no `%` of double precision: `ROUND(income) % 7` (a whole number,
   which is all `%` takes) failed for every row, after the charge. Its operands
   are cast to BIGINT there (exactly: the analysis keeps them within 2^53).
@@ -49,7 +49,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.errors import QueryRefused
-from dpsql.sql.analyze import compared_as_written
+from dpsql.sql.guards import compared_as_written
 
 # Parts of a date sqlglot writes for PostgreSQL as functions PostgreSQL lacks
 # (DAY_OF_WEEK, DAY_OF_YEAR, QUARTER), and their EXTRACT fields. DOW counts from

@@ -47,9 +47,13 @@ from dpsql.mechanisms.tree import (
 )
 from dpsql.policy import Column, Policy, Table
 from dpsql.results import Accuracy, Release
-from dpsql.sql.analyze import VALUE_PREFIX, Analysis, Interval, analyze, clamp, conjuncts
+from dpsql.sql.analysis import VALUE_PREFIX, Analysis
+from dpsql.sql.analyze import analyze
+from dpsql.sql.clamps import clamp
+from dpsql.sql.intervals import Interval
 from dpsql.sql.plan import DirectPlan, beyond_the_sampler
 from dpsql.sql.postprocess import project
+from dpsql.sql.ranges import conjuncts
 from dpsql.sql.rewrite import in_dialect, keyed_hash, near_zero, read_double
 
 if TYPE_CHECKING:

@@ -22,7 +22,8 @@ import datetime as dt
 from sqlglot import exp
 
 from dpsql.policy import Table
-from dpsql.sql.analyze import conjuncts, dates_only
+from dpsql.sql.kinds import dates_only
+from dpsql.sql.ranges import conjuncts
 
 YEARS_PYTHON_HOLDS = {
     "date": ("0001-01-01", "9999-12-31"),
@@ -93,7 +94,7 @@ def _compared(condition: exp.Expression) -> tuple[exp.Column, list, bool, bool] 
 def _compares_bare(condition: exp.Expression, kinds: dict[str, str], table: Table) -> bool:
     """Whether `condition` compares one of the columns `kinds` names, as stored (no
     arithmetic or function on it: `(day - DATE '0001-01-01') * 2 > 0` fails on an
-    infinite day), with constants, and a date with dates only (analyze.dates_only)."""
+    infinite day), with constants, and a date with dates only (kinds.dates_only)."""
     compared = _compared(condition)
     if compared is None or compared[0].name.lower() not in kinds:
         return False

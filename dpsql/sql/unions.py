@@ -22,7 +22,7 @@ from sqlglot import exp
 
 from dpsql.errors import QueryRefused
 from dpsql.policy import Column, Table
-from dpsql.sql.analyze import RESERVED_PREFIX
+from dpsql.sql.analysis import RESERVED_PREFIX
 from dpsql.sql.per_unit import shown
 
 

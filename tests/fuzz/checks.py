@@ -17,7 +17,7 @@ import sqlglot
 from sqlglot import exp
 
 import dpsql
-from dpsql.sql.analyze import KEY_PREFIX, VALUE_PREFIX
+from dpsql.sql.analysis import KEY_PREFIX, VALUE_PREFIX
 from dpsql.sql.parse import parse_statement
 from dpsql.sql.plan import ConstantPlan, DirectPlan, DomainPlan
 

@@ -30,7 +30,7 @@ EXAMPLES = {"duckdb": 500, "postgres": 200}
 REGRESSIONS = [
     # A database error is a noiseless answer: each of these failed for some rows only
     # (PostgreSQL's division by zero and log of zero, DuckDB's cast overflow) and so told
-    # whether a row matching the WHERE had that value. Fixed: analyze.require_total.
+    # whether a row matching the WHERE had that value. Fixed: total.require_total.
     "SELECT COUNT(*) FROM pums WHERE 1 / (age - 40) > 0",
     "SELECT COUNT(*) FROM pums_pid WHERE educ = 16 AND race = 6 AND LN(income) > 0",
     "SELECT COUNT(*) FROM pums WHERE CAST(income AS TINYINT) = 3",
@@ -202,7 +202,7 @@ def typed_gate(request, tmp_path_factory):
 TYPED_REGRESSIONS = [
     # each failed in the database only once a row reached it (DuckDB converts a value to
     # the type beside it row by row; PostgreSQL checks units and lengths row by row).
-    # Fixed: analyze._require_comparable, _require_known_unit, _require_fixed_operands
+    # Fixed: conversions.require_comparable, arguments.require_known_unit, require_fixed_operands
     "SELECT COUNT(*) FROM typed WHERE age > 95 AND age = 'x'",
     "SELECT COUNT(*) FROM typed WHERE age > 95 AND NOT age IN ('NaN')",
     "SELECT COUNT(*) FROM typed WHERE age > 95 AND age = day",
@@ -215,7 +215,7 @@ TYPED_REGRESSIONS = [
     "SELECT COUNT(*) FROM typed WHERE age > 95 AND state LIKE 'C' ESCAPE 'ab'",
     # a pattern ending with its escape character (PostgreSQL's default is the backslash;
     # in a CASE or on LOWER(...) it is read row by row) or escaping an ordinary one
-    # (Spark). Found by an audit; fixed: analyze._escapes_well
+    # (Spark). Found by an audit; fixed: arguments._escapes_well
     "SELECT COUNT(CASE WHEN LOWER(state) LIKE 'c\\' THEN 1 END) FROM typed WHERE age > 95",
     "SELECT COUNT(*) FROM typed WHERE age > 95 AND state LIKE 'C!' ESCAPE '!'",
     "SELECT COUNT(*) FROM typed WHERE age > 95 AND state ILIKE 'C!x' ESCAPE '!'",
@@ -223,14 +223,15 @@ TYPED_REGRESSIONS = [
     # they overflow, in a CASE branch only once a row reaches it (Spark also where the
     # CASE is added to; DuckDB too for 2147483647 + 1 there), and a decimal constant of
     # 37 digits after its point failed DuckDB's conversion of an age of 10 or more.
-    # Found by an audit; fixed: analyze._int32, _require_short_fraction
+    # Found by an audit; fixed: guards._int32, require_short_fraction
     "SELECT COUNT(*) FROM typed WHERE (CASE WHEN age > 95 THEN 2147483647 ELSE 0 END) + 1 > 0",
     "SELECT COUNT(CASE WHEN age > 95 THEN 2147483647 + 1 END) FROM typed",
     "SELECT COUNT(*) FROM typed WHERE ABS(CASE WHEN age > 95 THEN -2147483647 - 1 END) > 0",
     "SELECT COUNT(*) FROM typed WHERE age > 95 AND age = 0.0000000000000000000000000000000000001",
     # PostgreSQL truncates integer division ((CASE ... 1 ELSE 2 END) / 2 is 0 there), its
     # EXP underflows below -745, and psycopg cannot load an interval of over 999,999,999
-    # days. Found by an audit; fixed: analyze._arithmetic (int_typed), _monotone, _is_length
+    # days. Found by an audit; fixed: intervals._arithmetic (int_typed), _monotone,
+    # arguments.is_length
     "SELECT COUNT(*) FROM typed WHERE 1 / ((CASE WHEN age > 95 THEN 1 ELSE 2 END) / 2) > 0",
     "SELECT COUNT(*) FROM typed WHERE 1 / (((CASE WHEN age > 95 THEN 4 ELSE 5 END) / 2) / 3) > 0",
     "SELECT COUNT(*) FROM typed WHERE EXP(CASE WHEN age > 95 THEN -1000 ELSE 0 END) >= 0",
@@ -240,7 +241,7 @@ TYPED_REGRESSIONS = [
     # for the subnormal incomes only (the first two, before the rewrite read floats
     # nearer zero than 1e-30 as 0), for the 40-year-olds (the third: refused now); and
     # it truncates the division of a cast to BIGINT (read as real division: 1 / 0 where
-    # age <= 1). Found by an audit; fixed: analyze.Interval.least_nonzero, rewrite.near_zero
+    # age <= 1). Found by an audit; fixed: intervals.Interval.least_nonzero, rewrite.near_zero
     "SELECT SUM(income / 1000) FROM typed WHERE age > 95",
     "SELECT COUNT(*) FROM typed WHERE age > 95 AND income * 0.5 = 0",
     "SELECT COUNT(*) FROM typed WHERE (CASE WHEN age = 40 THEN 1 ELSE 0 END) "
@@ -252,7 +253,7 @@ TYPED_REGRESSIONS = [
     # an exponent read as the whole number 1. DuckDB's DECIMAL scale adds up under *:
     # the constants below made DECIMAL(37,37), to which it converted each age (failing
     # from 1), and a product that overflowed DECIMAL(38). Found by an audit; fixed:
-    # analyze._outward, spellings._as_double
+    # intervals._outward, spellings._as_double
     "SELECT COUNT(*) FROM typed WHERE 0.001 / (CASE WHEN age > 95 THEN 0.1 ELSE 1 END "
     "+ 0.2 - 0.3) > 0",
     "SELECT COUNT(*) FROM typed WHERE LN(CASE WHEN age > 95 THEN 0.1 ELSE 1 END + 0.2 - 0.3) > 0",
