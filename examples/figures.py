@@ -17,27 +17,28 @@ import matplotlib.pyplot as plt
 
 DPI = 150
 
-# Central mechanisms in dark, local ones in the tab10 colours, one each, page-wide.
+# Central histograms in black and grey, local oracles in the tab10 colours, continual
+# counters in dark colours: one each, page-wide.
 COLOURS = {
     "laplace": "black",
     "flat": "black",
     "stability": "dimgrey",
-    "staircase": "tab:red",
-    "gaussian": "tab:purple",
     "grr": "tab:blue",
     "oue": "tab:orange",
     "olh": "tab:green",
     "hr": "tab:red",
     "hm": "tab:purple",
     "hh": "tab:brown",
+    "hh b=2": "saddlebrown",
+    "hh b=4": "peru",
     "rappor": "tab:pink",
     "she": "tab:olive",
     "the": "tab:cyan",
     "dse": "gold",
     "rm": "lightcoral",
-    "binary tree": "tab:blue",
-    "honaker": "tab:green",
-    "factorization": "tab:orange",
+    "binary tree": "midnightblue",
+    "honaker": "darkcyan",
+    "factorization": "darkmagenta",
 }
 # Trees and hierarchies by branching factor (central b=2 and local b=2 share a hue).
 BRANCHING = {2: "tab:blue", 4: "tab:orange", 8: "tab:green", 16: "tab:red"}
@@ -48,6 +49,9 @@ def colour(name: str) -> str:
     key = name.lower()
     if key in COLOURS:
         return COLOURS[key]
+    for label in (k for k in COLOURS if " " in k):  # two-word labels first: "hh b=2"
+        if label in key:
+            return COLOURS[label]
     for word in key.replace("(", " ").replace(",", " ").split():
         if word.startswith("b=") and word[2:].isdigit() and int(word[2:]) in BRANCHING:
             return BRANCHING[int(word[2:])]

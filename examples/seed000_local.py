@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from matplotlib import ticker
 
 from dpsql import ldp
 from dpsql.ldp.synthetic import people_from_counts
@@ -57,10 +58,12 @@ LOCAL_FLAT = ("grr", "olh")
 DIGEST_RAW = {2048: {2: 1727, 3: 779, 4: 677, 8: 529, 16: 498}, 512: {2: 512, 4: 511, 8: 288}}
 SCAN_BRANCHINGS = (2, 3, 4, 8, 16)
 SWEEP_LENGTH = 128
+LINES = "central: solid (raw tree dotted)\nlocal: dashed (raw tree dash-dot)"
 
 
 def lengths_for(bins: int) -> list[int]:
-    return [int(r) for r in np.unique(np.geomspace(1, bins, num=10).astype(int))]
+    """Up to 90% of the domain: a whole-domain local range is exact (n is public)."""
+    return [int(r) for r in np.unique(np.geomspace(1, 0.9 * bins, num=10).astype(int))]
 
 
 def local_rows(counts, epsilon, branchings, lengths, trials, ranges, rng) -> list[dict]:
@@ -170,8 +173,9 @@ def run(size: str, img: Path, progress: Callable[[int, str], Callable[[], None]]
 
 def _style(method: str) -> tuple[str, str]:
     """Colour by mechanism (flat, GRR, OLH) or branching; line by central/local, raw/consistent."""
-    dashed = method.startswith("local")
-    line = ("--" if dashed else "-") if "consistency" in method or "flat" in method else ":"
+    local = method.startswith("local")
+    whole = "consistency" in method or "flat" in method
+    line = ("--" if whole else "-.") if local else ("-" if whole else ":")
     return figures.colour(method.replace("local flat", "").replace("central flat", "flat")), line
 
 
@@ -187,7 +191,7 @@ def plot_lengths(rows, bins, img) -> Path:
              ylabel="RMSE of the range count (visits)",
              title=f"Seed 000: {bins} days, epsilon 1, central against local")  # fmt: skip
     axis.grid(alpha=0.3, which="both")
-    figures.legend_outside(axis, title="solid/dotted: central\ndashed: local")
+    figures.legend_outside(axis, title=LINES)
     return figures.save(fig, img / f"seed000_local_{bins}.png")
 
 
@@ -204,7 +208,10 @@ def plot_sweep(rows, bins, length, img) -> Path:
     axes[1].set(xlabel="1 / epsilon", ylabel="RMSE (visits)", xscale="log", yscale="log")
     for axis in axes:
         axis.grid(alpha=0.3, which="both")
-    figures.legend_outside(axes[1])
+    axes[1].xaxis.set_major_formatter(ticker.ScalarFormatter())
+    axes[1].xaxis.set_minor_formatter(ticker.NullFormatter())
+    axes[1].set_xticks([0.5, 1, 2, 5])
+    figures.legend_outside(axes[1], title=LINES)
     fig.suptitle(f"Seed 000: RMSE against epsilon, {bins} days, ranges of {length} days")
     fig.tight_layout()
     return figures.save(fig, img / "seed000_epsilon.png")
@@ -225,12 +232,14 @@ def page(by_bins, sweep, sweep_bins, length, evens, setting, paths) -> str:
            "leaks ln(1 + g e^eps / (g - 1)) > eps; dpsql's oracles are exact eps-LDP, so "
            "its local errors are larger than the seed's at the same nominal epsilon. "
            "(2) Seed 000's central tree used noise scale log2(levels)/epsilon, 2.3-3.4x too "
-           "little; dpsql's uses levels/epsilon. (3) dpsql's central tree does not measure "
+           "little; dpsql's uses levels/epsilon (DESIGN section 6). "
+           "(3) dpsql's central tree does not measure "
            "the root (levels = height, not height + 1: the root is the total, which a range "
            "shorter than the domain never needs), and a raw answer sums the leaves when that "
            "takes fewer nodes. (4) The seed has no consistency step; the '+ consistency' "
-           "curves (least squares over the tree, DESIGN section 6's corrected estimator) are "
-           "dpsql's. (5) The local hierarchy's levels are chosen uniformly over the levels "
+           "curves (generalised least squares over the tree: every parent the sum of its "
+           "children) are dpsql's addition, free post-processing. "
+           "(5) The local hierarchy's levels are chosen uniformly over the levels "
            "below the root and scaled by n / n_level, not multiplied by (h + 1).", ""]  # fmt: skip
     for (bins, rows), path in zip(by_bins.items(), paths, strict=False):
         lengths = sorted({r["length"] for r in rows})

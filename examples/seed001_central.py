@@ -58,18 +58,19 @@ SUBSET_PEOPLE = {"D (Dublin City EDs)": 218_860, "R (Cavan + Leitrim)": 38_630}
 SUBSET_CELLS = 162 * 162
 # Seed 001 (digest-001.md section 6): running times in seconds, county and fine level.
 SEED_SECONDS = {
-    "county": {"laplace": 4, "stability": 5, "grr": 9, "oue": 274, "olh": 2296, "hm": 20},
-    "sparse": {"laplace": 328.69, "stability": 18, "grr": 7, "oue": 154_272, "hm": 32},
+    "county": {"laplace": 4, "stability": 5, "grr": 9, "oue": 274, "olh": 2296, "hr": 20},
+    "sparse": {"laplace": 328.69, "stability": 18, "grr": 7, "oue": 154_272, "hr": 32},
 }
 # Seed 001 Table 5.1 (county, epsilon 0.5): estimated rank of the true top 10.
 SEED_TOP10_COUNTY_05 = {
     "laplace": list(range(1, 11)), "stability": list(range(1, 11)),
     "grr": [1, 2, 172, 188, 560, 99, 173, 130, 484, 176],
     "oue": [1, 2, 3, 6, 5, 4, 9, 8, 11, 12], "olh": [1, 2, 3, 6, 5, 4, 7, 8, 16, 10],
-    "hm": [1, 2, 3, 4, 6, 5, 8, 9, 13, 16],
+    "hr": [1, 2, 3, 4, 6, 5, 8, 9, 13, 16],
 }  # fmt: skip
 # Seed 001 section 6.3: cells released as 0 at county level, epsilon 5, base-pos.
-SEED_ZEROS_COUNTY_5 = {"stability": 96, "oue": 329, "olh": 338, "hm": 363, "laplace": 6}
+SEED_ZEROS_COUNTY_5 = {"stability": 96, "oue": 329, "olh": 338, "hr": 363, "laplace": 6}
+# (The seed's "Hadamard mechanism" ran pure-LDP's Hadamard response: its figures are hr's.)
 
 
 def central(name: str, epsilon: float, truth: np.ndarray, rng) -> np.ndarray:
@@ -91,7 +92,7 @@ def central(name: str, epsilon: float, truth: np.ndarray, rng) -> np.ndarray:
 
 def local(name: str, epsilon: float, truth: np.ndarray, people, rng) -> np.ndarray:
     m = ldp.mechanism(name, epsilon, truth.size)
-    if people is None:  # unary encoding at the fine level: counts from their exact law
+    if people is None:
         return m.estimate_from_counts(m.simulate_counts(truth, rng), int(truth.sum()))
     return m.estimate(m.perturb_indices(people, rng))
 
@@ -104,9 +105,9 @@ def closed_rmse(name: str, epsilon: float, truth: np.ndarray) -> float:
         # no closed form: HR's exact variance needs each block's mass, the threshold's
         # depends on which cells it suppresses
         return math.nan
-    m = ldp.mechanism(name, epsilon, truth.size)
+    m, n = ldp.mechanism(name, epsilon, truth.size), int(truth.sum())
     values, weights = np.unique(truth, return_counts=True)
-    variances = np.array([m.variance(int(truth.sum()), float(v)) for v in values])
+    variances = np.array([m.variance(n, float(v)) for v in values])
     return float(np.sqrt(np.sum(variances * weights) / truth.size))
 
 
@@ -137,14 +138,17 @@ def level_rows(level: str, truth: np.ndarray, epsilons: Iterable[float], mechani
                 estimate = central(mech, eps, truth, rng)
                 methods = ("none", "base-pos") if mech == "laplace" else ("none",)
             else:
-                sparse = level == "sparse" and mech == "oue"
-                estimate = local(mech, eps, truth, None if sparse else people, rng)
+                # unary encoding over a large domain: O(n d) per-person bits, so its counts
+                # are drawn from their exact distribution instead
+                exact_counts = mech == "oue" and truth.size > 5_000
+                estimate = local(mech, eps, truth, None if exact_counts else people, rng)
                 methods = ldp.METHODS
             seconds = time.perf_counter() - began
+            closed = closed_rmse(mech, eps, truth)
             for method in methods:
                 released = ldp.postprocess(estimate, method, n) if method != "none" else estimate
                 rows.append({"level": level, "mechanism": mech, "epsilon": eps, "post": method,
-                             "seconds": seconds, "closed": closed_rmse(mech, eps, truth),
+                             "seconds": seconds, "closed": closed,
                              **metrics(released, truth, top)})  # fmt: skip
             step()
     return rows
@@ -222,7 +226,18 @@ def page(rows, subsets, setting, made, img) -> str:
            "stability histogram to the non-empty cells only and releases a cell when its noisy "
            "count reaches tau, at delta = 1/(2n). Closed form: sqrt(2) scale for Laplace, the "
            "oracle's variance formula averaged over the cells for the local ones. "
-           "One run per cell of the tables.", ""]  # fmt: skip
+           "One run per cell of the tables.", "",
+           "**Departures from the seed.** The data are synthetic (same n, domain sizes, "
+           "empty-cell counts and heavy tail as the census table, not the census). The "
+           "stability threshold tau is the exact one for discrete Laplace noise, P(1 + Z >= "
+           "tau) <= delta/2 (the seed's code used 2 ln(2/delta)/eps + 1/n, slightly too low). "
+           "GRR is the correct randomised response (the seed's client sent a second, stale "
+           "report for every truthful respondent). The seed's 'Hadamard mechanism' ran "
+           "Hadamard response, so its figures stand beside `hr`; `hm` is the 1-bit Hadamard "
+           "mechanism, whose variance never falls below about n. The seed clamped Laplace "
+           "at 0 without saying so; here 'none' is the raw release and base-pos the clamp. "
+           "No budget is composed across the runs (each is its own experiment, as in the "
+           "seed).", ""]  # fmt: skip
     for level in setting["levels"]:
         eps_list = sorted({r["epsilon"] for r in rows if r["level"] == level})
         mechs = list(dict.fromkeys(r["mechanism"] for r in rows if r["level"] == level))

@@ -37,6 +37,11 @@ from dpsql.mechanisms.laplace import GridLaplace
 from dpsql.mechanisms.samplers import secure_generator
 from dpsql.mechanisms.staircase import GridStaircase
 
+try:
+    from examples import figures
+except ImportError:  # run as a script from examples/
+    import figures
+
 OUT = Path(__file__).resolve().parent.parent / "docs" / "img" / "seed002_staircase.png"
 SENSITIVITIES = (1.0, 10.0, 100.0)
 EPSILONS = (0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0)
@@ -117,7 +122,8 @@ def markdown(rates: list[tuple[str, float]], rows: list[dict], samples: int) -> 
 
 
 def plot(rows: list[dict], out: Path) -> None:
-    figure, (errors, ratios) = plt.subplots(1, 2, figsize=(11, 4.2))
+    figure, (errors, ratios) = plt.subplots(1, 2, figsize=(14, 4.2), width_ratios=(1, 1))
+    # colour by sensitivity here: both mechanisms appear once per Delta
     for sensitivity, colour in zip(
         SENSITIVITIES, ("tab:blue", "tab:orange", "tab:green"), strict=True
     ):
@@ -138,7 +144,7 @@ def plot(rows: list[dict], out: Path) -> None:
         yscale="log",
         title="SUM: expected absolute error",
     )
-    errors.legend(fontsize=7)
+    figures.legend_outside(errors, fontsize=7)
     mine = [row for row in rows if row["sensitivity"] == SENSITIVITIES[0]]
     eps = [row["epsilon"] for row in mine]
     ratios.plot(
@@ -166,11 +172,9 @@ def plot(rows: list[dict], out: Path) -> None:
         ylim=(0, 1.05),
         title="Staircase gain (the same for every Delta)",
     )
-    ratios.legend(fontsize=8)
+    figures.legend_outside(ratios)
     figure.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=110)
-    plt.close(figure)
+    figures.save(figure, out)
 
 
 def main(argv: list[str] | None = None) -> str:
