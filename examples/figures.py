@@ -23,6 +23,7 @@ COLOURS = {
     "laplace": "black",
     "flat": "black",
     "stability": "dimgrey",
+    "staircase": "darkgoldenrod",
     "grr": "tab:blue",
     "oue": "tab:orange",
     "olh": "tab:green",

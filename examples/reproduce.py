@@ -7,7 +7,7 @@
 For each seed the page gives each experiment's table (the seed's figure, where
 it has one, beside dpsql's and the closed form) and its plot, and says where
 dpsql departs from the seed, next to the figure. Progress bars go to stderr.
-The figures go to <out>/img/, the page to <out>/experiments.md.
+The figures go to <out>/img/experiments/, the page to <out>/experiments.md.
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ import figures
 import ldp_seed004
 import seed000_local
 import seed001_central
+import seed002_adult
 import seed002_staircase
 import seed003_continual
+import seed004_central
 
 ROOT = Path(__file__).resolve().parent.parent
 # Per size: seed 002's draws, seed 003's horizons and runs, seed 004's runs and sizes.
@@ -79,6 +81,7 @@ def seed002(size: str, img: Path, progress: Progress) -> str:
         "The staircase/Laplace E|X| ratio lands on the closed form's 0.96 / 0.85 / 0.41 / "
         "0.067 at epsilon 1 / 2 / 5 / 10: at the seed's epsilon 0.1 the staircase gains "
         "0.04%.", "", text, "", "![seed 002](img/seed002_staircase.png)", "",
+        seed002_adult.run(size, img, progress),
     ])  # fmt: skip
 
 
@@ -180,9 +183,7 @@ def seed004(size: str, img: Path, progress: Progress) -> str:
         "", "![seed 004](img/seed004.png)", "",
         "**Why the random-matrix curve is flat.** " + ldp_seed004.bias_note()
         + " The seed found RM 'does not follow the logarithmic curve': this is why.", "",
-        "Not yet reproduced here: the seed's dataset-size and epsilon curves of diffprivlib "
-        "(central Laplace mean/sum), the histogram L1 and Kantorovich figures, the "
-        "randomised-response coin experiment.", "",
+        seed004_central.run(size, img, progress),
     ]  # fmt: skip
     return "\n".join(lines)
 
@@ -203,19 +204,21 @@ def main(argv: list[str] | None = None) -> Path:
     size.add_argument("--smoke", action="store_const", const="smoke", dest="size",
                       help="tiny sizes, seconds: checks that everything runs")  # fmt: skip
     parser.add_argument("--out", type=Path, default=ROOT / "docs",
-                        help="the page: OUT/experiments.md, its figures: OUT/img/")  # fmt: skip
+                        help="page: OUT/experiments.md, figures: OUT/img/experiments/")  # fmt: skip
     parser.add_argument("--only", nargs="+", choices=[name.split()[1] for name, _ in PARTS],
                         help="run only these seeds (the page then holds only them)")  # fmt: skip
     args = parser.parse_args(argv)
     size = args.size or "full"
-    img = args.out / "img"
+    # A folder of its own, so a --quick run never replaces the README's full-size figures.
+    img = args.out / "img" / "experiments"
     img.mkdir(parents=True, exist_ok=True)
     sections, took = [], []
     for name, part in PARTS:
         if args.only and name.split()[1] not in args.only:
             continue
         began = time.perf_counter()
-        sections.append(part(size, img, bars()))
+        # the parts link their figures as img/<name>, relative to a page beside img/
+        sections.append(part(size, img, bars()).replace("](img/", "](img/experiments/"))
         took.append((name, time.perf_counter() - began))
     command = "python examples/reproduce.py" + ("" if size == "full" else f" --{size}")
     head = [

@@ -123,20 +123,14 @@ def markdown(rates: list[tuple[str, float]], rows: list[dict], samples: int) -> 
 
 def plot(rows: list[dict], out: Path) -> None:
     figure, (errors, ratios) = plt.subplots(1, 2, figsize=(14, 4.2), width_ratios=(1, 1))
-    # colour by sensitivity here: both mechanisms appear once per Delta
-    for sensitivity, colour in zip(
-        SENSITIVITIES, ("tab:blue", "tab:orange", "tab:green"), strict=True
-    ):
+    # colour by mechanism (page-wide), line style by sensitivity
+    for sensitivity, style in zip(SENSITIVITIES, ("-", "--", ":"), strict=True):
         mine = [row for row in rows if row["sensitivity"] == sensitivity]
         eps = [row["epsilon"] for row in mine]
-        for name, style in (("laplace", "--"), ("staircase", "-")):
-            errors.plot(
-                eps,
-                [row[name]["abs"] for row in mine],
-                style,
-                color=colour,
-                label=f"{name}, Delta={sensitivity:g}",
-            )
+        for name in ("laplace", "staircase"):
+            colour = figures.colour(name)
+            errors.plot(eps, [row[name]["abs"] for row in mine], style, color=colour,
+                        label=f"{name}, Delta={sensitivity:g}")  # fmt: skip
             errors.plot(eps, [row[name]["abs_seen"] for row in mine], "o", color=colour, ms=3)
     errors.set(
         xlabel="epsilon",
@@ -147,18 +141,11 @@ def plot(rows: list[dict], out: Path) -> None:
     figures.legend_outside(errors, fontsize=7)
     mine = [row for row in rows if row["sensitivity"] == SENSITIVITIES[0]]
     eps = [row["epsilon"] for row in mine]
-    ratios.plot(
-        eps,
-        [row["staircase"]["abs"] / row["laplace"]["abs"] for row in mine],
-        "-",
-        label="E|X| staircase / Laplace",
-    )
-    ratios.plot(
-        eps,
-        [row["staircase_var"]["var"] / row["laplace"]["var"] for row in mine],
-        "-",
-        label="Var staircase (var-gamma) / Laplace",
-    )
+    stair = figures.colour("staircase")
+    ratios.plot(eps, [row["staircase"]["abs"] / row["laplace"]["abs"] for row in mine], "-",
+                color=stair, label="E|X| staircase / Laplace")  # fmt: skip
+    ratios.plot(eps, [row["staircase_var"]["var"] / row["laplace"]["var"] for row in mine], "--",
+                color=stair, label="Var staircase (var-gamma) / Laplace")  # fmt: skip
     ratios.plot(
         list(EXPECTED_RATIO),
         list(EXPECTED_RATIO.values()),
