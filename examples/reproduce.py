@@ -1,6 +1,6 @@
 """Every seed experiment in one command: runs them and writes docs/experiments.md with its figures.
 
-    python examples/reproduce.py            # the full sizes (an hour or more)
+    python examples/reproduce.py            # the full sizes (much longer; not timed here)
     python examples/reproduce.py --quick    # under ten minutes on 2 cores
     python examples/reproduce.py --smoke --out /tmp/page   # seconds (the test's size)
 
