@@ -37,6 +37,11 @@ from dpsql.mechanisms.laplace import GridLaplace
 from dpsql.mechanisms.samplers import secure_generator
 from dpsql.mechanisms.staircase import GridStaircase
 
+try:
+    from examples import figures
+except ImportError:  # run as a script from examples/
+    import figures
+
 OUT = Path(__file__).resolve().parent.parent / "docs" / "img" / "seed002_staircase.png"
 SENSITIVITIES = (1.0, 10.0, 100.0)
 EPSILONS = (0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0)
@@ -117,20 +122,15 @@ def markdown(rates: list[tuple[str, float]], rows: list[dict], samples: int) -> 
 
 
 def plot(rows: list[dict], out: Path) -> None:
-    figure, (errors, ratios) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for sensitivity, colour in zip(
-        SENSITIVITIES, ("tab:blue", "tab:orange", "tab:green"), strict=True
-    ):
+    figure, (errors, ratios) = plt.subplots(1, 2, figsize=(14, 4.2), width_ratios=(1, 1))
+    # colour by mechanism (page-wide), line style by sensitivity
+    for sensitivity, style in zip(SENSITIVITIES, ("-", "--", ":"), strict=True):
         mine = [row for row in rows if row["sensitivity"] == sensitivity]
         eps = [row["epsilon"] for row in mine]
-        for name, style in (("laplace", "--"), ("staircase", "-")):
-            errors.plot(
-                eps,
-                [row[name]["abs"] for row in mine],
-                style,
-                color=colour,
-                label=f"{name}, Delta={sensitivity:g}",
-            )
+        for name in ("laplace", "staircase"):
+            colour = figures.colour(name)
+            errors.plot(eps, [row[name]["abs"] for row in mine], style, color=colour,
+                        label=f"{name}, Delta={sensitivity:g}")  # fmt: skip
             errors.plot(eps, [row[name]["abs_seen"] for row in mine], "o", color=colour, ms=3)
     errors.set(
         xlabel="epsilon",
@@ -138,21 +138,14 @@ def plot(rows: list[dict], out: Path) -> None:
         yscale="log",
         title="SUM: expected absolute error",
     )
-    errors.legend(fontsize=7)
+    figures.legend_outside(errors, fontsize=7)
     mine = [row for row in rows if row["sensitivity"] == SENSITIVITIES[0]]
     eps = [row["epsilon"] for row in mine]
-    ratios.plot(
-        eps,
-        [row["staircase"]["abs"] / row["laplace"]["abs"] for row in mine],
-        "-",
-        label="E|X| staircase / Laplace",
-    )
-    ratios.plot(
-        eps,
-        [row["staircase_var"]["var"] / row["laplace"]["var"] for row in mine],
-        "-",
-        label="Var staircase (var-gamma) / Laplace",
-    )
+    stair = figures.colour("staircase")
+    ratios.plot(eps, [row["staircase"]["abs"] / row["laplace"]["abs"] for row in mine], "-",
+                color=stair, label="E|X| staircase / Laplace")  # fmt: skip
+    ratios.plot(eps, [row["staircase_var"]["var"] / row["laplace"]["var"] for row in mine], "--",
+                color=stair, label="Var staircase (var-gamma) / Laplace")  # fmt: skip
     ratios.plot(
         list(EXPECTED_RATIO),
         list(EXPECTED_RATIO.values()),
@@ -166,11 +159,9 @@ def plot(rows: list[dict], out: Path) -> None:
         ylim=(0, 1.05),
         title="Staircase gain (the same for every Delta)",
     )
-    ratios.legend(fontsize=8)
+    figures.legend_outside(ratios)
     figure.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=110)
-    plt.close(figure)
+    figures.save(figure, out)
 
 
 def main(argv: list[str] | None = None) -> str:

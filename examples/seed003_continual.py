@@ -47,6 +47,11 @@ import numpy as np
 from dpsql.accounting import zcdp_rho
 from dpsql.mechanisms.continual import BinaryTree, Factorization
 
+try:
+    from examples import figures
+except ImportError:  # run as a script from examples/
+    import figures
+
 IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
 PS = [0.0] + [2.0**-k for k in range(4, 11)]
 EPSILON, DELTA = 0.5, 1e-10  # the approximate-DP comparison
@@ -147,8 +152,9 @@ def simulate(log: int, ps: list[float], reps: int, rng: np.random.Generator,
     done, began, shown = 0, time.perf_counter(), time.perf_counter()
     while done < reps:
         runs = min(batch, reps - done)
-        noise = noise_batch(mechanisms, runs, rng)
         for p in ps:
+            # independent noise per stream: one shared draw made every p's row identical
+            noise = noise_batch(mechanisms, runs, rng)
             truth = np.cumsum(rng.random((runs, horizon)) < p, axis=1) if p else None
             for name, eta in noise.items():
                 # the release S_t + eta_t, as a stream releases it, minus the truth
@@ -255,31 +261,28 @@ def worst_deviation(rows: list[dict]) -> tuple[float, dict]:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, axes = figures.subplots(1, 2, figsize=(13, 4.5))
     panels = ((axes[0], ZCDP, f"(epsilon, delta) = ({EPSILON}, {DELTA:g}), via zCDP"),
               (axes[1], PURE, f"pure epsilon = {PURE_EPSILON:g} (Laplace)"))  # fmt: skip
     for ax, names, title in panels:
-        for i, name in enumerate(names):
+        for name in names:
             mine = sorted((r for r in rows if r["mechanism"] == name and r["p"] == 0.0),
                           key=lambda r: r["T"])  # fmt: skip
             ts = [r["T"] for r in mine]
-            ax.plot(ts, [math.sqrt(r["max"]) for r in mine], "o-", color=f"C{i}",
+            colour = figures.colour(name.split(" ", 1)[1].replace("sqrt ", "").replace(
+                "online ", ""))  # fmt: skip
+            ax.plot(ts, [math.sqrt(r["max"]) for r in mine], "o-", color=colour,
                     label=f"{name}: max over t")  # fmt: skip
-            ax.plot(ts, [math.sqrt(r["mean"]) for r in mine], "s--", color=f"C{i}", ms=4,
+            ax.plot(ts, [math.sqrt(r["mean"]) for r in mine], "s--", color=colour, ms=4,
                     alpha=0.7, label=f"{name}: mean over t")  # fmt: skip
-        ax.set(xscale="log", yscale="log", xlabel="horizon T", ylabel="per-step RMSE",
+        ax.set(yscale="log", xlabel="horizon T (steps)", ylabel="per-step RMSE (counts)",
                title=title)  # fmt: skip
         ax.set_xscale("log", base=2)
-        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3, which="both")
+        figures.legend_outside(ax, fontsize=7)
     fig.suptitle(f"Continual counting: RMSE of the running count ({rows[0]['runs']} runs per T)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    figures.save(fig, path)
 
 
 def zipf_histogram(horizon: int, keys: int, seed: int, path: Path | None) -> dict[str, float]:
@@ -295,23 +298,53 @@ def zipf_histogram(horizon: int, keys: int, seed: int, path: Path | None) -> dic
     truth = np.stack([np.cumsum(items == k) for k in range(keys)])
     noisy = truth + np.stack([counter.noise(rng) for _ in range(keys)])
     if path is not None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        fig, ax = figures.subplots(figsize=(8, 4.5))
+        # colour by key here: one mechanism (the factorization), four keys
         for k in range(min(keys, 4)):
             ax.plot(truth[k], color=f"C{k}", lw=1, label=f"key {k + 1} exact")
             ax.plot(noisy[k], color=f"C{k}", lw=0.6, alpha=0.6, label=f"key {k + 1} released")
         title = f"Continual histogram of a Zipf(2) stream, ({EPSILON}, {DELTA:g})-DP"
-        ax.set(xlabel="step", ylabel="running count", title=title)
-        ax.legend(ncol=2, fontsize=8)
+        ax.set(xlabel="step", ylabel="running count (items)", title=title)
+        ax.grid(alpha=0.3)
+        figures.legend_outside(ax)
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
+        figures.save(fig, path)
     top = int(np.argmax(noisy[:, -1]))
     return {"top key": top + 1, "released": float(noisy[top, -1]), "exact": float(truth[top, -1])}
+
+
+def zipf_compare(horizon: int, keys: int, reps: int, seed: int) -> list[dict]:
+    """The binary tree against the factorization on a Zipf(2) histogram stream.
+
+    Each of `keys` keys has its own counter (one item per step, so the
+    histogram is rho-zCDP at the rho of (EPSILON, DELTA), as in
+    `zipf_histogram`). Over `reps` releases: the per-step RMSE of the most
+    frequent key's running count (mean and max over t), and the largest error
+    over all keys and steps (mean over releases), beside the closed forms.
+    """
+    rng = np.random.Generator(np.random.SFC64([seed, horizon]))
+    items = np.minimum(rng.zipf(2.0, horizon), keys) - 1
+    truth = np.stack([np.cumsum(items == k) for k in range(keys)])
+    top = int(np.argmax(truth[:, -1]))
+    mechanisms = counters(horizon)
+    rows = []
+    for name in ("zCDP binary tree", "zCDP online Honaker", "zCDP sqrt factorization"):
+        counter = mechanisms[name]
+        squares, worst = np.zeros(horizon), []
+        for _ in range(reps):
+            released = truth + np.stack([counter.noise(rng) for _ in range(keys)])
+            error = released - truth
+            squares += error[top] ** 2
+            worst.append(np.abs(error).max())
+        closed = counter.variance()
+        rows.append({"mechanism": name.removeprefix("zCDP "), "T": horizon, "keys": keys,
+                     "runs": reps, "top": top + 1, "top_count": int(truth[top, -1]),
+                     "mean_rmse": float(np.sqrt(np.mean(squares / reps))),
+                     "max_rmse": float(np.sqrt(np.max(squares / reps))),
+                     "closed_mean_rmse": float(np.sqrt(np.mean(closed))),
+                     "closed_max_rmse": float(np.sqrt(np.max(closed))),
+                     "linf": float(np.mean(worst))})  # fmt: skip
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
