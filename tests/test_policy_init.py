@@ -1,0 +1,310 @@
+"""`dpsql policy init`: a draft policy from a real database's schema, with and without its
+charged DP estimates, loaded and queried; the exact quantile sampler against its closed
+form; the estimates' data access on neighbouring databases; PostgreSQL's catalog."""
+
+from __future__ import annotations
+
+import math
+import random
+import secrets
+from collections import Counter
+from fractions import Fraction
+from pathlib import Path
+
+import duckdb
+import pandas
+import pytest
+import yaml
+
+import dpsql
+from dpsql.adapters import open_adapter
+from dpsql.cli import main
+from dpsql.draft import Suggestion, draft_policy
+from dpsql.draft.bounds import COUNT_GRID, VALUE_QUANTILE, plan, value_grid
+from dpsql.draft.guess import guess_tables
+from dpsql.draft.queries import in_dialect
+from dpsql.draft.schema import read_schema
+from dpsql.ledger import open_ledger
+from dpsql.mechanisms.quantiles import exponential_quantile, quantile_weights
+from dpsql.mechanisms.samplers import secure_generator
+
+CUSTOMERS = 300
+REGIONS = ["north", "south", "east", "west"]
+
+
+def make_sales(path: Path, without: int | None = None) -> Path:
+    """A sales-like DuckDB database (customers, products, orders, order_items with foreign
+    keys), the same at every call; `without` leaves out one customer with all their rows."""
+    rng = random.Random(29)
+    con = duckdb.connect(str(path))
+    con.execute(
+        "CREATE TABLE customers (customer_id INTEGER PRIMARY KEY, name VARCHAR, "
+        "email VARCHAR, region VARCHAR, birth_year INTEGER, vip BOOLEAN)"
+    )
+    con.execute(
+        "CREATE TABLE products (product_id INTEGER PRIMARY KEY, name VARCHAR, "
+        "category VARCHAR, price DECIMAL(10, 2))"
+    )
+    con.execute(
+        "CREATE TABLE orders (order_id INTEGER PRIMARY KEY, customer_id INTEGER "
+        "REFERENCES customers (customer_id), order_date DATE, channel VARCHAR, "
+        "total DECIMAL(12, 2), notes VARCHAR)"
+    )
+    con.execute(
+        "CREATE TABLE order_items (item_id INTEGER PRIMARY KEY, order_id INTEGER "
+        "REFERENCES orders (order_id), product_id INTEGER REFERENCES products (product_id), "
+        "quantity INTEGER, unit_price DOUBLE)"
+    )
+    customers, orders, items = [], [], []
+    for c in range(1, CUSTOMERS + 1):
+        customers.append((c, f"n{c}", f"c{c}@example.org", rng.choice(REGIONS),
+                          rng.randint(1940, 2005), rng.random() < 0.1))  # fmt: skip
+        for _ in range(rng.randint(1, 12)):  # a customer has 1 to 12 orders
+            order = len(orders) + 1
+            day = f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+            orders.append((order, c, day, rng.choice(["web", "store"]),
+                           round(rng.uniform(5, 900), 2), "ok"))  # fmt: skip
+            for _ in range(rng.randint(1, 4)):
+                items.append((len(items) + 1, order, rng.randint(1, 40), rng.randint(1, 10),
+                              round(rng.uniform(1, 200), 2)))  # fmt: skip
+    products = [(p, f"p{p}", rng.choice(["food", "tools"]), 9.99) for p in range(1, 41)]
+    dropped = {o[0] for o in orders if o[1] == without}
+    rows = {
+        "customers": [c for c in customers if c[0] != without],
+        "products": products,
+        "orders": [o for o in orders if o[0] not in dropped],
+        "order_items": [i for i in items if i[1] not in dropped],
+    }
+    for table, values in rows.items():
+        con.register("frame", pandas.DataFrame(values))  # executemany goes row by row
+        con.execute(f"INSERT INTO {table} SELECT * FROM frame")
+        con.unregister("frame")
+    con.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def sales(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_sales(tmp_path_factory.mktemp("sales") / "sales.duckdb")
+
+
+def _init(*args: str) -> int:
+    return main(["policy", "init", *args])
+
+
+def test_the_draft_guesses_units_references_and_private_columns_and_loads(
+    sales: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "policy.yaml"
+    assert _init("--database", str(sales), "--public", "products", "-o", str(out)) == 0
+    printed = capsys.readouterr().out
+    assert "orders: max_rows_per_unit and max_groups_per_unit (now 1)" in printed
+    text = out.read_text()
+    tables = yaml.safe_load(text)["tables"]
+    assert tables["customers"]["privacy_unit"] == "customer_id"
+    assert tables["orders"]["privacy_unit"] == "customer_id"  # a foreign key to people
+    assert tables["order_items"]["privacy_unit"] == {
+        "via": "order_id", "references": "orders.order_id",
+    }  # fmt: skip
+    assert tables["products"] == {
+        "public": True,
+        "columns": {"product_id": {"type": "int"}, "name": {"type": "string"},
+                    "category": {"type": "string"}, "price": {"type": "float"}},
+    }  # fmt: skip
+    customers = tables["customers"]["columns"]
+    assert customers["name"] == customers["email"] == {"type": "string", "private": True}
+    assert customers["region"] == {"type": "string"}  # no domain unless the owner asks
+    assert customers["vip"] == {"type": "bool", "values": [False, True]}  # from the type
+    assert tables["orders"]["columns"]["notes"]["private"]  # free text
+    assert tables["orders"]["columns"]["order_id"]["private"]  # a key
+    assert "private" not in tables["order_items"]["columns"]["product_id"]  # joins products
+    assert "lower" not in tables["orders"]["columns"]["total"]
+    # Nothing of the data is in the draft, and what is left open says so where it is.
+    assert not any(region in text for region in REGIONS) and "@example.org" not in text
+    assert "TODO: 1 and 1 keep ONE row" in text
+    with dpsql.connect(str(sales), policy=str(out), seed=1) as con:
+        cur = con.cursor()
+        cur.execute("SELECT COUNT(*) FROM orders")
+        assert isinstance(cur.fetchone()[0], int)
+        cur.execute(
+            "SELECT p.category, COUNT(*) FROM order_items i JOIN products p "
+            "ON i.product_id = p.product_id GROUP BY p.category"
+        )
+        cur.fetchall()
+        with pytest.raises(dpsql.ProgrammingError, match="lower"):
+            cur.execute("SELECT SUM(total) FROM orders")
+
+
+def test_suggested_bounds_are_charged_written_and_answer_a_sum(
+    sales: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out, ledger = tmp_path / "policy.yaml", tmp_path / "budget.sqlite"
+    args = ["--database", str(sales), "--public", "products", "--suggest-bounds", "2",
+            "--owner-budget", "3", "--ledger", str(ledger), "-o", str(out)]  # fmt: skip
+    assert _init(*args) == 0
+    assert f"charged epsilon 2 to analyst owner (ledger {ledger})" in capsys.readouterr().out
+    document = yaml.safe_load(out.read_text())
+    assert document["ledger"] == str(ledger)
+    assert document["analysts"]["owner"]["epsilon"] == 3.0
+    orders = document["tables"]["orders"]
+    # A unit with one row is (1 - 0.95) * n ranks from... far below the 95th percentile:
+    # at this epsilon the mechanism picks 1 with probability below e^-40.
+    assert orders["max_rows_per_unit"] > 1
+    total = orders["columns"]["total"]
+    assert total["lower"] < total["upper"]
+    assert "DP estimate" in out.read_text()
+    with open_ledger(ledger) as book:
+        (charge,) = book.charges("owner")
+    assert charge.cost.epsilon == 2 and "suggest-bounds" in charge.fingerprint
+    with dpsql.connect(str(sales), policy=str(out), seed=1) as con:
+        cur = con.cursor()
+        cur.execute("SELECT COUNT(*), SUM(total) FROM orders")
+        count, summed = cur.fetchone()
+        assert isinstance(count, int) and summed is not None
+    with dpsql.connect(str(sales), policy=str(out), analyst="owner") as con:
+        assert con.budget().epsilon_spent == 2.0  # the draft's charge, on the draft's ledger
+    # The owner's budget holds one more run of 1, not of 2.
+    assert _init(*args[:-2], "-o", str(tmp_path / "again.yaml")) == 1
+    assert "budget" in capsys.readouterr().err.lower()
+
+
+def _rank_gap(values: list[float], grid: tuple, chosen: float, q: Fraction) -> float:
+    """How many more ranks than the grid's best candidate `chosen` is from q n."""
+
+    def gap(candidate: float) -> float:
+        return abs(sum(v <= candidate for v in values) - q * len(values))
+
+    return gap(chosen) - min(gap(c) for c in grid)
+
+
+def test_estimates_at_a_large_epsilon_land_on_the_closed_forms_best_candidates(
+    sales: Path, tmp_path: Path
+) -> None:
+    """With 40 per estimate (11 estimates), a candidate d ranks worse than the best is
+    e^-20d as likely, times the prior's e^(steps/5): 3 ranks off is below 1e-20 in all."""
+    suggestion = Suggestion(440, budget=500, ledger=str(tmp_path / "l.sqlite"), seed=3)
+    draft = draft_policy(str(sales), public=["products"], suggestion=suggestion)
+    orders = draft.document["tables"]["orders"]
+    con = duckdb.connect(str(sales), read_only=True)
+    rows = con.execute("SELECT COUNT(*), MAX(total) FROM orders GROUP BY customer_id").fetchall()
+    per_unit, largest = [n for n, _ in rows], [float(m) for _, m in rows]
+    assert _rank_gap(per_unit, COUNT_GRID, orders["max_rows_per_unit"], Fraction(95, 100)) <= 2
+    upper = orders["columns"]["total"]["upper"]
+    assert _rank_gap(largest, value_grid("float"), upper, VALUE_QUANTILE) <= 2
+
+
+def test_each_estimate_reads_one_value_per_unit_so_a_neighbour_moves_one_count(
+    tmp_path: Path,
+) -> None:
+    """The histograms of two databases that differ by one customer, with all their
+    orders and items, differ by at most 1 (L1): the sensitivity the quantile assumes."""
+    both = [make_sales(tmp_path / "d.duckdb"), make_sales(tmp_path / "n.duckdb", without=7)]
+    histograms = []
+    for path in both:
+        adapter = open_adapter(str(path))
+        drafts = guess_tables(read_schema(adapter), adapter.dialect, ["products"])
+        estimates = plan(drafts)
+        histograms.append(
+            [Counter(dict(adapter.execute(in_dialect(e.sql, "duckdb"))[1])) for e in estimates]
+        )
+        adapter.close()
+    # rows and groups per unit of orders, rows of order_items (it has no group key), and
+    # lower and upper of birth_year, total, quantity and unit_price
+    assert len(histograms[0]) == 3 + 2 * 4
+    for one, other in zip(*histograms, strict=True):
+        difference = sum(abs(one[b] - other[b]) for b in one.keys() | other.keys())
+        assert difference <= 1
+
+
+def test_the_quantile_sampler_draws_the_exponential_mechanisms_distribution() -> None:
+    counts, q, epsilon = [3, 5, 2, 0, 4], Fraction(1, 2), Fraction(1)
+    prior = [Fraction(k, 5) for k in range(5)]
+    exponents = quantile_weights(counts, q, epsilon, prior)
+    weights = [math.exp(-x) for x in exponents]
+    expected = [w / sum(weights) for w in weights]
+    rng = secure_generator(11)
+    draws = 2000
+    seen = Counter(exponential_quantile(counts, q, epsilon, rng, prior) for _ in range(draws))
+    for index, p in enumerate(expected):
+        sigma = math.sqrt(draws * p * (1 - p))
+        assert abs(seen[index] - draws * p) <= 5 * sigma
+    # The privacy map: a neighbour (one value more, in any bucket) moves no log-probability
+    # by more than epsilon.
+    for bucket in range(len(counts)):
+        neighbour = list(counts)
+        neighbour[bucket] += 1
+        other = [math.exp(-x) for x in quantile_weights(neighbour, q, epsilon, prior)]
+        ratios = [math.log(a / sum(weights)) - math.log(b / sum(other))
+                  for a, b in zip(weights, other, strict=True)]  # fmt: skip
+        assert max(abs(r) for r in ratios) <= float(epsilon) + 1e-12
+
+
+def test_refusals_say_what_to_write_instead(sales: Path, tmp_path: Path) -> None:
+    out = tmp_path / "p.yaml"
+    out.write_text("keep me")
+    with pytest.raises(SystemExit, match="--force"):
+        _init("--database", str(sales), "-o", str(out))
+    assert out.read_text() == "keep me"
+    with pytest.raises(SystemExit, match="name a drafted table"):
+        _init("--database", str(sales), "--public", "nations", "-o", str(tmp_path / "q.yaml"))
+    assert _init("--database", str(sales), "--table", "nope", "-o", str(tmp_path / "r.yaml")) == 1
+    with pytest.raises(dpsql.Error, match="--ledger"):
+        draft_policy("postgresql://nobody@127.0.0.1:1/none", suggestion=Suggestion(1.0))
+
+
+def test_version_and_budget_help(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip() == f"dpsql {dpsql.__version__}"
+    with pytest.raises(SystemExit):
+        main(["budget", "--help"])
+    assert "whose budget to show" in capsys.readouterr().out
+
+
+def test_postgres_foreign_keys_from_the_catalog(postgres_url: str, tmp_path: Path) -> None:
+    import psycopg
+
+    schema = f"policy_init_{secrets.token_hex(4)}"
+    try:
+        admin = psycopg.connect(postgres_url, autocommit=True)
+    except psycopg.OperationalError as exc:
+        pytest.skip(f"PostgreSQL is unreachable: {exc}")
+    with admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+        try:
+            admin.execute(f"CREATE TABLE {schema}.users (user_id int PRIMARY KEY, email text)")
+            admin.execute(
+                f"CREATE TABLE {schema}.orders (order_id int PRIMARY KEY, user_id int "
+                f"REFERENCES {schema}.users (user_id), amount numeric(10, 2))"
+            )
+            admin.execute(
+                f"CREATE TABLE {schema}.lines (line_id int PRIMARY KEY, order_id int "
+                f"REFERENCES {schema}.orders (order_id), quantity int, note text)"
+            )
+            admin.execute(
+                f"INSERT INTO {schema}.users SELECT g, 'u' || g FROM generate_series(1, 20) g"
+            )
+            admin.execute(
+                f"INSERT INTO {schema}.orders SELECT g, 1 + g % 20, g FROM generate_series(1, 60) g"
+            )
+            admin.execute(
+                f"INSERT INTO {schema}.lines SELECT g, 1 + g % 60, 2, 'x' "
+                "FROM generate_series(1, 90) g"
+            )
+            names = [f"{schema}.{t}" for t in ("users", "orders", "lines")]
+            draft = draft_policy(postgres_url, tables=names)
+            tables = draft.document["tables"]
+            assert tables[f"{schema}.users"]["privacy_unit"] == "user_id"
+            assert tables[f"{schema}.orders"]["privacy_unit"] == "user_id"
+            assert tables[f"{schema}.lines"]["privacy_unit"] == {
+                "via": "order_id", "references": f"{schema}.orders.order_id",
+            }  # fmt: skip
+            assert tables[f"{schema}.lines"]["columns"]["note"]["private"]
+            assert tables[f"{schema}.orders"]["columns"]["amount"] == {"type": "float"}
+            with dpsql.connect(postgres_url, policy=draft.document,
+                               ledger=str(tmp_path / "l.sqlite"), seed=2) as con:  # fmt: skip
+                cur = con.cursor()
+                cur.execute(f"SELECT COUNT(*) FROM {schema}.lines")
+                assert isinstance(cur.fetchone()[0], int)
+        finally:
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")
