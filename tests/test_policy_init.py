@@ -165,7 +165,7 @@ def test_suggested_bounds_are_charged_written_and_answer_a_sum(
         assert con.budget().epsilon_spent == 2.0  # the draft's charge, on the draft's ledger
     # The owner's budget holds one more run of 1, not of 2.
     assert _init(*args[:-2], "-o", str(tmp_path / "again.yaml")) == 1
-    assert "budget" in capsys.readouterr().err.lower()
+    assert "--owner-budget" in capsys.readouterr().err
 
 
 def _rank_gap(values: list[float], grid: tuple, chosen: float, q: Fraction) -> float:
@@ -308,3 +308,31 @@ def test_postgres_foreign_keys_from_the_catalog(postgres_url: str, tmp_path: Pat
                 assert isinstance(cur.fetchone()[0], int)
         finally:
             admin.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def test_sqlite_keys_and_references_through_sqlalchemy(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "clinic.db"
+    with sqlite3.connect(path) as con:
+        con.executescript(
+            "CREATE TABLE patients (patient_id INTEGER PRIMARY KEY, full_name TEXT);"
+            "CREATE TABLE visits (visit_id INTEGER PRIMARY KEY, patient_id INTEGER "
+            "REFERENCES patients (patient_id), cost REAL, notes TEXT);"
+            "CREATE TABLE doses (dose_id INTEGER PRIMARY KEY, visit_id INTEGER "
+            "REFERENCES visits (visit_id), amount NUMERIC);"
+            "INSERT INTO patients VALUES (1, 'a'), (2, 'b');"
+            "INSERT INTO visits VALUES (1, 1, 10.5, 'x'), (2, 1, 20, 'y'), (3, 2, 5, 'z');"
+            "INSERT INTO doses VALUES (1, 1, 2), (2, 3, 1);"
+        )
+    url = f"sqlite:///{path}"
+    draft = draft_policy(url)
+    tables = draft.document["tables"]
+    assert tables["patients"]["privacy_unit"] == "patient_id"
+    assert tables["visits"]["privacy_unit"] == "patient_id"
+    assert tables["doses"]["privacy_unit"] == {"via": "visit_id", "references": "visits.visit_id"}
+    assert tables["visits"]["columns"]["notes"]["private"]
+    with dpsql.connect(url, policy=draft.document, ledger=str(tmp_path / "l.sqlite")) as con:
+        cur = con.cursor()
+        cur.execute("SELECT COUNT(*) FROM doses")
+        assert isinstance(cur.fetchone()[0], int)

@@ -26,6 +26,7 @@ from typing import Any
 from dpsql.accounting import Cost
 from dpsql.draft.guess import TableDraft, identifier_name
 from dpsql.draft.queries import UnitRelation, histogram, in_dialect, quoted
+from dpsql.errors import BudgetExhausted
 from dpsql.mechanisms.quantiles import exponential_quantile, quantile_cost
 from dpsql.mechanisms.samplers import secure_generator
 from dpsql.policy import MAX_PER_UNIT, NUMERIC_TYPES
@@ -38,7 +39,9 @@ UNIT_QUANTILE = Fraction(95, 100)
 # (1 - q) n ranks from the target (mechanisms/quantiles.py).
 VALUE_QUANTILE = Fraction(95, 100)
 # The base measure's exponent per grid step away from zero: e^-2 a decade, so that a weak
-# estimate errs towards the nearer round numbers (mechanisms/quantiles.py says why).
+# estimate errs towards the nearer round numbers (mechanisms/quantiles.py says why). Weaker,
+# an upper bound at a column's largest value (where every larger candidate is as good to
+# the mechanism) wandered decades up; stronger, few units pulled it to zero.
 _PRIOR_STEP = Fraction(1, 5)
 # The grids' round numbers: 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 times a power of ten (bounds
 # an owner can read at a glance; neighbouring candidates differ by at most a third).
@@ -63,6 +66,18 @@ def value_grid(kind: str) -> tuple[int | float, ...]:
 
 
 COUNT_GRID = tuple(int(n) for n in _round_numbers(True) if n <= MAX_PER_UNIT)
+
+
+class EstimatesOverBudget(BudgetExhausted):
+    """The owner's budget does not cover `--suggest-bounds`: said in the command's terms."""
+
+    def _message(self) -> str:
+        return (
+            f"--suggest-bounds costs {self.cost}, but analyst '{self.analyst}' has only "
+            f"{self.remaining} left (its --owner-budget, less what earlier drafts charged to "
+            "this ledger); give a smaller --suggest-bounds, or a larger --owner-budget (the "
+            "total written into the draft)"
+        )
 
 
 @dataclass(frozen=True)
@@ -178,13 +193,16 @@ def suggest(
     share = cost.epsilon / len(estimates)
     # Sequential composition: the shares' costs add up to `cost` exactly (Fractions).
     assert sum((quantile_cost(share) for _ in estimates), Cost()) == cost
-    session.ledger.charge(
-        session.analyst,
-        cost,
-        session.total,
-        f"dpsql policy init --suggest-bounds: {len(estimates)} estimates",
-        dataset_budget=session.policy.dataset_budget,
-    )
+    try:
+        session.ledger.charge(
+            session.analyst,
+            cost,
+            session.total,
+            f"dpsql policy init --suggest-bounds: {len(estimates)} estimates",
+            dataset_budget=session.policy.dataset_budget,
+        )
+    except BudgetExhausted as exc:
+        raise EstimatesOverBudget(exc.analyst, exc.cost, exc.remaining) from None
     rng = secure_generator(seed)
     by_name = {t.name: t for t in tables}
     chosen: dict[tuple[str, str | None, str], Any] = {}
