@@ -239,15 +239,20 @@ def test_the_quantile_sampler_draws_the_exponential_mechanisms_distribution() ->
         assert max(abs(r) for r in ratios) <= float(epsilon) + 1e-12
 
 
-def test_refusals_say_what_to_write_instead(sales: Path, tmp_path: Path) -> None:
+def test_refusals_say_what_to_write_instead(
+    sales: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     out = tmp_path / "p.yaml"
     out.write_text("keep me")
     with pytest.raises(SystemExit, match="--force"):
         _init("--database", str(sales), "-o", str(out))
     assert out.read_text() == "keep me"
-    with pytest.raises(SystemExit, match="name a drafted table"):
-        _init("--database", str(sales), "--public", "nations", "-o", str(tmp_path / "q.yaml"))
-    assert _init("--database", str(sales), "--table", "nope", "-o", str(tmp_path / "r.yaml")) == 1
+    assert _init("--database", str(sales), "--public", "nations", "-o", str(tmp_path / "q")) == 1
+    assert "name a drafted table" in " ".join(capsys.readouterr().err.split())
+    assert _init("--database", str(sales), "--table", "nope", "-o", str(tmp_path / "r")) == 1
+    said = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
+    assert "its tables: customers, order_items, orders, products" in said
+    assert not (tmp_path / "q").exists() and not (tmp_path / "r").exists()
     with pytest.raises(dpsql.Error, match="--ledger"):
         draft_policy("postgresql://nobody@127.0.0.1:1/none", suggestion=Suggestion(1.0))
 

@@ -105,16 +105,13 @@ def _init(args: argparse.Namespace) -> int:
         suggestion = Suggestion(
             args.suggest_bounds, args.analyst, args.owner_budget, ledger=args.ledger
         )
-    try:
-        draft = draft_policy(
-            args.database,
-            tables=args.table,
-            public=args.public,
-            domains=args.read_domains,
-            suggestion=suggestion,
-        )
-    except ValueError as exc:
-        raise SystemExit(f"dpsql policy init: {exc}") from None
+    draft = draft_policy(
+        args.database,
+        tables=args.table,
+        public=args.public,
+        domains=args.read_domains,
+        suggestion=suggestion,
+    )
     if to_stdout:
         sys.stdout.write(draft.text)
         return 0

@@ -87,10 +87,15 @@ class Estimate:
     table: str
     column: str | None  # None: max_rows / max_groups of the table
     side: str  # "upper", "lower", "rows" or "groups"
-    sql: str  # the histogram over `grid`, in DuckDB's dialect
+    values: str  # the query of one value `v` per unit, in DuckDB's dialect
     grid: tuple[int | float, ...]
     q: Fraction
     what: str  # what it estimates, for the comment beside the value
+
+    @property
+    def sql(self) -> str:
+        """The histogram of `values` over `grid`: one row per non-empty bucket."""
+        return histogram(self.values, self.grid)
 
     @property
     def prior(self) -> list[Fraction]:
@@ -107,78 +112,37 @@ def plan(tables: list[TableDraft]) -> list[Estimate]:
         if table.public:
             continue
         relation = UnitRelation(table, by_name)
-        unit = "row" if relation.row_level else "unit"
+        # a row-level table's rows are its units: their values as they are
+        one_per_unit = relation.per_row if relation.row_level else relation.per_unit
         if not relation.row_level and not table.unique_unit:
             estimates.append(
-                _estimate(
-                    table,
-                    None,
-                    "rows",
-                    relation.per_unit("COUNT(*)"),
-                    COUNT_GRID,
-                    UNIT_QUANTILE,
-                    "rows per unit",
-                )
-            )
+                Estimate(table.name, None, "rows", one_per_unit("COUNT(*)"), COUNT_GRID,
+                         UNIT_QUANTILE, "rows per unit")
+            )  # fmt: skip
             keys = [c.name for c in table.columns.values() if _group_key(c.kind, c.private)]
-            if not keys:
-                table.bound_notes.append(
-                    "max_groups_per_unit stays 1: no text, bool or date column to group by; "
-                    "raise it to the groups a unit adds to when you group by another column"
-                )
-            else:
+            if keys:
                 distinct = ", ".join(f"COUNT(DISTINCT r.{quoted(k)})" for k in keys)
                 estimates.append(
-                    _estimate(
-                        table,
-                        None,
-                        "groups",
-                        relation.per_unit(f"GREATEST({distinct}, 1)"),
-                        COUNT_GRID,
-                        UNIT_QUANTILE,
-                        f"groups per unit (distinct values of {', '.join(keys)})",
-                    )
-                )
+                    Estimate(table.name, None, "groups", one_per_unit(f"GREATEST({distinct}, 1)"),
+                             COUNT_GRID, UNIT_QUANTILE,
+                             f"groups per unit (distinct values of {', '.join(keys)})")
+                )  # fmt: skip
+        unit = "row" if relation.row_level else "unit"
         for column in table.columns.values():
             if column.kind not in NUMERIC_TYPES or column.private or identifier_name(column.name):
                 continue  # an id (one kept plain to join a public table) is summed by nobody
             x = f"CAST(r.{quoted(column.name)} AS DOUBLE)"
-            grid = value_grid(column.kind)
-            for side, value in (("upper", x), ("lower", f"-{x}")):
-                values = (
-                    relation.per_row(value)
-                    if relation.row_level
-                    else relation.per_unit(f"MAX({value})")
-                )
-                extreme = "largest" if side == "upper" else "smallest"
+            for side, value, extreme in (("upper", x, "largest"), ("lower", f"-{x}", "smallest")):
+                values = one_per_unit(value if relation.row_level else f"MAX({value})")
                 estimates.append(
-                    _estimate(
-                        table,
-                        column.name,
-                        side,
-                        values,
-                        grid,
-                        VALUE_QUANTILE,
-                        f"{extreme} value per {unit}",
-                    )
-                )
+                    Estimate(table.name, column.name, side, values, value_grid(column.kind),
+                             VALUE_QUANTILE, f"{extreme} value per {unit}")
+                )  # fmt: skip
     return estimates
 
 
 def _group_key(kind: str, private: bool) -> bool:
     return not private and kind in ("string", "bool", "date")
-
-
-def _estimate(
-    table: TableDraft,
-    column: str | None,
-    side: str,
-    values: str,
-    grid: tuple,
-    q: Fraction,
-    what: str,
-) -> Estimate:
-    return Estimate(table.name, column, side, histogram(values, grid), grid, q, what)
 
 
 def suggest(
@@ -187,12 +151,12 @@ def suggest(
     """Charge `epsilon` to the session's analyst, then make every estimate `plan` asks for
     and write each into `tables` with its share of the cost; returns what was charged."""
     estimates = plan(tables)
-    cost = Cost.of(epsilon)
     if not estimates:
         return Cost()
-    share = cost.epsilon / len(estimates)
-    # Sequential composition: the shares' costs add up to `cost` exactly (Fractions).
-    assert sum((quantile_cost(share) for _ in estimates), Cost()) == cost
+    share = Cost.of(epsilon).epsilon / len(estimates)
+    # Sequential composition, charged at once before any estimate runs: exactly `epsilon`,
+    # since the shares are Fractions.
+    cost = sum((quantile_cost(share) for _ in estimates), Cost())
     try:
         session.ledger.charge(
             session.analyst,
@@ -214,6 +178,12 @@ def suggest(
         index = exponential_quantile(counts, estimate.q, share, rng, estimate.prior)
         chosen[estimate.table, estimate.column, estimate.side] = estimate.grid[index]
         _note(by_name[estimate.table], estimate, share)
+    for name in {e.table for e in estimates if e.side == "rows"}:
+        if (name, None, "groups") not in chosen:
+            by_name[name].bound_notes.append(
+                "max_groups_per_unit stays 1: no text, bool or date column to group by; "
+                "raise it to the groups a unit adds to when you group by another column"
+            )
     _apply(by_name, chosen)
     return cost
 

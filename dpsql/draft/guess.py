@@ -22,92 +22,33 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpsql.draft.schema import TableSchema
+from dpsql.errors import ProgrammingError
 from dpsql.policy import NUMERIC_TYPES, sqlite_type, stored_types
 
 # Words in a table's name that say its rows are people (one row per person).
 PEOPLE = (
-    "customer",
-    "client",
-    "user",
-    "person",
-    "people",
-    "patient",
-    "member",
-    "employee",
-    "student",
-    "subscriber",
-    "visitor",
-    "account",
-    "individual",
-    "citizen",
-    "respondent",
-    "voter",
-    "passenger",
-    "buyer",
-    "consumer",
-    "guest",
-    "player",
-    "author",
-    "cust",
-)
-# A column named like a person's id, in a table with no key to say so.
+    "customer", "client", "user", "person", "people", "patient", "member", "employee",
+    "student", "subscriber", "visitor", "account", "individual", "citizen", "respondent",
+    "voter", "passenger", "buyer", "consumer", "guest", "player", "author",
+)  # fmt: skip
+# A column named like a person's id, in a table with no key to say so (TPC-H's custkey).
 _PERSON_ID = re.compile(
-    r"(^|_)(pid|uid|person_?id|" + "|".join(PEOPLE) + r")_?(id|key|no|number)?$"
+    r"(^|_)(pid|uid|person_?id|cust_?key|(" + "|".join(PEOPLE) + r")_?(id|key|no|number))$"
 )
 # Name parts that say a column identifies someone or something: never released.
 _IDENTIFIER_PARTS = {
-    "id",
-    "key",
-    "uuid",
-    "guid",
-    "pid",
-    "uid",
-    "ssn",
-    "email",
-    "mail",
-    "phone",
-    "mobile",
-    "fax",
-    "name",
-    "firstname",
-    "lastname",
-    "surname",
-    "fullname",
-    "username",
-    "login",
-    "address",
-    "street",
-    "ip",
-    "password",
-    "iban",
-    "passport",
-    "license",
-    "licence",
-    "card",
-    "token",
-    "custkey",
-    "orderkey",
-    "partkey",
-    "suppkey",
-}
-_IDENTIFIER_SUFFIXES = ("_id", "id", "_key", "key", "_no", "_number", "_uuid")
+    "id", "key", "uuid", "guid", "pid", "uid", "ssn", "email", "mail", "phone", "mobile",
+    "fax", "name", "firstname", "lastname", "surname", "fullname", "username", "login",
+    "address", "street", "ip", "password", "iban", "passport", "license", "licence",
+    "card", "token", "custkey", "orderkey", "partkey", "suppkey",
+}  # fmt: skip
+# Whole suffixes only: "paid" and "valid" end in "id" but identify nothing.
+_IDENTIFIER_SUFFIXES = ("_id", "_key", "_no", "_number", "_uuid")
 # Name parts that say a column holds free text, which can say anything about anyone.
 _FREE_TEXT_PARTS = {
-    "comment",
-    "comments",
-    "note",
-    "notes",
-    "description",
-    "text",
-    "message",
-    "body",
-    "review",
-    "remark",
-    "remarks",
-    "feedback",
-    "bio",
-    "memo",
-}
+    "comment", "comments", "note", "notes", "description", "text", "message", "body",
+    "review", "remark", "remarks", "feedback", "bio", "memo",
+}  # fmt: skip
 
 
 @dataclass
@@ -161,7 +102,11 @@ def _parts(column: str) -> set[str]:
 def identifier_name(column: str) -> bool:
     """Whether a column's name says it identifies someone or something (an id, an email)."""
     lower = column.lower()
-    return bool(_parts(lower) & _IDENTIFIER_PARTS) or lower.endswith(_IDENTIFIER_SUFFIXES)
+    return (
+        bool(_parts(lower) & _IDENTIFIER_PARTS)
+        or lower.endswith(_IDENTIFIER_SUFFIXES)
+        or bool(_PERSON_ID.search(lower))
+    )
 
 
 def free_text_name(column: str) -> bool:
@@ -177,7 +122,7 @@ def guess_tables(
     public = {name.lower() for name in public}
     unknown = public - {s.name for s in schemas}
     if unknown:
-        raise ValueError(
+        raise ProgrammingError(
             f"--public names {', '.join(sorted(unknown))}, which is not among the tables "
             "drafted; name a drafted table"
         )
@@ -285,7 +230,9 @@ def _reference_or_row_level(
     candidates = [
         c
         for c in draft.columns
-        if c.endswith("id") and c not in schema.unique and c not in schema.references
+        if c.endswith(_IDENTIFIER_SUFFIXES)
+        and c not in schema.unique
+        and c not in schema.references
     ]
     chained = [t for _, (t, _) in schema.references.items() if t in drafts and drafts[t].via]
     draft.notes.append(
