@@ -58,6 +58,7 @@ def draft_policy(
     domains; `suggestion` makes the charged DP estimates."""
     ledger = None if suggestion is None else _ledger(suggestion.ledger, database)
     adapter = open_adapter(database)
+    dialect = adapter.dialect
     try:
         drafts = guess_tables(read_schema(adapter, tables), adapter.dialect, public)
         if domains:
@@ -80,7 +81,7 @@ def draft_policy(
             f"bounds below (ledger {charged_at})"
         )
     document = policy_document(drafts, analysts, ledger)
-    text = render(document, drafts, _header(database, suggestion), notes)
+    text = render(document, drafts, _header(dialect, suggestion), notes)
     _check_loads(text, document)
     return Draft(text, document, drafts, spent, charged_at, _left_open(drafts))
 
@@ -99,8 +100,11 @@ def _ledger(ledger: str | None, database: Any) -> str | None:
     return None
 
 
-def _header(database: Any, suggestion: Suggestion | None) -> list[str]:
-    kind = "URL-named" if is_url(database) else "DuckDB"
+_ENGINES = {"duckdb": "DuckDB", "postgres": "PostgreSQL", "sqlite": "SQLite", "spark": "Spark"}
+
+
+def _header(dialect: str, suggestion: Suggestion | None) -> list[str]:
+    kind = _ENGINES.get(dialect, dialect)
     lines = [
         f"Draft privacy policy, written by `dpsql policy init` on {dt.date.today()} from the "
         f"schema of a {kind} database.",
