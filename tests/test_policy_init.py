@@ -262,6 +262,11 @@ def test_refusals_say_what_to_write_instead(
     said = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
     assert "its tables: customers, order_items, orders, products" in said
     assert not (tmp_path / "q").exists() and not (tmp_path / "r").exists()
+    # By default the owner's budget is one run's: a second would draw fresh noise to average.
+    once = ["--database", str(sales), "--suggest-bounds", "0.5", "--ledger", str(tmp_path / "l")]
+    assert _init(*once, "-o", str(tmp_path / "a.yaml")) == 0
+    assert _init(*once, "-o", str(tmp_path / "b.yaml")) == 1
+    assert "--owner-budget" in capsys.readouterr().err and not (tmp_path / "b.yaml").exists()
     with pytest.raises(dpsql.Error, match="--ledger"):
         draft_policy("postgresql://nobody@127.0.0.1:1/none", suggestion=Suggestion(1.0))
 

@@ -80,9 +80,10 @@ def register(commands: Any) -> None:
     estimate.add_argument(
         "--owner-budget",
         metavar="EPSILON",
-        default=1.0,
         type=number_in(float, 1e-9, MAX_EPSILON),
-        help="that analyst's total budget, written into the draft (default: 1.0)",
+        help="that analyst's total budget, written into the draft (default: the "
+        "--suggest-bounds EPSILON, so that one run spends it: each run draws fresh noise, "
+        "and averaged runs would be more precise than any one was charged for)",
     )
     estimate.add_argument(
         "--ledger",
@@ -103,7 +104,10 @@ def _init(args: argparse.Namespace) -> int:
     suggestion = None
     if args.suggest_bounds is not None:
         suggestion = Suggestion(
-            args.suggest_bounds, args.analyst, args.owner_budget, ledger=args.ledger
+            args.suggest_bounds,
+            args.analyst,
+            args.owner_budget,
+            ledger=args.ledger,
         )
     draft = draft_policy(
         args.database,

@@ -74,9 +74,9 @@ class EstimatesOverBudget(BudgetExhausted):
     def _message(self) -> str:
         return (
             f"--suggest-bounds costs {self.cost}, but analyst '{self.analyst}' has only "
-            f"{self.remaining} left (its --owner-budget, less what earlier drafts charged to "
-            "this ledger); give a smaller --suggest-bounds, or a larger --owner-budget (the "
-            "total written into the draft)"
+            f"{self.remaining} left (its --owner-budget, by default the --suggest-bounds "
+            "EPSILON, less what earlier drafts charged to this ledger); give a smaller "
+            "--suggest-bounds, or a larger --owner-budget (the total written into the draft)"
         )
 
 

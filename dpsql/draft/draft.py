@@ -25,12 +25,13 @@ from dpsql.session import open_session
 @dataclass(frozen=True)
 class Suggestion:
     """`--suggest-bounds`: spend `epsilon` of `analyst`'s budget (`budget` in total, written
-    into the draft) on DP estimates, charged to `ledger` (by default where the draft's
-    queries will be charged: beside a DuckDB file)."""
+    into the draft; by default `epsilon`, so that one run spends it) on DP estimates,
+    charged to `ledger` (by default where the draft's queries will be charged: beside a
+    DuckDB file)."""
 
     epsilon: float
     analyst: str = "owner"
-    budget: float = 1.0
+    budget: float | None = None
     ledger: str | None = None
     seed: int | None = None  # tests only: reproducible noise
 
@@ -67,7 +68,12 @@ def draft_policy(
         adapter.close()
     spent, charged_at, analysts, notes = None, None, {}, {}
     if suggestion is not None:
-        analysts = {suggestion.analyst: {**DEFAULT_ANALYST, "epsilon": suggestion.budget}}
+        analysts = {
+            suggestion.analyst: {
+                **DEFAULT_ANALYST,
+                "epsilon": suggestion.budget or suggestion.epsilon,
+            }
+        }
         with open_session(
             database,
             policy_document(drafts, analysts, ledger),
