@@ -267,8 +267,10 @@ def test_refusals_say_what_to_write_instead(
     assert _init(*once, "-o", str(tmp_path / "a.yaml")) == 0
     assert _init(*once, "-o", str(tmp_path / "b.yaml")) == 1
     assert "--owner-budget" in capsys.readouterr().err and not (tmp_path / "b.yaml").exists()
-    with pytest.raises(dpsql.Error, match="--ledger"):
+    with pytest.raises(dpsql.InterfaceError, match="--ledger"):
         draft_policy("postgresql://nobody@127.0.0.1:1/none", suggestion=Suggestion(1.0))
+    with pytest.raises(dpsql.InterfaceError, match="forgets its charges"):
+        draft_policy(str(sales), suggestion=Suggestion(1.0, ledger=":memory:"))
 
 
 def test_version_and_budget_help(capsys: pytest.CaptureFixture) -> None:

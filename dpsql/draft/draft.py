@@ -17,9 +17,9 @@ from dpsql.draft.domains import read_domains
 from dpsql.draft.guess import TableDraft, guess_tables, identifier_name
 from dpsql.draft.render import DEFAULT_ANALYST, policy_document, render
 from dpsql.draft.schema import read_schema
-from dpsql.errors import InternalError, PolicyError
+from dpsql.errors import InterfaceError, InternalError
 from dpsql.policy import NUMERIC_TYPES, load_policy
-from dpsql.session import open_session
+from dpsql.session import ledger_in_memory, open_session
 
 
 @dataclass(frozen=True)
@@ -96,12 +96,19 @@ def _ledger(ledger: str | None, database: Any) -> str | None:
     """The ledger the estimates are charged to, as the draft will name it: a file or URL
     given, absolute (the policy reads a relative one beside itself); none for a DuckDB
     file, whose ledger beside it is the default of every later connection too."""
+    if ledger is not None and ledger_in_memory(ledger):
+        raise InterfaceError(
+            f"--suggest-bounds charges the owner's budget, and the ledger {ledger!r} forgets "
+            "its charges when the draft is written; give a file (budget.sqlite) or a "
+            "postgresql:// ledger"
+        )
     if ledger is not None:
         return ledger if is_url(ledger) else os.path.abspath(ledger)
-    if is_url(database):
-        raise PolicyError(
-            "--suggest-bounds charges a ledger, and a database named by URL has no default "
-            "one: give --ledger budget.sqlite (or a postgresql:// ledger); the draft names it"
+    if is_url(database) or not isinstance(database, str | os.PathLike) or database == ":memory:":
+        raise InterfaceError(
+            "--suggest-bounds charges the owner's budget, and this database has no ledger "
+            "of its own beside it (only a DuckDB file has): give --ledger budget.sqlite (or "
+            "a postgresql:// ledger); the draft names it"
         )
     return None
 
