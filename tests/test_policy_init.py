@@ -326,6 +326,19 @@ def test_postgres_foreign_keys_from_the_catalog(postgres_url: str, tmp_path: Pat
             amount = tables[f"{schema}.orders"]["columns"]["amount"]
             assert amount["type"] == "float" and amount["lower"] <= amount["upper"]
             assert draft.document["ledger"] == ledger
+            # The same schema through SQLAlchemy, which asks the catalog the same way.
+            alchemy = postgres_url.replace("postgresql://", "postgresql+psycopg://", 1)
+            for url in (postgres_url, alchemy):
+                adapter = open_adapter(url)
+                try:
+                    assert set(names) <= set(adapter.table_names())
+                    assert adapter.foreign_keys(names[2]) == {"order_id": (names[1], "order_id")}
+                finally:
+                    adapter.close()
+            again = draft_policy(alchemy, tables=names).document["tables"]
+            assert {k: t.get("privacy_unit") for k, t in again.items()} == {
+                k: t.get("privacy_unit") for k, t in tables.items()
+            }
             with dpsql.connect(postgres_url, policy=draft.document, analyst="owner") as con:
                 assert con.budget().epsilon_spent == 1.0  # all of the owner's budget
             with dpsql.connect(postgres_url, policy=draft.document, seed=2) as con:
