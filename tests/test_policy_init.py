@@ -375,3 +375,19 @@ def test_sqlite_keys_and_references_through_sqlalchemy(tmp_path: Path) -> None:
         cur = con.cursor()
         cur.execute("SELECT COUNT(*) FROM doses")
         assert isinstance(cur.fetchone()[0], int)
+
+
+def test_what_no_policy_type_fits_is_left_out_saying_so(tmp_path: Path) -> None:
+    path = tmp_path / "odd.duckdb"
+    with duckdb.connect(str(path)) as con:
+        con.execute("CREATE TABLE blobs (u UUID, l INTEGER[])")
+        con.execute("CREATE TABLE users (user_id INTEGER PRIMARY KEY, tag UUID)")
+    draft = draft_policy(str(path))
+    assert list(draft.document["tables"]) == ["users"]
+    assert list(draft.document["tables"]["users"]["columns"]) == ["user_id"]
+    assert "left out: tag (UUID)" in draft.text and "Left out: blobs" in draft.text
+    assert draft.left_open[0] == "blobs: left out (no column a policy type fits)"
+    with duckdb.connect(str(path)) as con:
+        con.execute("DROP TABLE users")
+    with pytest.raises(dpsql.ProgrammingError, match="declare views that cast them"):
+        draft_policy(str(path))

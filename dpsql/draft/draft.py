@@ -17,7 +17,7 @@ from dpsql.draft.domains import read_domains
 from dpsql.draft.guess import TableDraft, guess_tables, identifier_name
 from dpsql.draft.render import DEFAULT_ANALYST, policy_document, render
 from dpsql.draft.schema import read_schema
-from dpsql.errors import InterfaceError, InternalError
+from dpsql.errors import InterfaceError, InternalError, ProgrammingError
 from dpsql.policy import NUMERIC_TYPES, load_policy
 from dpsql.session import ledger_in_memory, open_session
 
@@ -66,6 +66,14 @@ def draft_policy(
             read_domains(adapter, drafts)
     finally:
         adapter.close()
+    # A table none of whose columns a policy type fits cannot be declared at all.
+    unreadable = [d.name for d in drafts if not d.columns]
+    drafts = [d for d in drafts if d.columns]
+    if not drafts:
+        raise ProgrammingError(
+            f"no column of {', '.join(unreadable)} has a type a policy declares (int, float, "
+            "string, bool, date, timestamp); declare views that cast them, and draft those"
+        )
     spent, charged_at, analysts, notes = None, None, {}, {}
     if suggestion is not None:
         analysts = {
@@ -87,9 +95,15 @@ def draft_policy(
             f"bounds below (ledger {charged_at})"
         )
     document = policy_document(drafts, analysts, ledger)
-    text = render(document, drafts, _header(dialect, suggestion), notes)
+    header = _header(dialect, suggestion) + [
+        f"Left out: {name}: no column of a type a policy declares; declare a view that casts "
+        "them, and draft it"
+        for name in unreadable
+    ]
+    text = render(document, drafts, header, notes)
     _check_loads(text, document)
-    return Draft(text, document, drafts, spent, charged_at, _left_open(drafts))
+    left_open = [f"{name}: left out (no column a policy type fits)" for name in unreadable]
+    return Draft(text, document, drafts, spent, charged_at, left_open + _left_open(drafts))
 
 
 def _ledger(ledger: str | None, database: Any) -> str | None:
