@@ -46,7 +46,10 @@ _PRIOR_STEP = Fraction(1, 5)
 # The grids' round numbers: 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 times a power of ten (bounds
 # an owner can read at a glance; neighbouring candidates differ by at most a third).
 _MANTISSAS = (10, 12, 15, 20, 25, 30, 40, 50, 60, 80)
-_DECADES = range(-3, 13)  # float magnitudes 0.001 .. 8e12
+# Magnitudes 1 .. 8e12. None below 1: the base measure's pull towards zero grows with every
+# decade offered below the data, and with 0.001 .. 0.8 offered a weak estimate of prices
+# near 1,000 came out 0; a column of values below 1 gets the bound 1.
+_DECADES = range(0, 13)
 
 
 def _round_numbers(whole: bool) -> list[Fraction]:
@@ -209,7 +212,7 @@ def _apply(tables: dict[str, TableDraft], chosen: dict[tuple[str, str | None, st
         elif side == "groups":
             table.max_groups = value
         elif side == "upper":
-            lower = -chosen[name, column, "lower"]
+            lower = 0 - chosen[name, column, "lower"]  # 0 - 0.0 is 0.0, never -0.0
             spec = table.columns[column].spec
             spec["lower"], spec["upper"] = min(lower, value), max(lower, value)
             notes = table.columns[column].notes
