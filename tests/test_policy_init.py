@@ -23,7 +23,7 @@ from dpsql.draft import Suggestion, draft_policy
 from dpsql.draft.bounds import COUNT_GRID, VALUE_QUANTILE, plan, value_grid
 from dpsql.draft.guess import guess_tables
 from dpsql.draft.queries import in_dialect
-from dpsql.draft.schema import read_schema
+from dpsql.draft.schema import TableSchema, read_schema
 from dpsql.ledger import open_ledger
 from dpsql.mechanisms.quantiles import exponential_quantile, quantile_weights
 from dpsql.mechanisms.samplers import secure_generator
@@ -391,3 +391,24 @@ def test_what_no_policy_type_fits_is_left_out_saying_so(tmp_path: Path) -> None:
         con.execute("DROP TABLE users")
     with pytest.raises(dpsql.ProgrammingError, match="declare views that cast them"):
         draft_policy(str(path))
+
+
+def test_one_kind_of_unit_when_people_tables_reference_each_other() -> None:
+    """Accounts of customers are the customers': their key is no unit of its own, and a
+    transfer is the customer's whose account it references."""
+    schemas = [
+        TableSchema("customers", {"customer_id": "INTEGER"}, frozenset({"customer_id"})),
+        TableSchema("accounts", {"account_id": "INTEGER", "customer_id": "INTEGER"},
+                    frozenset({"account_id"}), {"customer_id": ("customers", "customer_id")}),
+        TableSchema("transfers", {"transfer_id": "INTEGER", "account_id": "INTEGER",
+                                  "paid": "BOOLEAN", "amount": "DOUBLE"},
+                    frozenset({"transfer_id"}), {"account_id": ("accounts", "account_id")}),
+        TableSchema("employees", {"employee_id": "INTEGER", "manager_id": "INTEGER"},
+                    frozenset({"employee_id"}), {"manager_id": ("employees", "employee_id")}),
+    ]  # fmt: skip
+    drafts = {d.name: d for d in guess_tables(schemas, "duckdb")}
+    assert drafts["customers"].unit == "customer_id" and drafts["customers"].unique_unit
+    assert drafts["accounts"].unit == "customer_id" and not drafts["accounts"].unique_unit
+    assert drafts["transfers"].via == ("account_id", "accounts", "account_id")
+    assert drafts["employees"].unit == "employee_id"  # a reference to itself
+    assert drafts["transfers"].columns["paid"].spec == {"type": "bool", "values": [False, True]}

@@ -1,9 +1,10 @@
 """The draft's guesses from names and keys alone, each with the reason it was made.
 
 - A **privacy unit** (whose rows a table holds): a people-like table's key (customers,
-  users, patients, ...); a foreign key to such a table; a `{via, references}` reference
-  to a table that has a unit of its own; else a column named like a person's id (`pid`,
-  `user_id`). A table with none is drafted row-level, saying so.
+  users, patients, ...), unless it references another people-like table (accounts of
+  customers); a foreign key to such a key; a column named like a person's id (`pid`,
+  `user_id`); else a `{via, references}` reference to a table with a unit of its own.
+  A table with none is drafted row-level, saying so.
 - **Private** columns: the unit, keys and references (identifiers), and columns whose
   names say identifier or free text (email, name, phone, address, comment, notes, ...).
 - **Public** tables only where the owner names them (`--public`): a guess that a table
@@ -130,7 +131,11 @@ def guess_tables(
     by_name = {s.name: s for s in schemas}
     for schema in schemas:
         if schema.name not in public:
-            _direct_unit(schema, drafts[schema.name], by_name, public)
+            _people_key(schema, drafts[schema.name], by_name, public)
+    for schema in schemas:
+        draft = drafts[schema.name]
+        if draft.private and draft.unit is None:
+            _unit_column(schema, draft, drafts)
     for schema in schemas:
         draft = drafts[schema.name]
         if draft.private and draft.unit is None:
@@ -162,28 +167,36 @@ def _columns(schema: TableSchema, dialect: str, public: bool) -> TableDraft:
     return draft
 
 
-def _direct_unit(
+def _people_key(
     schema: TableSchema, draft: TableDraft, schemas: dict[str, TableSchema], public: set[str]
 ) -> None:
-    """A unit column of the table itself: a people-like table's key, a foreign key to a
-    people-like table's key, or a column named like a person's id."""
+    """A people-like table's key as its unit, unless the table references another
+    people-like table (accounts of customers): then its rows are that table's people's."""
     keys = [c for c in schema.columns if c in schema.unique and c in draft.columns]
-    if people_like(schema.name) and keys:
+    references_people = any(
+        target != schema.name and target in schemas and target not in public
+        and people_like(target)
+        for target, _ in schema.references.values()
+    )  # fmt: skip
+    if people_like(schema.name) and keys and not references_people:
         draft.unit, draft.unique_unit = keys[0], True
         draft.notes.append(
             f"privacy unit {keys[0]}: the key of a table whose name says each row is a "
             "person, so neighbouring databases differ by one of them and all their rows "
             "in every table"
         )
-        return
+
+
+def _unit_column(schema: TableSchema, draft: TableDraft, drafts: dict[str, TableDraft]) -> None:
+    """A unit column of the table itself: a foreign key to the key of a table whose unit
+    is its key (a people table), or a column named like a person's id."""
     to_people = [
         (column, target)
         for column, (target, key) in schema.references.items()
         if column in draft.columns
-        and target in schemas
-        and target not in public
-        and people_like(target)
-        and key in schemas[target].unique
+        and target in drafts
+        and drafts[target].unique_unit
+        and drafts[target].unit == key
     ]
     if to_people:
         column, target = to_people[0]
@@ -198,7 +211,11 @@ def _direct_unit(
                 f"and only {column}'s is protected as the unit; decide which one it is"
             )
         return
-    named = [c for c in draft.columns if _PERSON_ID.search(c) and c not in schema.unique]
+    named = [  # a key or a reference says what a column is, whatever its name
+        c
+        for c in draft.columns
+        if _PERSON_ID.search(c) and c not in schema.unique and c not in schema.references
+    ]
     if named:
         draft.unit = named[0]
         draft.notes.append(
