@@ -411,4 +411,7 @@ def test_one_kind_of_unit_when_people_tables_reference_each_other() -> None:
     assert drafts["accounts"].unit == "customer_id" and not drafts["accounts"].unique_unit
     assert drafts["transfers"].via == ("account_id", "accounts", "account_id")
     assert drafts["employees"].unit == "employee_id"  # a reference to itself
+    census = TableSchema("census", {"pid": "INTEGER", "age": "INTEGER"}, frozenset({"pid"}))
+    (draft,) = guess_tables([census], "duckdb")
+    assert draft.unit == "pid" and draft.unique_unit  # a unique person id: one row each
     assert drafts["transfers"].columns["paid"].spec == {"type": "bool", "values": [False, True]}

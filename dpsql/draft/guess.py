@@ -211,16 +211,14 @@ def _unit_column(schema: TableSchema, draft: TableDraft, drafts: dict[str, Table
                 f"and only {column}'s is protected as the unit; decide which one it is"
             )
         return
-    named = [  # a key or a reference says what a column is, whatever its name
-        c
-        for c in draft.columns
-        if _PERSON_ID.search(c) and c not in schema.unique and c not in schema.references
-    ]
+    # A reference says what a column is, whatever its name.
+    named = [c for c in draft.columns if _PERSON_ID.search(c) and c not in schema.references]
     if named:
-        draft.unit = named[0]
+        draft.unit, draft.unique_unit = named[0], named[0] in schema.unique
         draft.notes.append(
-            f"privacy unit {named[0]}: its name says it is a person's id (no key or "
-            "foreign key says so); check that it is"
+            f"privacy unit {named[0]}: its name says it is a person's id (no foreign key "
+            "says so); check that it is"
+            + ("; the database keeps it unique: one row per person" if draft.unique_unit else "")
         )
 
 
