@@ -326,7 +326,7 @@ class Policy:
                 if fits and dialect != "sqlite":
                     columns[name] = Column(name=name, type=fits[0])
                 elif fits:  # SQLite: every type fits; read the declared type's affinity
-                    columns[name] = Column(name=name, type=_sqlite_type(stored))
+                    columns[name] = Column(name=name, type=sqlite_type(stored))
             tables[key] = replace(table, columns=columns)
         return replace(self, tables=tables)
 
@@ -428,7 +428,7 @@ def stored_types(stored: str, dialect: str) -> tuple[str, ...]:
     return tuple(kind for kind, fits in kinds.items() if fits)
 
 
-def _sqlite_type(stored: str) -> str:
+def sqlite_type(stored: str) -> str:
     """The policy type of a SQLite column by its declared type's affinity (SQLite rules)."""
     declared = stored.upper()
     if "INT" in declared:

@@ -23,6 +23,11 @@ The exceptions, each as narrow as its reason:
   process counts, where the ledger would be) and `cache` (every analyst's
   stored releases). `dpsql ldp` is the client side of local DP, over
   dpsql/ldp/ with no Session (no database, policy or budget).
+- `dpsql.draft` (`dpsql policy init`) drafts a policy before there is one: it
+  reads the schema through the adapters (no Session opens without a policy),
+  then opens a Session on its draft to charge its DP estimates to the owner's
+  budget. It sits beside the Session; only `dpsql policy` imports it, and that
+  module reads the policy's epsilon range for its options.
 - `dpsql.audit` (`python -m dpsql.audit`) audits the internals by design: it is
   not checked, and nothing imports it.
 """
@@ -55,6 +60,7 @@ ALLOWED = {
     "ledger": BOTTOM,
     "sql": {"mechanisms", "ldp", "results"} | BOTTOM,  # nothing of adapters/ or the ledger
     "session": MIDDLE | {"results"} | BOTTOM,
+    "draft": {"session", "results"} | MIDDLE | BOTTOM,  # beside the Session: see above
     "dbapi": {"session", "results", "errors"},
     "server": {"session", "results", "errors"},
     "shell": {"session", "results", "errors"},
@@ -70,6 +76,7 @@ EXTRA = {
     "dpsql.cli.serve": {"policy"},  # read once before --processes forks
     "dpsql.cli.cache": {"policy"},  # every analyst's stored releases
     "dpsql.cli.ldp": {"ldp"},  # client-side local DP: no Session
+    "dpsql.cli.policy": {"draft", "policy"},  # drafting a policy: none to open a Session with
 }
 UNCHECKED = {"audit"}
 CLI_HELPERS = {"__init__", "__main__", "common"}

@@ -53,6 +53,15 @@ class Adapter(Protocol):
         """Lower-case columns of table `name` that the database itself keeps unique
         (a single-column PRIMARY KEY or UNIQUE constraint)."""
 
+    def table_names(self) -> list[str]:
+        """Every table and view of the database a policy could name (`dpsql policy init`
+        drafts one from them), lower case, qualified by its schema where the schema is not
+        the one an unqualified name reads."""
+
+    def foreign_keys(self, name: str) -> dict[str, tuple[str, str]]:
+        """The single-column foreign keys of table `name`: lower-case column to the table
+        it references (spelled as `table_names` spells it) and that table's column."""
+
     @property
     def identity(self) -> str:
         """Which database this is, the same from every process and every name that reaches

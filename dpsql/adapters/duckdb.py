@@ -259,6 +259,41 @@ class DuckDBAdapter:
             keyed.setdefault((database, schema), set()).add(columns[0].lower())
         return set.intersection(*(keyed.get(table[:2], set()) for table in tables))
 
+    def table_names(self) -> list[str]:
+        """The tables and views of the current database (attached ones are left out: a
+        policy names them database-qualified, which the owner writes)."""
+        rows = self._cursor().execute(
+            "SELECT schema_name, lower(table_name), schema_name = current_schema() "
+            "FROM duckdb_tables() WHERE NOT internal AND database_name = current_database() "
+            "UNION ALL SELECT schema_name, lower(view_name), schema_name = current_schema() "
+            "FROM duckdb_views() WHERE NOT internal AND database_name = current_database() "
+            "ORDER BY 1, 2"
+        )
+        return [
+            table if current else f"{schema}.{table}" for schema, table, current in rows.fetchall()
+        ]
+
+    def foreign_keys(self, name: str) -> dict[str, tuple[str, str]]:
+        """DuckDB keeps a table's foreign keys to tables of its own schema."""
+        identity = self.table_identities(name)
+        if len(identity) != 1:
+            return {}
+        database, schema, table = next(iter(identity))
+        rows = self._cursor().execute(
+            "SELECT constraint_column_names[1], referenced_table, referenced_column_names[1], "
+            "schema_name = current_schema() FROM duckdb_constraints() "
+            "WHERE constraint_type = 'FOREIGN KEY' AND len(constraint_column_names) = 1 "
+            "AND database_name = ? AND schema_name = ? AND lower(table_name) = ?",
+            [database, schema, table],
+        )
+        return {
+            column.lower(): (
+                target.lower() if current else f"{schema}.{target}".lower(),
+                key.lower(),
+            )
+            for column, target, key, current in rows.fetchall()
+        }
+
     def close(self) -> None:
         if self._owned:
             self._connection.close()

@@ -68,6 +68,28 @@ WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indnkeyatts = 1
 """
 
 
+# A relation's name as a policy writes it: bare where the search path reads it so, else
+# schema-qualified. Names needing quotes (mixed case) are left out: the rewrite never reads them.
+_SPELLED = """CASE WHEN to_regclass(quote_ident({c}.relname)) = {c}.oid THEN {c}.relname
+  ELSE {n}.nspname || '.' || {c}.relname END"""
+# Every table and view (not a partition) of the schemas users create, that the role may read.
+TABLE_NAMES = f"""
+SELECT {_SPELLED.format(c="c", n="n")} FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'v', 'm', 'p', 'f') AND NOT c.relispartition
+  AND n.nspname <> 'information_schema' AND left(n.nspname, 3) <> 'pg_'
+  AND c.relname = lower(c.relname) AND n.nspname = lower(n.nspname)
+  AND has_table_privilege(c.oid, 'SELECT')
+ORDER BY 1
+"""
+# The single-column foreign keys of the table a name reads, with the table each references.
+FOREIGN_KEYS = f"""
+SELECT a.attname, {_SPELLED.format(c="r", n="rn")}, ra.attname FROM pg_constraint k
+JOIN pg_class r ON r.oid = k.confrelid JOIN pg_namespace rn ON rn.oid = r.relnamespace
+JOIN pg_attribute a ON a.attrelid = k.conrelid AND a.attnum = k.conkey[1]
+JOIN pg_attribute ra ON ra.attrelid = k.confrelid AND ra.attnum = k.confkey[1]
+WHERE k.contype = 'f' AND k.conrelid = to_regclass(%s) AND cardinality(k.conkey) = 1
+"""
 # The relation a name reads (to_regclass follows the search path): its schema and name.
 _RELATION = """
 SELECT n.nspname, c.relname, current_database() FROM pg_class c
@@ -250,6 +272,16 @@ class PostgresAdapter:
         except BackendError:
             return set()
         return {row[0] for row in rows}
+
+    def table_names(self) -> list[str]:
+        return [row[0] for row in self._run(TABLE_NAMES)[1]]
+
+    def foreign_keys(self, name: str) -> dict[str, tuple[str, str]]:
+        try:
+            _, rows = self._run(FOREIGN_KEYS, [name])
+        except BackendError:
+            return {}
+        return {column: (table, key) for column, table, key in rows}
 
     def close(self) -> None:
         self._pool.close()

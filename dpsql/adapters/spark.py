@@ -299,6 +299,17 @@ class SparkAdapter:
     def unique_columns(self, name: str) -> set[str]:
         return set()  # Spark declares no enforced keys: every unit is bounded
 
+    def table_names(self) -> list[str]:
+        """The tables and views of the current database (temporary views too)."""
+        try:
+            tables = self._session.catalog.listTables()
+        except self._errors as exc:
+            raise self._error(exc) from None
+        return sorted(table.name.lower() for table in tables)
+
+    def foreign_keys(self, name: str) -> dict[str, tuple[str, str]]:
+        return {}  # Spark keeps no keys
+
     def close(self) -> None:
         try:
             for view in self._views:

@@ -232,6 +232,36 @@ class SQLAlchemyAdapter:
         reachable = self._reachable([c["name"] for c in columns])
         return {key[0].lower() for key in keys if len(key) == 1 and key[0] in reachable}
 
+    def table_names(self) -> list[str]:
+        """On PostgreSQL the PostgreSQL adapter's catalog query; elsewhere the tables and
+        views of the connection's default schema."""
+        with self._connect() as connection:
+            if self._engine.dialect.name == "postgresql":
+                from dpsql.adapters.postgres import TABLE_NAMES
+
+                return [row[0] for row in connection.exec_driver_sql(TABLE_NAMES).fetchall()]
+            inspector = sqlalchemy.inspect(connection)
+            names = inspector.get_table_names() + inspector.get_view_names()
+        return sorted({name.lower() for name in names})
+
+    def foreign_keys(self, name: str) -> dict[str, tuple[str, str]]:
+        if self._engine.dialect.name == "postgresql":
+            from dpsql.adapters.postgres import FOREIGN_KEYS
+
+            with self._connect() as connection:
+                rows = connection.exec_driver_sql(FOREIGN_KEYS, (name,)).fetchall()
+            return {column: (table, key) for column, table, key in rows}
+        keys = {}
+        for key in self._inspect(name, "get_foreign_keys") or []:
+            if len(key["constrained_columns"]) == 1 and len(key["referred_columns"]) == 1:
+                schema = key.get("referred_schema")
+                table = key["referred_table"].lower()
+                keys[key["constrained_columns"][0].lower()] = (
+                    f"{schema.lower()}.{table}" if schema else table,
+                    key["referred_columns"][0].lower(),
+                )
+        return keys
+
     def close(self) -> None:
         self._engine.dispose()
 

@@ -4,10 +4,11 @@ dpsql query --demo "SELECT sex, COUNT(*) FROM census GROUP BY sex"
 dpsql query --database pums.duckdb --policy policy.yaml "SELECT AVG(income) FROM pums"
 dpsql budget --demo
 dpsql demo ./demo        # writes census.duckdb and policy.yaml to try other tools on
+dpsql policy init --database sales.duckdb -o policy.yaml
 
 One module per subcommand, named as the subcommand, each with `register(commands)`
-adding its parser: query, budget, demo, ldp, shell, serve, passwd, watch, synopsis,
-cache (SUBCOMMANDS, the order `dpsql --help` lists them). common.py holds what
+adding its parser: query, budget, demo, policy, ldp, shell, serve, passwd, watch,
+synopsis, cache (SUBCOMMANDS, the order `dpsql --help` lists them). common.py holds what
 several share (the connection options, and opening a Session from them).
 """
 
@@ -19,12 +20,14 @@ import sys
 
 from rich.console import Console
 
+from dpsql import __version__
 from dpsql.errors import Error
 
 #: The subcommands, in the order `dpsql --help` lists them: each is the module
 #: dpsql/cli/<name>.py (tests/test_layout.py checks that the two lists agree).
 SUBCOMMANDS = (
-    "query", "budget", "demo", "ldp", "shell", "serve", "passwd", "watch", "synopsis", "cache",
+    "query", "budget", "demo", "policy", "ldp", "shell", "serve", "passwd", "watch", "synopsis",
+    "cache",
 )  # fmt: skip
 
 
@@ -49,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog='Start with: dpsql query --demo "SELECT sex, COUNT(*) FROM census GROUP BY sex"',
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"dpsql {__version__}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     for name in SUBCOMMANDS:
         importlib.import_module(f"dpsql.cli.{name}").register(commands)

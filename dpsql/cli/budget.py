@@ -22,7 +22,7 @@ def register(commands: Any) -> None:
         "budget", help="show the analyst's spent and remaining budget",
         description="Show total, spent and remaining epsilon and delta from the ledger.",
     )  # fmt: skip
-    add_connection_options(budget)
+    add_connection_options(budget, analyst_help="whose budget to show")
     budget.set_defaults(run=_run)
 
 
