@@ -38,6 +38,7 @@ from dpsql.sql.temporal import YEARS_PYTHON_HOLDS, held_by, prefilter, temporal_
 
 MEASURE_PREFIX = "__dpsql_m"
 UNITS_COLUMN = "__dpsql_units"
+UNIT_KEY = "__dpsql_unit"  # the unit, a last group key, for per_unit
 _ROW_RANK = "__dpsql_row_rank"
 _GROUP_RANK = "__dpsql_group_rank"
 _BOUNDED = "__dpsql_bounded"
@@ -74,13 +75,17 @@ def rewrite(
     with_units: bool,
     *,
     earliest_groups: bool = False,
+    per_unit: bool = False,
 ) -> str:
     """The bounded exact SQL for `analysis`; `grids` gives each SUM measurement its grid.
 
     `with_units` adds the count of distinct units per group, which key selection needs.
     `earliest_groups` keeps each unit's first groups in key order instead of a
     keyed-hash choice: a stream released step by step then never lets a later
-    step displace one already counted (dpsql/sql/running.py).
+    step displace one already counted (dpsql/sql/running.py). `per_unit` (a table with a
+    privacy unit) groups by the unit too, after the bounding, as the last key (UNIT_KEY):
+    one row per unit and group, for a caller that bounds units further by a record of
+    what each used before (a running stream over a mutable source).
     """
     table = analysis.table
     keys = _canonical_keys(analysis, dialect)
@@ -112,6 +117,10 @@ def rewrite(
         else exp.Count(this=exp.Distinct(expressions=[unit.copy()]))
     ).as_(UNITS_COLUMN, copy=False)
     key_items = [key.copy().as_(f"{KEY_PREFIX}{i}", copy=False) for i, key in enumerate(keys)]
+    grouped = [_groupable(key) for key in keys]
+    if per_unit:
+        key_items.append(unit.copy().as_(UNIT_KEY, copy=False))
+        grouped.append(unit.copy())
     if one_row_per_unit:
         # one row per unit (row-level, or a unit the database keeps unique): nothing to bound
         relation: exp.Expression = source
@@ -128,8 +137,8 @@ def rewrite(
     query = exp.select(*items, copy=False).from_(relation, copy=False)
     if filters is not None:
         query = query.where(filters, copy=False)
-    if keys:
-        query = query.group_by(*[_groupable(key) for key in keys], copy=False)
+    if grouped:
+        query = query.group_by(*grouped, copy=False)
     _require_declared(query, table)
     if table.relation is not None:
         _read_relation(query, table)

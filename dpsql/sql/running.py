@@ -17,17 +17,28 @@ watermark and, for dates and timestamps, before the clock), re-releasing
 stored past steps unchanged, for free. Each step's exact value is read once,
 when it is first released, through one bounded GROUP BY built by
 analyze/rewrite in which each unit keeps its earliest steps, so a unit adds at
-most max_groups * max_rows rows to the whole stream. Rows that arrive later
-for a step already released are ignored: releases never change.
+most max_groups * max_rows rows to the whole stream.
+
+That bound holds only while released steps keep their rows, so each tick checks
+that every released step still has the exact bounded total it was measured with
+(stored with the tick, never released): a changed history ends the stream before
+anything else is released. A column declared `history: mutable` instead keeps a
+record, per stream, of the groups each unit has used (under an HMAC of the unit
+with a secret of the stream), and each tick bounds a unit by what its record has
+left; there rows arriving later for a released step are ignored. Releases never
+change.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import hashlib
+import hmac
 import json
 import math
 import re
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -62,6 +73,9 @@ from dpsql.sql.temporal import holds_date
 MAX_HORIZON = 1 << 22
 STATE_PREFIX = "stream:"
 _FROM = "from"  # a tick's stored values are named by the step they start from
+# The record of a stream that ended on a changed history: it sorts after `meta`, so the
+# ticks' reads (names after the last tick decoded) find it.
+_ENDED = "meta:ended"
 # A standing query is planned again at every tick, and checking and analysing it
 # cost more than the database's own incremental GROUP BY: streams planned before
 # are kept, by everything their plan depends on, and so are their noise vectors
@@ -548,6 +562,7 @@ class _Stream:
     grid: SumGrid | None
     sensitivity: int
     choice: _Choice
+    mutable: bool  # history: mutable (a record per unit) rather than checked
     # the step query without its bounds on the ordered column, analysed once
     base: Analysis
     # per dialect: the unranked step query's text cut where its bounds go (see step_sql)
@@ -586,6 +601,15 @@ class _Stream:
         contributions = (
             table.max_groups_per_unit * table.max_rows_per_unit if table.privacy_unit else 1
         )
+        mutable = spec.history == "mutable"
+        if mutable and not table.privacy_unit:
+            raise _refuse(
+                f"a stream on {table.name}.{column.name} with history: mutable",
+                "its record of what each unit used needs a privacy unit: without one a row "
+                "has no identity that outlives an update or a deletion",
+                f"ask the data owner to declare a privacy_unit for {table.name} (a row id, "
+                "with max_groups_per_unit: 1 and max_rows_per_unit: 1, protects rows)",
+            )
         base = analyze(_plain_query(shape, table.name, filters), table)
         choice = _choose(spec, column.name, context)
         if choice.mechanism == "factorization" and horizon > EXACT_HORIZON:
@@ -639,6 +663,10 @@ class _Stream:
                     context.policy.data_version,
                     context.database,  # one stream per database, its rows its own
                     [choice.mechanism, spec.epsilon, choice.delta, sensitivity],
+                    # what the stored ticks hold (the exact totals checked, or a record of
+                    # units) and how a unit is bounded: streams stored before either was
+                    # kept start again
+                    ["history", spec.history],
                     *grid_step,
                     *version,
                 ]
@@ -657,6 +685,7 @@ class _Stream:
             grid,
             sensitivity,
             choice,
+            mutable,
             base,
         )
 
@@ -699,15 +728,18 @@ class _Stream:
         )
         return Accuracy(self.counter.name, largest, None, float(self.sensitivity * self.unit), note)
 
-    def step_sql(self, done: int, steps: int, context: Any) -> str:
-        """One bounded GROUP BY of the per-step values of the first `steps` steps.
+    def step_sql(self, done: int, steps: int, context: Any, seed: int) -> str:
+        """One bounded GROUP BY of the per-step values of the first `steps` steps, its
+        rows chosen within a step by the keyed hash of `seed`.
 
-        With a privacy unit, every step from the start is ranked, so that each
-        unit keeps its earliest steps; without one (or a unique unit) nothing is
-        ranked and only the steps after the `done` ones already released are read.
+        By default every step from the start is read: the released ones, to check that
+        they still have the totals released, and with a privacy unit every step is
+        ranked, so that each unit keeps its earliest steps. With `history: mutable`
+        only the steps after the `done` ones already released are read, one row per
+        unit and group (the record bounds each unit further).
         """
         ranked = self.table.privacy_unit is not None and not self.table.unique_unit
-        bounds = (self.domain.label(0 if ranked else done), self.domain.label(steps))
+        bounds = (self.domain.label(done if self.mutable else 0), self.domain.label(steps))
         # Ranking keys its hash with this plan's fresh secret: that query is built
         # anew. Otherwise only the bounds change from tick to tick, and building
         # the query (analysis, rewrite, SQL generation) cost more than a tenth of
@@ -720,7 +752,7 @@ class _Stream:
         pieces = self._template(context.dialect) if usable else None
         if pieces is None:
             literals = [self.domain.literal(text) for text in texts]
-            return self._step_query(*literals, context.dialect, context.seed)
+            return self._step_query(*literals, context.dialect, seed)
         return _filled(pieces, texts)
 
     @property
@@ -768,7 +800,9 @@ class _Stream:
         keys = [replace(base.keys[0], expression=bucket, domain=None), *base.keys[1:]]
         analysis = replace(base, where=where, keys=keys)
         grids = {0: self.grid} if self.grid is not None else {}
-        return rewrite(analysis, grids, dialect, seed, False, earliest_groups=True)
+        return rewrite(
+            analysis, grids, dialect, seed, False, earliest_groups=True, per_unit=self.mutable
+        )
 
 
 def _filled(pieces: list[str], bounds: list[str] | tuple[str, str]) -> str:
@@ -868,13 +902,23 @@ class RunningPlan:
         self.stream = stream
         self.prefix = f"{STATE_PREFIX}{stream.identity}:"
         meta = context.stored.get(f"{self.prefix}meta")
-        self.key = json.loads(meta)["key"] if meta is not None else None
+        self.meta: dict[str, Any] | None = json.loads(meta) if meta is not None else None
+        self.key = self.meta["key"] if self.meta is not None else None
         self.past = _released(context.stored, self.prefix, self.key, len(stream.partition_values))
+        if self.past.ended:
+            raise _ended(stream)
         self.released = self.past.values
         self.steps = stream.complete_steps()
         self.cost = stream.cost if self.key is None else Cost()
+        # Which of a unit's rows a step keeps is chosen by a keyed hash: one secret for
+        # the whole stream, so that a released step measured again gives its total again
+        # unless its rows changed (a fresh secret per tick would choose other rows).
+        self.seed = self.meta.get("rows", 0) if self.meta is not None else context.seed
+        self._stored = context.stored
         self.sql = (
-            stream.step_sql(self.done, self.steps, context) if self.steps > self.done else None
+            stream.step_sql(self.done, self.steps, context, self.seed)
+            if self.steps > self.done
+            else None
         )
 
     @property
@@ -885,43 +929,50 @@ class RunningPlan:
         state = {}
         if self.key is None:
             self.key = int(rng.integers(0, 1 << 63)) << 63 | int(rng.integers(0, 1 << 63))
-            state[f"{self.prefix}meta"] = json.dumps({"key": self.key})
+            self.meta = {"key": self.key, "rows": self.seed}
+            if self.stream.mutable:  # from the OS: no test seed makes units' keys guessable
+                self.meta["units"] = secrets.token_hex(32)
+            state[f"{self.prefix}meta"] = json.dumps(self.meta)
         values = self.released
         notes = [
             f"running totals over {self.stream.domain.horizon} steps from a "
-            f"{self.stream.counter.name}; rows arriving later for a released step are "
-            "ignored, so releases never change"
+            f"{self.stream.counter.name}; "
+            + (
+                "rows arriving later for a released step are ignored and each unit is "
+                "bounded by a record of what it used, so releases never change"
+                if self.stream.mutable
+                else "a released step whose rows change ends the stream, so releases never change"
+            )
         ]
         if self.steps > self.done:
             fresh, kept = self._extend(rows)
             # named by the step it starts from: of two releases built on the same released
             # steps (concurrent sessions), the ledger keeps the first and withholds the other
             state[f"{self.prefix}{_FROM}{self.done:08d}"] = json.dumps(
-                fresh.tolist() if kept is None else {"released": fresh.tolist(), **kept}
+                {"released": fresh.tolist(), **kept}
             )
             values = np.concatenate([values, fresh], axis=1)
         values = values[:, : self.steps]  # a lower watermark shows fewer of the released steps
         return Release(self._columns(), self._rows(values), self._accuracy(), notes, state=state)
 
-    def _extend(self, rows: list[tuple]) -> tuple[np.ndarray, dict[str, list] | None]:
-        """Noisy running totals for steps done+1..steps, per partition, and for a
-        factorization what later ticks need stored with them: the new steps' exact values
-        and their q (see ExactFactorization)."""
+    def _extend(self, rows: list[tuple]) -> tuple[np.ndarray, dict[str, Any]]:
+        """Noisy running totals for steps done+1..steps, per partition, and what is stored
+        with them: the new steps' exact values (the check of later ticks; a factorization
+        computes its later steps from them, and from their q, stored too), and under
+        `history: mutable` the groups each unit used."""
         width, new = len(self.stream.partition_values), self.steps - self.done
-        where = {_key(v): i for i, v in enumerate(self.stream.partition_values)}
-        totals: dict[tuple[int, int], int] = {}
-        for row in rows:
-            step = self.stream.domain.index(row[0]) - self.done  # ranked: earlier steps too
-            part = where.get(_key(row[1])) if width > 1 else 0
-            if part is not None and 0 <= step < new:
-                totals[part, step] = totals.get((part, step), 0) + int(row[-1] or 0)
-        exact = np.zeros((width, new), dtype=np.int64)  # the new steps only, not all so far
-        if totals:
-            exact[tuple(zip(*totals, strict=True))] = exact_integers(list(totals.values()))
+        kept: dict[str, Any] = {}
+        if self.stream.mutable:
+            exact, kept["used"] = self._bounded_by_record(rows)
+        else:
+            measured = self._totals(rows, 0, self.steps)
+            self._check_history(measured[:, : self.done])
+            exact = measured[:, self.done :]
+        kept["exact"] = exact.tolist()
         fresh = np.zeros((width, new))
         counter = self.stream.counter
         if isinstance(counter, ExactFactorization):
-            kept: dict[str, list] = {"exact": exact.tolist(), "quantized": []}
+            kept["quantized"] = []
             past = self.past
             for part in range(width):
                 exact_past = past.exact[part] if past.exact is not None else []
@@ -943,7 +994,87 @@ class RunningPlan:
                 last = self.released[part, -1]
                 stream.resume(self.done, last - float(stream.noise[self.done - 1]))
             fresh[part] = stream.extend(exact[part])
-        return fresh, None
+        return fresh, kept
+
+    def _cells(self, rows: list[tuple], first: int, count: int) -> tuple[list, list, list]:
+        """The step (from `first`), partition and row of each of the step query's rows in
+        steps first..first+count-1 and the stream's partitions."""
+        width = len(self.stream.partition_values)
+        where = {_key(v): i for i, v in enumerate(self.stream.partition_values)}
+        steps, parts, kept = [], [], []
+        for row in rows:
+            step = self.stream.domain.index(row[0]) - first
+            part = where.get(_key(row[1])) if width > 1 else 0
+            if part is not None and 0 <= step < count:
+                steps.append(step)
+                parts.append(part)
+                kept.append(row)
+        return steps, parts, kept
+
+    def _totals(self, rows: list[tuple], first: int, count: int) -> np.ndarray:
+        """The exact total of each partition and step first..first+count-1."""
+        totals: dict[tuple[int, int], int] = {}
+        for step, part, row in zip(*self._cells(rows, first, count), strict=True):
+            totals[part, step] = totals.get((part, step), 0) + int(row[-1] or 0)
+        exact = np.zeros((len(self.stream.partition_values), count), dtype=np.int64)
+        if totals:
+            exact[tuple(zip(*totals, strict=True))] = exact_integers(list(totals.values()))
+        return exact
+
+    def _check_history(self, measured: np.ndarray) -> None:
+        """End the stream if a released step's exact total is not the one stored with it.
+
+        The stream then stores that it ended (the first changed step for the data
+        owner, who holds the data anyway) and raises; every later run refuses it from
+        that record, without reading the data. See docs/continual.md for what the end
+        discloses and why it is at most once per stream.
+        """
+        if not self.done:
+            return
+        exact = self.past.exact
+        if exact is None or any(len(part) != self.done for part in exact):
+            raise _not_continued(self.stream, "its stored steps carry no exact totals to check")
+        changed = np.flatnonzero((np.array(exact, dtype=np.int64) != measured).any(axis=0))
+        if changed.size:
+            step = int(changed[0])
+            record = {
+                "first_changed_step": step,
+                "label": self.stream.domain.text(self.stream.domain.label(step)),
+                "released_steps": self.done,
+                "ended_at": clock().isoformat(),
+            }
+            self._stored.keep(f"{self.prefix}{_ENDED}", json.dumps(record))
+            raise _ended(self.stream)
+
+    def _bounded_by_record(self, rows: list[tuple]) -> tuple[np.ndarray, dict[str, str]]:
+        """The new steps' exact totals, each unit keeping of its new groups (one row of
+        the step query each, earliest first) only as many as its record has left, and the
+        groups each unit used now (encoded for the stored tick)."""
+        new = self.steps - self.done
+        exact = np.zeros((len(self.stream.partition_values), new), dtype=np.int64)
+        steps, parts, kept = self._cells(rows, self.done, new)
+        if not kept:
+            return exact, _encode_used(_NO_UNITS)
+        secret = bytes.fromhex(self.meta["units"])
+        keys: dict[Any, int] = {}
+        units = np.array(
+            [keys[u] if u in keys else keys.setdefault(u, _unit_key(secret, u))
+             for u in (row[-2] for row in kept)],
+            dtype=np.int64,
+        )  # fmt: skip
+        values = exact_integers([row[-1] for row in kept])
+        step, part = np.array(steps, dtype=np.int64), np.array(parts, dtype=np.int64)
+        order = np.lexsort((part, step, units))  # each unit's groups, earliest first
+        units, step, part, values = units[order], step[order], part[order], values[order]
+        record = self.past.record
+        left = self.stream.table.max_groups_per_unit - record.used(units)
+        first = np.r_[True, units[1:] != units[:-1]]
+        index = np.arange(units.size)
+        rank = index - np.maximum.accumulate(np.where(first, index, 0))
+        keep = rank < left
+        np.add.at(exact, (part[keep], step[keep]), values[keep])
+        used, groups = np.unique(units[keep], return_counts=True)
+        return exact, _encode_used(_Record(used, groups))
 
     def _noise(self, part: int) -> np.ndarray:
         """The stream's noise for one partition, from the cache or derived from its key:
@@ -991,6 +1122,13 @@ class RunningPlan:
             ("cost", charged if self.key is None else f"none: the stream was charged ({charged})"),
             ("sensitivity", f"{stream.sensitivity * unit:g} per unit over the whole stream"),
             (
+                "history",
+                f"mutable: each unit bounded by a record of what it used "
+                f"({self.past.record.keys.size:,} units so far)"
+                if stream.mutable
+                else "append-only, checked: a released step whose rows change ends the stream",
+            ),
+            (
                 "per-step error",
                 f"standard deviation {deviation.mean() * unit:.4g} on average, "
                 f"{deviation.max() * unit:.4g} at most",
@@ -999,14 +1137,78 @@ class RunningPlan:
 
 
 @dataclass(frozen=True)
+class _Record:
+    """What each unit of a `history: mutable` stream has used: the groups (steps, or steps
+    and partitions) counted for it so far, by the unit's key (`_unit_key`), keys sorted.
+
+    Two units whose keys collide (64 bits: about 3e-8 for a million units) share one
+    record: each is bounded by less, never by more.
+    """
+
+    keys: np.ndarray  # int64, sorted, unique
+    groups: np.ndarray  # int64, beside keys
+
+    def used(self, keys: np.ndarray) -> np.ndarray:
+        """The groups each of `keys` used (0 for a unit not seen before)."""
+        if not self.keys.size:
+            return np.zeros(keys.size, dtype=np.int64)
+        at = np.searchsorted(self.keys, keys)
+        found = at < self.keys.size
+        found[found] = self.keys[at[found]] == keys[found]
+        return np.where(found, self.groups[np.minimum(at, self.keys.size - 1)], 0)
+
+    def plus(self, other: _Record) -> _Record:
+        """This record with `other`'s groups added (one tick's, its keys sorted and unique)."""
+        at = np.searchsorted(self.keys, other.keys)
+        found = at < self.keys.size
+        found[found] = self.keys[at[found]] == other.keys[found]
+        groups = self.groups.copy()  # records are shared with the ticks of other threads
+        groups[at[found]] += other.groups[found]
+        fresh = ~found
+        return _Record(
+            np.insert(self.keys, at[fresh], other.keys[fresh]),
+            np.insert(groups, at[fresh], other.groups[fresh]),
+        )
+
+
+_NO_UNITS = _Record(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+
+def _unit_key(secret: bytes, unit: Any) -> int:
+    """A unit's key in its stream's record: HMAC-SHA256 under the stream's secret, first 8
+    bytes (the raw unit is never stored; the record's size, 16 bytes a unit in memory)."""
+    digest = hmac.digest(secret, repr(unit).encode(), "sha256")
+    return int.from_bytes(digest[:8], "little", signed=True)
+
+
+def _encode_used(record: _Record) -> dict[str, str]:
+    """A tick's groups per unit for the stored tick: little-endian int64 keys and int32
+    counts, base64 (a tenth of JSON's digits, decoded by numpy in one call)."""
+    return {
+        "units": base64.b64encode(record.keys.astype("<i8").tobytes()).decode(),
+        "groups": base64.b64encode(record.groups.astype("<i4").tobytes()).decode(),
+    }
+
+
+def _decode_used(used: dict[str, str]) -> _Record:
+    return _Record(
+        np.frombuffer(base64.b64decode(used["units"]), dtype="<i8").astype(np.int64),
+        np.frombuffer(base64.b64decode(used["groups"]), dtype="<i4").astype(np.int64),
+    )
+
+
+@dataclass(frozen=True)
 class _Past:
-    """A stream's stored ticks, decoded: the values released so far (partitions, steps),
-    and for a factorization the exact per-step values and q (per partition, Python
-    integers) its later steps are computed from."""
+    """A stream's stored ticks, decoded: the values released so far (partitions, steps);
+    the exact per-step values (per partition, Python integers) the check compares with
+    and a factorization computes its later steps from, and its q; the record of what
+    each unit used (`history: mutable`); and whether the stream ended."""
 
     values: np.ndarray
     exact: tuple[list[int], ...] | None = None
     quantized: tuple[list[int], ...] | None = None
+    record: _Record = _NO_UNITS
+    ended: bool = False
 
 
 def _released(stored: Any, prefix: str, key: int | None, width: int) -> _Past:
@@ -1018,32 +1220,40 @@ def _released(stored: Any, prefix: str, key: int | None, width: int) -> _Past:
     ledger, analyst, stream and key, and only the ticks stored after the last
     one decoded are read: a tick's cost does not grow with the stream's age.
     (The names after the prefix are zero-padded digits, `from` and digits, or
-    `meta`, which any database collation sorts as Python does.)
+    `meta` and `meta:ended`, which any database collation sorts as Python does.)
 
     Each tick must start where the ones before it end: ledgers written before
     ticks were named by their first step (`<prefix><last step>`) could hold two
     ticks built on the same steps, and such a stream is not released again.
 
-    A factorization's tick is an object: its releases, and its steps' exact values
-    and q; a tree's is the list of its releases.
+    A tick is an object: its releases, its steps' exact values, a factorization's q,
+    and the groups units used (`history: mutable`); ticks stored before the exact
+    values were kept are the list of their releases.
     """
     kept_as = (*stored.owner, prefix, key)
     last, past = _decoded.get(kept_as) or ("", _Past(np.zeros((width, 0))))
     fresh = stored.find(prefix, after=last)
     fresh.pop(f"{prefix}meta", None)  # sorts after the ticks' names
+    if fresh.pop(f"{prefix}{_ENDED}", None) is not None:
+        return replace(past, ended=True)
     if not fresh:
         return past
     ticks, done = [past.values], past.values.shape[1]
     exact = [list(v) for v in past.exact] if past.exact is not None else None
     quantized = [list(v) for v in past.quantized] if past.quantized is not None else None
+    record = past.record
     for name, payload in sorted(fresh.items()):  # zero-padded: old names sort first, as they came
         decoded = json.loads(payload)
         if isinstance(decoded, dict):
             exact = exact if exact is not None else [[] for _ in range(width)]
-            quantized = quantized if quantized is not None else [[] for _ in range(width)]
             for part in range(width):
                 exact[part].extend(decoded["exact"][part])
-                quantized[part].extend(decoded["quantized"][part])
+            if "quantized" in decoded:
+                quantized = quantized if quantized is not None else [[] for _ in range(width)]
+                for part in range(width):
+                    quantized[part].extend(decoded["quantized"][part])
+            if "used" in decoded:
+                record = record.plus(_decode_used(decoded["used"]))
             decoded = decoded["released"]
         tick = np.array(decoded, dtype=np.float64).reshape(width, -1)
         suffix = name.rsplit(":", 1)[1]
@@ -1066,11 +1276,25 @@ def _released(stored: Any, prefix: str, key: int | None, width: int) -> _Past:
         values,
         tuple(exact) if exact is not None else None,
         tuple(quantized) if quantized is not None else None,
+        record,
     )
-    # Python integers (two per value, about 36 bytes each) beside the 8-byte floats
-    weight = values.size * (10 if exact is not None else 1)
-    _decoded.put(kept_as, (last, past), weight)
+    # Python integers (about 36 bytes each) beside the 8-byte floats; 16 bytes a unit
+    weight = values.size * (1 + 5 * (exact is not None) + 5 * (quantized is not None))
+    _decoded.put(kept_as, (last, past), weight + 2 * record.keys.size)
     return past
+
+
+def _ended(stream: _Stream) -> IntegrityError:
+    column = f"{stream.table.name}.{stream.domain.column.name}"
+    return IntegrityError(
+        f"stream {stream.identity} has ended: a step it released no longer has the exact "
+        "bounded total it was released from, so rows of released steps were updated, "
+        "deleted or inserted late (the stream's bound on each unit holds only while they "
+        "are not). Nothing more is released from it, and nothing says which step changed. "
+        f"Instead: ask the data owner to declare history: mutable in the continual entry of "
+        f"{column} (each unit is then bounded by a record of what it used), or to bump "
+        "data_version in the policy: either starts a new stream, charged once afresh"
+    )
 
 
 def _not_continued(stream: _Stream, why: str) -> IntegrityError:
