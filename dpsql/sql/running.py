@@ -67,7 +67,7 @@ from dpsql.results import Accuracy, Release
 from dpsql.sql.analyze import Analysis, Interval, analyze, conjuncts
 from dpsql.sql.check import AGGREGATES, check_clauses, check_query, over_the_release
 from dpsql.sql.plan import beyond_the_sampler, exact_integers, sum_grid
-from dpsql.sql.rewrite import SumGrid, rewrite
+from dpsql.sql.rewrite import DIGEST_DIALECTS, SumGrid, rewrite
 from dpsql.sql.temporal import holds_date
 
 MAX_HORIZON = 1 << 22
@@ -748,12 +748,25 @@ class _Stream:
         texts = [self.domain.text(bound) for bound in bounds]
         # the template was built with bounds the rewrite takes as held (_DATE_MARKERS):
         # only bounds it takes as held too may be written into it
-        usable = not ranked and (not self._temporal or all(holds_date(t) for t in texts))
+        usable = (
+            not ranked
+            and not self.digested(context.dialect)  # its hash is keyed by the stream's secret
+            and (not self._temporal or all(holds_date(t) for t in texts))
+        )
         pieces = self._template(context.dialect) if usable else None
         if pieces is None:
             literals = [self.domain.literal(text) for text in texts]
             return self._step_query(*literals, context.dialect, seed)
         return _filled(pieces, texts)
+
+    def digested(self, dialect: str) -> bool:
+        """Whether the step query gives each step a digest of which unit adds what (see
+        rewrite's digest_seed), besides its total: by default, for a table with a unit."""
+        return (
+            not self.mutable
+            and self.table.privacy_unit is not None
+            and (dialect in DIGEST_DIALECTS)
+        )
 
     @property
     def _temporal(self) -> bool:
@@ -801,7 +814,15 @@ class _Stream:
         analysis = replace(base, where=where, keys=keys)
         grids = {0: self.grid} if self.grid is not None else {}
         return rewrite(
-            analysis, grids, dialect, seed, False, earliest_groups=True, per_unit=self.mutable
+            analysis,
+            grids,
+            dialect,
+            seed,
+            False,
+            earliest_groups=True,
+            per_unit=self.mutable,
+            # its own secret beside the rows' (seed) and the groups' (seed + 1)
+            digest_seed=seed + 2 if self.digested(dialect) else None,
         )
 
 
@@ -915,6 +936,10 @@ class RunningPlan:
         # unless its rows changed (a fresh secret per tick would choose other rows).
         self.seed = self.meta.get("rows", 0) if self.meta is not None else context.seed
         self._stored = context.stored
+        # the step query's row: the step, the partition, the unit (mutable), the
+        # step's value, its digest (digested)
+        self._value = 1 + (stream.shape.partition is not None) + stream.mutable
+        self.digested = stream.digested(context.dialect)
         self.sql = (
             stream.step_sql(self.done, self.steps, context, self.seed)
             if self.steps > self.done
@@ -965,9 +990,11 @@ class RunningPlan:
         if self.stream.mutable:
             exact, kept["used"] = self._bounded_by_record(rows)
         else:
-            measured = self._totals(rows, 0, self.steps)
-            self._check_history(measured[:, : self.done])
+            measured, digests = self._totals(rows, self.steps)
+            self._check_history(measured[:, : self.done], digests[:, : self.done])
             exact = measured[:, self.done :]
+            if self.digested:
+                kept["digest"] = digests[:, self.done :].tolist()
         kept["exact"] = exact.tolist()
         fresh = np.zeros((width, new))
         counter = self.stream.counter
@@ -1011,17 +1038,21 @@ class RunningPlan:
                 kept.append(row)
         return steps, parts, kept
 
-    def _totals(self, rows: list[tuple], first: int, count: int) -> np.ndarray:
-        """The exact total of each partition and step first..first+count-1."""
-        totals: dict[tuple[int, int], int] = {}
-        for step, part, row in zip(*self._cells(rows, first, count), strict=True):
-            totals[part, step] = totals.get((part, step), 0) + int(row[-1] or 0)
-        exact = np.zeros((len(self.stream.partition_values), count), dtype=np.int64)
-        if totals:
-            exact[tuple(zip(*totals, strict=True))] = exact_integers(list(totals.values()))
-        return exact
+    def _totals(self, rows: list[tuple], count: int) -> tuple[np.ndarray, np.ndarray]:
+        """The exact total of each partition and of the first `count` steps, and their
+        digests (0 where the step query has none). A digest is below 2^31 times the
+        rows counted: int64."""
+        shape = (len(self.stream.partition_values), count)
+        exact, digests = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
+        steps, parts, kept = self._cells(rows, 0, count)
+        if kept:
+            at = (np.array(parts, dtype=np.int64), np.array(steps, dtype=np.int64))
+            np.add.at(exact, at, exact_integers([row[self._value] for row in kept]))
+            if self.digested:
+                np.add.at(digests, at, [int(row[self._value + 1] or 0) for row in kept])
+        return exact, digests
 
-    def _check_history(self, measured: np.ndarray) -> None:
+    def _check_history(self, measured: np.ndarray, digests: np.ndarray) -> None:
         """End the stream if a released step's exact total is not the one stored with it.
 
         The stream then stores that it ended (the first changed step for the data
@@ -1031,10 +1062,13 @@ class RunningPlan:
         """
         if not self.done:
             return
-        exact = self.past.exact
-        if exact is None or any(len(part) != self.done for part in exact):
+        stored = [self.past.exact, *([self.past.digest] if self.digested else [])]
+        if any(kept is None or any(len(part) != self.done for part in kept) for kept in stored):
             raise _not_continued(self.stream, "its stored steps carry no exact totals to check")
-        changed = np.flatnonzero((np.array(exact, dtype=np.int64) != measured).any(axis=0))
+        differs = np.array(stored[0], dtype=np.int64) != measured
+        if self.digested:
+            differs |= np.array(stored[1], dtype=np.int64) != digests
+        changed = np.flatnonzero(differs.any(axis=0))
         if changed.size:
             step = int(changed[0])
             record = {
@@ -1059,10 +1093,10 @@ class RunningPlan:
         keys: dict[Any, int] = {}
         units = np.array(
             [keys[u] if u in keys else keys.setdefault(u, _unit_key(secret, u))
-             for u in (row[-2] for row in kept)],
+             for u in (row[self._value - 1] for row in kept)],
             dtype=np.int64,
         )  # fmt: skip
-        values = exact_integers([row[-1] for row in kept])
+        values = exact_integers([row[self._value] for row in kept])
         step, part = np.array(steps, dtype=np.int64), np.array(parts, dtype=np.int64)
         order = np.lexsort((part, step, units))  # each unit's groups, earliest first
         units, step, part, values = units[order], step[order], part[order], values[order]
@@ -1208,6 +1242,7 @@ class _Past:
     exact: tuple[list[int], ...] | None = None
     quantized: tuple[list[int], ...] | None = None
     record: _Record = _NO_UNITS
+    digest: tuple[list[int], ...] | None = None
     ended: bool = False
 
 
@@ -1241,17 +1276,16 @@ def _released(stored: Any, prefix: str, key: int | None, width: int) -> _Past:
     ticks, done = [past.values], past.values.shape[1]
     exact = [list(v) for v in past.exact] if past.exact is not None else None
     quantized = [list(v) for v in past.quantized] if past.quantized is not None else None
+    digest = [list(v) for v in past.digest] if past.digest is not None else None
     record = past.record
     for name, payload in sorted(fresh.items()):  # zero-padded: old names sort first, as they came
         decoded = json.loads(payload)
         if isinstance(decoded, dict):
-            exact = exact if exact is not None else [[] for _ in range(width)]
-            for part in range(width):
-                exact[part].extend(decoded["exact"][part])
+            exact = _appended(exact, decoded["exact"], width)
             if "quantized" in decoded:
-                quantized = quantized if quantized is not None else [[] for _ in range(width)]
-                for part in range(width):
-                    quantized[part].extend(decoded["quantized"][part])
+                quantized = _appended(quantized, decoded["quantized"], width)
+            if "digest" in decoded:
+                digest = _appended(digest, decoded["digest"], width)
             if "used" in decoded:
                 record = record.plus(_decode_used(decoded["used"]))
             decoded = decoded["released"]
@@ -1277,11 +1311,20 @@ def _released(stored: Any, prefix: str, key: int | None, width: int) -> _Past:
         tuple(exact) if exact is not None else None,
         tuple(quantized) if quantized is not None else None,
         record,
+        tuple(digest) if digest is not None else None,
     )
     # Python integers (about 36 bytes each) beside the 8-byte floats; 16 bytes a unit
-    weight = values.size * (1 + 5 * (exact is not None) + 5 * (quantized is not None))
+    weight = values.size * (1 + 5 * sum(v is not None for v in (exact, quantized, digest)))
     _decoded.put(kept_as, (last, past), weight + 2 * record.keys.size)
     return past
+
+
+def _appended(kept: list[list[int]] | None, more: list[list[int]], width: int) -> list[list[int]]:
+    """Per-partition lists of a stream's ticks with one more tick's appended, in place."""
+    kept = kept if kept is not None else [[] for _ in range(width)]
+    for part in range(width):
+        kept[part].extend(more[part])
+    return kept
 
 
 def _ended(stream: _Stream) -> IntegrityError:
