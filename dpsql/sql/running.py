@@ -936,6 +936,7 @@ class RunningPlan:
         # unless its rows changed (a fresh secret per tick would choose other rows).
         self.seed = self.meta.get("rows", 0) if self.meta is not None else context.seed
         self._stored = context.stored
+        self._context = context
         # the step query's row: the step, the partition, the unit (mutable), the
         # step's value, its digest (digested)
         self._value = 1 + (stream.shape.partition is not None) + stream.mutable
@@ -1145,8 +1146,13 @@ class RunningPlan:
         stream = self.stream
         deviation, unit = stream.deviation, stream.unit
         charged = f"{stream.cost}, once for the whole horizon"
+        # The stream's secret keys which rows a step keeps and its digest, at every tick:
+        # shown, it would let a writer aim a change at the digest. The query shown has
+        # this plan's own secret instead, which no release uses.
+        context = self._context
+        sql = self.sql and stream.step_sql(self.done, self.steps, context, context.seed)
         return [
-            ("sql", self.sql or "none: every complete step is already released"),
+            ("sql", sql or "none: every complete step is already released"),
             ("mechanism", f"{stream.counter.name}, {stream.choice.reason}"),
             (
                 "horizon",
@@ -1155,10 +1161,9 @@ class RunningPlan:
             ),
             ("cost", charged if self.key is None else f"none: the stream was charged ({charged})"),
             ("sensitivity", f"{stream.sensitivity * unit:g} per unit over the whole stream"),
-            (
+            (  # not the record's size: how many units it holds is not noisy
                 "history",
-                f"mutable: each unit bounded by a record of what it used "
-                f"({self.past.record.keys.size:,} units so far)"
+                "mutable: each unit bounded by a record of the groups it used"
                 if stream.mutable
                 else "append-only, checked: a released step whose rows change ends the stream",
             ),
