@@ -352,3 +352,34 @@ def test_explain_shows_neither_the_streams_secret_nor_its_record(tmp_path, monke
             assert str(secret) not in explained["sql"]
         shown.append(explained["history"])
     assert shown[0] == shown[1]
+
+
+@pytest.mark.parametrize(
+    ("unit", "query", "change"),
+    [  # a row-level stream (totals only: no unit to digest) and a running SUM
+        (False, QUERY, "UPDATE visits SET day = DATE '2024-01-06' WHERE uid = 1 AND "
+                       "day = DATE '2024-01-02'"),
+        (True, QUERY.replace("COUNT(*)", "SUM(amount)"),
+         "UPDATE visits SET amount = amount + 1 WHERE uid = 1"),
+    ],
+)  # fmt: skip
+def test_a_row_level_count_and_a_running_sum_end_on_a_changed_history(
+    tmp_path, monkeypatch, unit, query, change
+):
+    policy = _policy()
+    table = policy["tables"]["visits"]
+    table["columns"]["amount"] = {"type": "float", "lower": 0, "upper": 10}
+    if not unit:
+        for key in ("privacy_unit", "max_groups_per_unit", "max_rows_per_unit"):
+            del table[key]
+        table["columns"]["uid"] = {"type": "int"}
+    db = duckdb.connect()
+    db.execute("CREATE TABLE visits (uid INT, day DATE, amount DOUBLE)")
+    db.executemany("INSERT INTO visits VALUES (?, ?, ?)", [(i, d, 2.0) for i, d in _others()])
+    con = dpsql.connect(db, policy=policy, ledger=tmp_path / "l.sqlite", seed=3)
+    _at(monkeypatch, 5)
+    assert len(con.execute(query).fetchall()) == 5
+    db.execute(change)  # unit 1's rows: day 1, released, and day 7
+    _at(monkeypatch, 6)
+    with pytest.raises(dpsql.IntegrityError, match="has ended"):
+        con.execute(query)
