@@ -20,9 +20,10 @@ analyze/rewrite in which each unit keeps its earliest steps, so a unit adds at
 most max_groups * max_rows rows to the whole stream.
 
 That bound holds only while released steps keep their rows, so each tick checks
-that every released step still has the exact bounded total it was measured with
-(stored with the tick, never released): a changed history ends the stream before
-anything else is released. A column declared `history: mutable` instead keeps a
+that every released step still has the exact bounded total it was measured with,
+and (with a privacy unit) the digest of which unit adds what (both stored with
+the tick, never released): a changed history ends the stream before anything
+else is released. A column declared `history: mutable` instead keeps a
 record, per stream, of the groups each unit has used (under an HMAC of the unit
 with a secret of the stream), and each tick bounds a unit by what its record has
 left; there rows arriving later for a released step are ignored. Releases never
@@ -740,8 +741,9 @@ class _Stream:
         """
         ranked = self.table.privacy_unit is not None and not self.table.unique_unit
         bounds = (self.domain.label(done if self.mutable else 0), self.domain.label(steps))
-        # Ranking keys its hash with this plan's fresh secret: that query is built
-        # anew. Otherwise only the bounds change from tick to tick, and building
+        # Ranking (and the digest) keys its hash with the stream's secret, which a
+        # template shared by the streams of several analysts cannot hold: that query is
+        # built anew. Otherwise only the bounds change from tick to tick, and building
         # the query (analysis, rewrite, SQL generation) cost more than a tenth of
         # the database's own GROUP BY over a million rows: it is built once per
         # dialect with marker bounds, and each tick writes its bounds into it.
@@ -1054,7 +1056,8 @@ class RunningPlan:
         return exact, digests
 
     def _check_history(self, measured: np.ndarray, digests: np.ndarray) -> None:
-        """End the stream if a released step's exact total is not the one stored with it.
+        """End the stream if a released step's exact total, or its digest, is not the one
+        stored with it.
 
         The stream then stores that it ended (the first changed step for the data
         owner, who holds the data anyway) and raises; every later run refuses it from
