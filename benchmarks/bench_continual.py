@@ -14,9 +14,13 @@
 4. A tick as its stream ages: an hourly stream ticked every hour, the CPU
    time of a tick after 10, 1,000 and 2,000 stored ticks (the stored ticks
    are read back at every tick, and every step is listed).
+5. A tick of 10,000 new rows over a million-unit record (`history: mutable`)
+   against the append-only tick (the default, checked) of the same stream on
+   the same rows, on DuckDB; the record's size in the ledger and in memory, and
+   the tick of a restarted process, which reads the whole record back.
 
     python benchmarks/bench_continual.py [--reps 2000] [--rows 1000000] [--repeats 15]
-        [--only accuracy|tick|step|age]
+        [--units 1000000] [--only accuracy|tick|step|age|record]
 """
 
 from __future__ import annotations
@@ -171,12 +175,78 @@ def tick_age(ages: list[int]) -> None:
           f"{'; '.join(figures)}")  # fmt: skip
 
 
+def record_tick(units: int, new_rows: int, repeats: int) -> None:
+    """A tick releasing one day of `new_rows` rows after ticks over January's rows of
+    `units` units (two each) and over one such day, under `history: mutable` (its record
+    then holds every unit) and under the default (which ranks and checks every step from
+    the start); and a restarted process's tick over the next such day."""
+    db = duckdb.connect()
+    db.execute("CREATE TABLE bench_units (uid BIGINT, day DATE)")
+    db.execute(f"INSERT INTO bench_units SELECT i % {units}, DATE '2024-01-01' + (i % 31)::INT "
+               f"FROM range({2 * units}) t(i)")  # fmt: skip
+    # each new day's rows: units seen before (a record to look up), and a tenth new ones
+    for day in range(3):
+        db.execute(f"INSERT INTO bench_units SELECT CASE WHEN i % 10 = 0 THEN {units} + i "
+                   f"ELSE (i * 7919 + {day}) % {units} END, DATE '2024-02-01' + {day} "
+                   f"FROM range({new_rows}) t(i)")  # fmt: skip
+    query = "SELECT day, SUM(COUNT(*)) OVER (ORDER BY day) AS n FROM bench_units GROUP BY day"
+    times: dict[str, list[float]] = {"append-only": [], "mutable": [], "restarted": []}
+    stored = 0
+    with tempfile.TemporaryDirectory() as folder:
+        for repeat in range(repeats):
+            for history in ("append-only", "mutable"):
+                policy = _unit_policy(history)
+                ledger = Path(folder) / f"{history}{repeat}.sqlite"
+                con = dpsql.connect(db, policy=policy, ledger=ledger)
+                for day in (1, 2):  # charge the stream, release January; then a day
+                    running.clock = lambda day=day: dt.datetime(2024, 2, day, tzinfo=dt.UTC)
+                    con.execute(query).fetchall()
+                running.clock = lambda: dt.datetime(2024, 2, 3, tzinfo=dt.UTC)
+                gc.collect()
+                began = time.perf_counter()
+                con.execute(query).fetchall()
+                times[history].append(time.perf_counter() - began)
+                if history == "mutable":
+                    stored = sum(len(v) for v in con.session.ledger.stored_releases(
+                        "default", running.STATE_PREFIX).values())  # fmt: skip
+                    # a restarted process: the record is read back from the ledger
+                    running._decoded = running.WeightedLru(running._RELEASED_VALUES)
+                    running.clock = lambda: dt.datetime(2024, 2, 4, tzinfo=dt.UTC)
+                    gc.collect()
+                    began = time.perf_counter()
+                    dpsql.connect(db, policy=policy, ledger=ledger).execute(query).fetchall()
+                    times["restarted"].append(time.perf_counter() - began)
+                con.close()
+    running.clock = running._utc_now
+    fastest = {k: min(v) for k, v in times.items()}
+    print(f"a tick of {new_rows:,} new rows over a record of {units:,} units ({repeats} "
+          f"repeats, fastest): history: mutable {fastest['mutable'] * 1e3:.1f} ms vs the "
+          f"append-only tick {fastest['append-only'] * 1e3:.1f} ms: ratio "
+          f"{fastest['mutable'] / fastest['append-only']:.2f} (medians "
+          f"{np.median(times['mutable']) / np.median(times['append-only']):.2f}); a restarted "
+          f"process's first tick {fastest['restarted'] * 1e3:.1f} ms; the stream's stored "
+          f"state {stored / 1e6:.1f} MB ({stored / units:.1f} bytes a unit)")  # fmt: skip
+
+
+def _unit_policy(history: str) -> dict:
+    """A year of days, each unit on up to 30 of them, a row each."""
+    day = {"type": "date", "lower": "2024-01-01", "upper": "2024-12-31",
+           "continual": {"step": "1 day", "epsilon": 1.0, "history": history}}  # fmt: skip
+    table = {"privacy_unit": "uid", "max_groups_per_unit": 30, "max_rows_per_unit": 1,
+             "columns": {"uid": {"type": "int", "private": True}, "day": day}}  # fmt: skip
+    return {"version": 1, "analysts": {"default": {"epsilon": 1e6, "delta": 1e-5}},
+            "tables": {"bench_units": table}}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="continual counting benchmark")
     parser.add_argument("--reps", type=int, default=2000)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=15, help="ticks timed (fastest kept)")
-    parser.add_argument("--only", choices=["accuracy", "tick", "step", "age"], help="run one part")
+    parser.add_argument("--units", type=int, default=1_000_000, help="units in the record")
+    parser.add_argument(
+        "--only", choices=["accuracy", "tick", "step", "age", "record"], help="run one part"
+    )
     args = parser.parse_args()
     if args.only in (None, "accuracy"):
         accuracy_ratio(args.reps)
@@ -186,6 +256,8 @@ def main() -> None:
         step_cost()
     if args.only in (None, "age"):
         tick_age([10, 1000, 2000])
+    if args.only in (None, "record"):
+        record_tick(args.units, 10_000, min(args.repeats, 3))
 
 
 if __name__ == "__main__":

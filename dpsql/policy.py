@@ -61,9 +61,12 @@ _COLUMN_KEYS = {
     "type", "private", "lower", "upper", "values", "public", "nullable", "synopsis", "continual",
 }  # fmt: skip
 _SYNOPSIS_KEYS = {"bin", "branching", "epsilon", "delta", "mechanism"}
-_CONTINUAL_KEYS = {"step", "epsilon", "delta", "mechanism"}
+_CONTINUAL_KEYS = {"step", "epsilon", "delta", "mechanism", "history"}
 SYNOPSIS_MECHANISMS = ("laplace", "gaussian")
 CONTINUAL_MECHANISMS = ("binary", "factorization")
+# What a stream assumes of its source's past (docs/continual.md): by default a changed
+# released step ends the stream; `mutable` bounds each unit by a record of what it used.
+CONTINUAL_HISTORIES = ("append-only", "mutable")
 # The local-DP frequency oracles a table of reports may name (`local.mechanism`): the
 # names dpsql.ldp.mechanism() builds. Kept here, below dpsql/ldp/, which reads them:
 # the policy names them without importing the randomisers.
@@ -132,6 +135,7 @@ class ContinualSpec:
     epsilon: float
     delta: float = 0.0
     mechanism: str = "binary"
+    history: str = "append-only"  # one of CONTINUAL_HISTORIES
 
 
 @dataclass(frozen=True)
@@ -1121,7 +1125,18 @@ def _continual(read: _Reader, raw: Any, kind: str, lower: Any, key: str) -> Cont
         epsilon=_required_epsilon(read, spec, key),
         delta=_mechanism_delta(read, spec, mechanism == "factorization", key),
         mechanism=mechanism,
+        history=_history(read, spec.get("history", "append-only"), f"{key}.history"),
     )
+
+
+def _history(read: _Reader, value: Any, key: str) -> str:
+    if value not in CONTINUAL_HISTORIES:
+        raise read.fail(
+            key,
+            f"must be one of {', '.join(CONTINUAL_HISTORIES)}, got {value!r} (mutable: rows "
+            "of released steps may be updated or deleted)",
+        )
+    return value
 
 
 def _choice(read: _Reader, value: Any, allowed: tuple[str, ...], key: str) -> str:

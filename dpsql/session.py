@@ -699,6 +699,9 @@ class _AnalystState:
     def find(self, prefix: str, after: str = "") -> dict[str, str]:
         return self.ledger.stored_releases(self.analyst, prefix, after=after)
 
+    def keep(self, key: str, payload: str) -> str:
+        return self.ledger.store_release(self.analyst, key, payload)
+
     @property
     def owner(self) -> tuple[str, str]:
         return (self.ledger.location, self.analyst)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import json
 import math
 
 import duckdb
@@ -80,14 +81,14 @@ def test_running_count_is_the_exact_running_count_plus_noise(events, tmp_path):
 
 
 def test_budget_is_charged_once_and_past_releases_never_change(events, tmp_path):
-    con = _connect(events, tmp_path, epsilon=2.0)
+    con = _connect(events, tmp_path, epsilon=2.0, history="mutable")
     first = con.execute(f"{RUNNING} WHERE day < '2024-01-06' GROUP BY day").fetchall()
     assert [r[0] for r in first] == [DAY0 + dt.timedelta(days=i) for i in range(5)]
     _add(events, 2000, 2600)  # new rows for every day, some for days already released
     later = con.execute(f"{RUNNING} WHERE day < '2024-01-16' GROUP BY day").fetchall()
     assert later[:5] == first and len(later) == 15
     assert con.budget().epsilon_spent == pytest.approx(2.0)
-    again = _connect(events, tmp_path, epsilon=2.0)  # a new session: same stream, same noise
+    again = _connect(events, tmp_path, epsilon=2.0, history="mutable")  # same stream and noise
     assert again.execute(f"{RUNNING} WHERE day < '2024-01-16' GROUP BY day").fetchall() == later
     assert again.budget().epsilon_spent == pytest.approx(2.0)
 
@@ -115,8 +116,8 @@ def test_a_ledger_two_databases_share_keeps_their_streams_and_answers_apart(tmp_
     assert spent == pytest.approx(2 * (1e4 + 1))  # each database its stream and its answer
 
 
-def test_late_rows_for_released_steps_are_ignored(events, tmp_path):
-    con = _connect(events, tmp_path)
+def test_late_rows_for_released_steps_are_ignored_by_a_mutable_stream(events, tmp_path):
+    con = _connect(events, tmp_path, history="mutable")
     before = con.execute(f"{RUNNING} WHERE day < '2024-01-06' GROUP BY day").fetchall()
     _add(events, 5000, 5030, day=2)  # late rows for a released day
     _add(events, 6000, 6010, day=7)  # rows for a day not released yet
@@ -415,9 +416,11 @@ def test_a_row_level_step_query_is_its_template_with_the_bounds_written_in(diale
     context = PlanContext(load_policy(_row_level_policy()), options, dialect, seed=11)
     stream = running.plan_running(parse_statement(sql, dialect).tree, context).stream
     domain = stream.domain
+    # every step from the start: the released ones are checked
     for done, steps in [(0, 1), (3, 7), (29, 52), (0, domain.horizon)]:
-        bounds = [domain.literal(domain.text(domain.label(i))) for i in (done, steps)]
-        assert stream.step_sql(done, steps, context) == stream._step_query(*bounds, dialect, 11)
+        bounds = [domain.literal(domain.text(domain.label(i))) for i in (0, steps)]
+        query = stream._step_query(*bounds, dialect, 11)
+        assert stream.step_sql(done, steps, context, 11) == query
     assert stream.templates[dialect] is not None  # the ticks above were written into it
 
 
@@ -441,7 +444,7 @@ def _ticks() -> duckdb.DuckDBPyConnection:
 @pytest.mark.parametrize("tag", ["b", MARKER])
 def test_row_level_ticks_release_the_exact_running_counts(tmp_path, monkeypatch, tag):
     """Tick after tick over a table without a privacy unit (the step query's template;
-    with a marker's text in the analyst's WHERE, the query built afresh), late rows ignored."""
+    with a marker's text in the analyst's WHERE, the query built afresh)."""
     db = _ticks()
     con = dpsql.connect(db, policy=_row_level_policy(), ledger=tmp_path / "ledger.sqlite")
     query = (f"SELECT day, SUM(COUNT(*)) OVER (ORDER BY day) AS n FROM ticks "
@@ -455,7 +458,6 @@ def test_row_level_ticks_release_the_exact_running_counts(tmp_path, monkeypatch,
         monkeypatch.setattr(running, "clock", lambda now=now: now)
         released = con.execute(query).fetchall()
         assert [n for _, n in released] == truth[:day]
-        db.execute(f"INSERT INTO ticks SELECT DATE '2024-01-01', NULL, NULL, 0, 0, '{tag}'")  # late
     assert [d for d, _ in released] == [DAY0 + dt.timedelta(days=i) for i in range(40)]
     stream = con.session.plan(parse_statement(query, "duckdb").tree).stream
     assert (stream.templates["duckdb"] is None) == (tag == MARKER)
@@ -495,10 +497,12 @@ def test_two_sessions_ticking_at_once_release_the_steps_stored_first(tmp_path, m
 
 def test_ticks_stored_by_their_last_step_continue_unless_they_overlap(tmp_path, monkeypatch):
     """Ledgers written before ticks were named by their first step: a chain of ticks
-    continues; two ticks built on the same steps stop the stream with what to do."""
+    continues; two ticks built on the same steps stop the stream with what to do. (Each
+    tick stores its steps' exact values, which later ticks check.)"""
     monkeypatch.setattr(running, "clock", lambda: dt.datetime(2024, 1, 31, tzinfo=dt.UTC))
     query = f"{_day_query('2024-01-31')} GROUP BY day"
     truth = [int(n) for _, n in _ticks().execute(f"{query} ORDER BY day").fetchall()]
+    exact = np.diff([0, *truth]).tolist()
     for ends, valid in [((10, 20), True), ((10, 20, 25), False)]:
         con = dpsql.connect(_ticks(), policy=_row_level_policy(), ledger=tmp_path / f"{valid}")
         plan = con.session.plan(parse_statement(query, "duckdb").tree)
@@ -506,7 +510,8 @@ def test_ticks_stored_by_their_last_step_continue_unless_they_overlap(tmp_path, 
         ledger.store_release("default", f"{plan.prefix}meta", '{"key": 7}')
         for end in ends:
             start = 10 if end == 25 else start  # the overlapping tick was built on 10 steps
-            ledger.store_release("default", f"{plan.prefix}{end:08d}", str([truth[start:end]]))
+            tick = {"released": [truth[start:end]], "exact": [exact[start:end]]}
+            ledger.store_release("default", f"{plan.prefix}{end:08d}", json.dumps(tick))
             start = end
         if valid:
             assert [n for _, n in con.execute(query).fetchall()] == truth
@@ -706,8 +711,8 @@ def test_a_restarted_factorization_stream_continues_as_one_tick_would(
     query = "SELECT day, SUM(SUM(amount)) OVER (ORDER BY day) AS s FROM running_events "
 
     def run(ledger: str, bound: str) -> list[tuple]:
-        con = dpsql.connect(events, policy=_policy(1.0), ledger=tmp_path / ledger, seed=5,
-                            continual="factorization")  # fmt: skip
+        con = dpsql.connect(events, policy=_policy(1.0, history="mutable"), seed=5,
+                            ledger=tmp_path / ledger, continual="factorization")  # fmt: skip
         return con.execute(f"{query} WHERE day < '{bound}' GROUP BY day").fetchall()
 
     whole = run("one.sqlite", "2024-01-15")

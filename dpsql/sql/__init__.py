@@ -24,12 +24,17 @@ from dpsql.sql.synopsis import plan_synopsis
 
 
 class StoredState(Protocol):
-    """Read access to what earlier releases stored (the analyst's part of the ledger)."""
+    """Read access to what earlier releases stored (the analyst's part of the ledger), and
+    one write: a record a plan must keep although it releases nothing (a stream that ends)."""
 
     def get(self, key: str) -> str | None: ...
 
     def find(self, prefix: str, after: str = "") -> dict[str, str]:
         """Entries whose key starts with `prefix` and sorts after `after`."""
+        ...
+
+    def keep(self, key: str, payload: str) -> str:
+        """Store `payload` under `key` unless one is stored; return the stored one."""
         ...
 
     @property
@@ -46,6 +51,9 @@ class _NothingStored:
 
     def find(self, prefix: str, after: str = "") -> dict[str, str]:
         return {}
+
+    def keep(self, key: str, payload: str) -> str:
+        return payload
 
 
 @dataclass(frozen=True)

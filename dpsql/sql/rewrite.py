@@ -29,6 +29,11 @@ from dpsql.sql.temporal import YEARS_PYTHON_HOLDS, held_by, prefilter, temporal_
 
 MEASURE_PREFIX = "__dpsql_m"
 UNITS_COLUMN = "__dpsql_units"
+UNIT_KEY = "__dpsql_unit"  # the unit, a last group key, for per_unit
+DIGEST_COLUMN = "__dpsql_digest"
+# Dialects whose keyed hash is an integer, which a digest sums (elsewhere it is MD5 text)
+DIGEST_DIALECTS = frozenset({"duckdb", "spark", "postgres"})
+_DIGEST_MODULUS = 2**31 - 1  # a sum of a billion terms stays within BIGINT
 _ROW_RANK = "__dpsql_row_rank"
 _GROUP_RANK = "__dpsql_group_rank"
 _BOUNDED = "__dpsql_bounded"
@@ -65,13 +70,24 @@ def rewrite(
     with_units: bool,
     *,
     earliest_groups: bool = False,
+    per_unit: bool = False,
+    digest_seed: int | None = None,
 ) -> str:
     """The bounded exact SQL for `analysis`; `grids` gives each SUM measurement its grid.
 
     `with_units` adds the count of distinct units per group, which key selection needs.
     `earliest_groups` keeps each unit's first groups in key order instead of a
     keyed-hash choice: a stream released step by step then never lets a later
-    step displace one already counted (dpsql/sql/running.py).
+    step displace one already counted (dpsql/sql/running.py). `per_unit` (a table with a
+    privacy unit) groups by the unit too, after the bounding, as the last key (UNIT_KEY):
+    one row per unit and group, for a caller that bounds units further by a record of
+    what each used before (a running stream over a mutable source). `digest_seed` (a
+    table with a privacy unit, a dialect of DIGEST_DIALECTS) adds a last column: the sum,
+    over the rows each group counts, of a hash keyed by it of the row's unit and what
+    the row adds to the first measurement, modulo 2^31 - 1. It changes, but for a
+    chance of about 2^-31, whenever which unit adds what to the group changes (a row
+    moved between units, which leaves the group's total as it was), and tells nothing
+    without the seed.
     """
     table = analysis.table
     keys = _canonical_keys(analysis, dialect)
@@ -103,6 +119,10 @@ def rewrite(
         else exp.Count(this=exp.Distinct(expressions=[unit.copy()]))
     ).as_(UNITS_COLUMN, copy=False)
     key_items = [key.copy().as_(f"{KEY_PREFIX}{i}", copy=False) for i, key in enumerate(keys)]
+    grouped = [_groupable(key) for key in keys]
+    if per_unit:
+        key_items.append(unit.copy().as_(UNIT_KEY, copy=False))
+        grouped.append(unit.copy())
     if one_row_per_unit:
         # one row per unit (row-level, or a unit the database keeps unique): nothing to bound
         relation: exp.Expression = source
@@ -115,12 +135,17 @@ def rewrite(
             analysis, source, unit, keys, where, seed, dialect, earliest_groups, single
         )
         filters = _rank_filter(analysis, single)
+    if digest_seed is not None:
+        added = _row_value(analysis.measurements[0], grids.get(0), analysis, dialect)
+        hashed = keyed_hash(dialect, digest_seed, [unit, added])
+        digest = exp.Sum(this=exp.Mod(this=hashed, expression=exp.convert(_DIGEST_MODULUS)))
+        measures.append(digest.as_(DIGEST_COLUMN, copy=False))
     items = [*key_items, *measures, *([units] if with_units else [])]
     query = exp.select(*items, copy=False).from_(relation, copy=False)
     if filters is not None:
         query = query.where(filters, copy=False)
-    if keys:
-        query = query.group_by(*[_groupable(key) for key in keys], copy=False)
+    if grouped:
+        query = query.group_by(*grouped, copy=False)
     _require_declared(query, table)
     if table.relation is not None:
         _read_relation(query, table)
@@ -433,6 +458,18 @@ def _measure_sql(
         return exp.Count(this=argument)
     return exp.Coalesce(this=exp.Sum(this=_grid_steps(measurement, grid, analysis, dialect)),
                         expressions=[exp.convert(0)])  # fmt: skip
+
+
+def _row_value(
+    measurement: Measurement, grid: SumGrid | None, analysis: Analysis, dialect: str
+) -> exp.Expression:
+    """What one counted row adds to a COUNT or a SUM measurement."""
+    if measurement.kind == "sum":
+        return _grid_steps(measurement, grid, analysis, dialect)
+    if measurement.argument is None:
+        return exp.convert(1)
+    counted = exp.Not(this=exp.Is(this=measurement.argument.copy(), expression=exp.Null()))
+    return exp.Case(ifs=[exp.If(this=counted, true=exp.convert(1))], default=exp.convert(0))
 
 
 def _grid_steps(

@@ -17,17 +17,29 @@ watermark and, for dates and timestamps, before the clock), re-releasing
 stored past steps unchanged, for free. Each step's exact value is read once,
 when it is first released, through one bounded GROUP BY built by
 analyze/rewrite in which each unit keeps its earliest steps, so a unit adds at
-most max_groups * max_rows rows to the whole stream. Rows that arrive later
-for a step already released are ignored: releases never change.
+most max_groups * max_rows rows to the whole stream.
+
+That bound holds only while released steps keep their rows, so each tick checks
+that every released step still has the exact bounded total it was measured with,
+and (with a privacy unit) the digest of which unit adds what (both stored with
+the tick, never released): a changed history ends the stream before anything
+else is released. A column declared `history: mutable` instead keeps a
+record, per stream, of the groups each unit has used (under an HMAC of the unit
+with a secret of the stream), and each tick bounds a unit by what its record has
+left; there rows arriving later for a released step are ignored. Releases never
+change.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import hashlib
+import hmac
 import json
 import math
 import re
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -59,12 +71,15 @@ from dpsql.sql.check import AGGREGATES, check_clauses, check_query, over_the_rel
 from dpsql.sql.intervals import Interval
 from dpsql.sql.plan import beyond_the_sampler, exact_integers, sum_grid
 from dpsql.sql.ranges import conjuncts
-from dpsql.sql.rewrite import SumGrid, rewrite
+from dpsql.sql.rewrite import DIGEST_DIALECTS, SumGrid, rewrite
 from dpsql.sql.temporal import holds_date
 
 MAX_HORIZON = 1 << 22
 STATE_PREFIX = "stream:"
 _FROM = "from"  # a tick's stored values are named by the step they start from
+# The record of a stream that ended on a changed history: it sorts after `meta`, so the
+# ticks' reads (names after the last tick decoded) find it.
+_ENDED = "meta:ended"
 # A standing query is planned again at every tick, and checking and analysing it
 # cost more than the database's own incremental GROUP BY: streams planned before
 # are kept, by everything their plan depends on, and so are their noise vectors
@@ -551,6 +566,7 @@ class _Stream:
     grid: SumGrid | None
     sensitivity: int
     choice: _Choice
+    mutable: bool  # history: mutable (a record per unit) rather than checked
     # the step query without its bounds on the ordered column, analysed once
     base: Analysis
     # per dialect: the unranked step query's text cut where its bounds go (see step_sql)
@@ -589,6 +605,15 @@ class _Stream:
         contributions = (
             table.max_groups_per_unit * table.max_rows_per_unit if table.privacy_unit else 1
         )
+        mutable = spec.history == "mutable"
+        if mutable and not table.privacy_unit:
+            raise _refuse(
+                f"a stream on {table.name}.{column.name} with history: mutable",
+                "its record of what each unit used needs a privacy unit: without one a row "
+                "has no identity that outlives an update or a deletion",
+                f"ask the data owner to declare a privacy_unit for {table.name} (a row id, "
+                "with max_groups_per_unit: 1 and max_rows_per_unit: 1, protects rows)",
+            )
         base = analyze(_plain_query(shape, table.name, filters), table)
         choice = _choose(spec, column.name, context)
         if choice.mechanism == "factorization" and horizon > EXACT_HORIZON:
@@ -642,6 +667,10 @@ class _Stream:
                     context.policy.data_version,
                     context.database,  # one stream per database, its rows its own
                     [choice.mechanism, spec.epsilon, choice.delta, sensitivity],
+                    # what the stored ticks hold (the exact totals checked, or a record of
+                    # units) and how a unit is bounded: streams stored before either was
+                    # kept start again
+                    ["history", spec.history],
                     *grid_step,
                     *version,
                 ]
@@ -660,6 +689,7 @@ class _Stream:
             grid,
             sensitivity,
             choice,
+            mutable,
             base,
         )
 
@@ -702,29 +732,46 @@ class _Stream:
         )
         return Accuracy(self.counter.name, largest, None, float(self.sensitivity * self.unit), note)
 
-    def step_sql(self, done: int, steps: int, context: Any) -> str:
-        """One bounded GROUP BY of the per-step values of the first `steps` steps.
+    def step_sql(self, done: int, steps: int, context: Any, seed: int) -> str:
+        """One bounded GROUP BY of the per-step values of the first `steps` steps, its
+        rows chosen within a step by the keyed hash of `seed`.
 
-        With a privacy unit, every step from the start is ranked, so that each
-        unit keeps its earliest steps; without one (or a unique unit) nothing is
-        ranked and only the steps after the `done` ones already released are read.
+        By default every step from the start is read: the released ones, to check that
+        they still have the totals released, and with a privacy unit every step is
+        ranked, so that each unit keeps its earliest steps. With `history: mutable`
+        only the steps after the `done` ones already released are read, one row per
+        unit and group (the record bounds each unit further).
         """
         ranked = self.table.privacy_unit is not None and not self.table.unique_unit
-        bounds = (self.domain.label(0 if ranked else done), self.domain.label(steps))
-        # Ranking keys its hash with this plan's fresh secret: that query is built
-        # anew. Otherwise only the bounds change from tick to tick, and building
+        bounds = (self.domain.label(done if self.mutable else 0), self.domain.label(steps))
+        # Ranking (and the digest) keys its hash with the stream's secret, which a
+        # template shared by the streams of several analysts cannot hold: that query is
+        # built anew. Otherwise only the bounds change from tick to tick, and building
         # the query (analysis, rewrite, SQL generation) cost more than a tenth of
         # the database's own GROUP BY over a million rows: it is built once per
         # dialect with marker bounds, and each tick writes its bounds into it.
         texts = [self.domain.text(bound) for bound in bounds]
         # the template was built with bounds the rewrite takes as held (_DATE_MARKERS):
         # only bounds it takes as held too may be written into it
-        usable = not ranked and (not self._temporal or all(holds_date(t) for t in texts))
+        usable = (
+            not ranked
+            and not self.digested(context.dialect)  # its hash is keyed by the stream's secret
+            and (not self._temporal or all(holds_date(t) for t in texts))
+        )
         pieces = self._template(context.dialect) if usable else None
         if pieces is None:
             literals = [self.domain.literal(text) for text in texts]
-            return self._step_query(*literals, context.dialect, context.seed)
+            return self._step_query(*literals, context.dialect, seed)
         return _filled(pieces, texts)
+
+    def digested(self, dialect: str) -> bool:
+        """Whether the step query gives each step a digest of which unit adds what (see
+        rewrite's digest_seed), besides its total: by default, for a table with a unit."""
+        return (
+            not self.mutable
+            and self.table.privacy_unit is not None
+            and (dialect in DIGEST_DIALECTS)
+        )
 
     @property
     def _temporal(self) -> bool:
@@ -771,7 +818,17 @@ class _Stream:
         keys = [replace(base.keys[0], expression=bucket, domain=None), *base.keys[1:]]
         analysis = replace(base, where=where, keys=keys)
         grids = {0: self.grid} if self.grid is not None else {}
-        return rewrite(analysis, grids, dialect, seed, False, earliest_groups=True)
+        return rewrite(
+            analysis,
+            grids,
+            dialect,
+            seed,
+            False,
+            earliest_groups=True,
+            per_unit=self.mutable,
+            # its own secret beside the rows' (seed) and the groups' (seed + 1)
+            digest_seed=seed + 2 if self.digested(dialect) else None,
+        )
 
 
 def _filled(pieces: list[str], bounds: list[str] | tuple[str, str]) -> str:
@@ -871,13 +928,28 @@ class RunningPlan:
         self.stream = stream
         self.prefix = f"{STATE_PREFIX}{stream.identity}:"
         meta = context.stored.get(f"{self.prefix}meta")
-        self.key = json.loads(meta)["key"] if meta is not None else None
+        self.meta: dict[str, Any] | None = json.loads(meta) if meta is not None else None
+        self.key = self.meta["key"] if self.meta is not None else None
         self.past = _released(context.stored, self.prefix, self.key, len(stream.partition_values))
+        if self.past.ended:
+            raise _ended(stream)
         self.released = self.past.values
         self.steps = stream.complete_steps()
         self.cost = stream.cost if self.key is None else Cost()
+        # Which of a unit's rows a step keeps is chosen by a keyed hash: one secret for
+        # the whole stream, so that a released step measured again gives its total again
+        # unless its rows changed (a fresh secret per tick would choose other rows).
+        self.seed = self.meta.get("rows", 0) if self.meta is not None else context.seed
+        self._stored = context.stored
+        self._context = context
+        # the step query's row: the step, the partition, the unit (mutable), the
+        # step's value, its digest (digested)
+        self._value = 1 + (stream.shape.partition is not None) + stream.mutable
+        self.digested = stream.digested(context.dialect)
         self.sql = (
-            stream.step_sql(self.done, self.steps, context) if self.steps > self.done else None
+            stream.step_sql(self.done, self.steps, context, self.seed)
+            if self.steps > self.done
+            else None
         )
 
     @property
@@ -888,43 +960,52 @@ class RunningPlan:
         state = {}
         if self.key is None:
             self.key = int(rng.integers(0, 1 << 63)) << 63 | int(rng.integers(0, 1 << 63))
-            state[f"{self.prefix}meta"] = json.dumps({"key": self.key})
+            self.meta = {"key": self.key, "rows": self.seed}
+            if self.stream.mutable:  # from the OS: no test seed makes units' keys guessable
+                self.meta["units"] = secrets.token_hex(32)
+            state[f"{self.prefix}meta"] = json.dumps(self.meta)
         values = self.released
         notes = [
             f"running totals over {self.stream.domain.horizon} steps from a "
-            f"{self.stream.counter.name}; rows arriving later for a released step are "
-            "ignored, so releases never change"
+            f"{self.stream.counter.name}; "
+            + (
+                "rows arriving later for a released step are ignored and each unit is "
+                "bounded by a record of what it used, so releases never change"
+                if self.stream.mutable
+                else "a released step whose rows change ends the stream, so releases never change"
+            )
         ]
         if self.steps > self.done:
             fresh, kept = self._extend(rows)
             # named by the step it starts from: of two releases built on the same released
             # steps (concurrent sessions), the ledger keeps the first and withholds the other
             state[f"{self.prefix}{_FROM}{self.done:08d}"] = json.dumps(
-                fresh.tolist() if kept is None else {"released": fresh.tolist(), **kept}
+                {"released": fresh.tolist(), **kept}
             )
             values = np.concatenate([values, fresh], axis=1)
         values = values[:, : self.steps]  # a lower watermark shows fewer of the released steps
         return Release(self._columns(), self._rows(values), self._accuracy(), notes, state=state)
 
-    def _extend(self, rows: list[tuple]) -> tuple[np.ndarray, dict[str, list] | None]:
-        """Noisy running totals for steps done+1..steps, per partition, and for a
-        factorization what later ticks need stored with them: the new steps' exact values
-        and their q (see ExactFactorization)."""
+    def _extend(self, rows: list[tuple]) -> tuple[np.ndarray, dict[str, Any]]:
+        """Noisy running totals for steps done+1..steps, per partition, and what is stored
+        with them: the new steps' exact values (the check of later ticks; a factorization
+        computes its later steps from them, and from their q, stored too), and under
+        `history: mutable` the groups each unit used."""
         width, new = len(self.stream.partition_values), self.steps - self.done
-        where = {_key(v): i for i, v in enumerate(self.stream.partition_values)}
-        totals: dict[tuple[int, int], int] = {}
-        for row in rows:
-            step = self.stream.domain.index(row[0]) - self.done  # ranked: earlier steps too
-            part = where.get(_key(row[1])) if width > 1 else 0
-            if part is not None and 0 <= step < new:
-                totals[part, step] = totals.get((part, step), 0) + int(row[-1] or 0)
-        exact = np.zeros((width, new), dtype=np.int64)  # the new steps only, not all so far
-        if totals:
-            exact[tuple(zip(*totals, strict=True))] = exact_integers(list(totals.values()))
+        kept: dict[str, Any] = {}
+        if self.stream.mutable:
+            exact, kept["used"] = self._bounded_by_record(rows)
+        else:
+            measured, digests = self._totals(rows, self.steps)
+            self._check_history(measured[:, : self.done], digests[:, : self.done])
+            exact = measured[:, self.done :]
+            if self.digested:
+                kept["digest"] = digests[:, self.done :].tolist()
+        kept["exact"] = exact.tolist()
         fresh = np.zeros((width, new))
         counter = self.stream.counter
         if isinstance(counter, ExactFactorization):
-            kept: dict[str, list] = {"exact": exact.tolist(), "quantized": []}
+            kept["quantized"] = []
             past = self.past
             for part in range(width):
                 exact_past = past.exact[part] if past.exact is not None else []
@@ -946,7 +1027,95 @@ class RunningPlan:
                 last = self.released[part, -1]
                 stream.resume(self.done, last - float(stream.noise[self.done - 1]))
             fresh[part] = stream.extend(exact[part])
-        return fresh, None
+        return fresh, kept
+
+    def _cells(self, rows: list[tuple], first: int, count: int) -> tuple[list, list, list]:
+        """The step (from `first`), partition and row of each of the step query's rows in
+        steps first..first+count-1 and the stream's partitions."""
+        width = len(self.stream.partition_values)
+        where = {_key(v): i for i, v in enumerate(self.stream.partition_values)}
+        steps, parts, kept = [], [], []
+        for row in rows:
+            step = self.stream.domain.index(row[0]) - first
+            part = where.get(_key(row[1])) if width > 1 else 0
+            if part is not None and 0 <= step < count:
+                steps.append(step)
+                parts.append(part)
+                kept.append(row)
+        return steps, parts, kept
+
+    def _totals(self, rows: list[tuple], count: int) -> tuple[np.ndarray, np.ndarray]:
+        """The exact total of each partition and of the first `count` steps, and their
+        digests (0 where the step query has none). A digest is below 2^31 times the
+        rows counted: int64."""
+        shape = (len(self.stream.partition_values), count)
+        exact, digests = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
+        steps, parts, kept = self._cells(rows, 0, count)
+        if kept:
+            at = (np.array(parts, dtype=np.int64), np.array(steps, dtype=np.int64))
+            np.add.at(exact, at, exact_integers([row[self._value] for row in kept]))
+            if self.digested:
+                np.add.at(digests, at, [int(row[self._value + 1] or 0) for row in kept])
+        return exact, digests
+
+    def _check_history(self, measured: np.ndarray, digests: np.ndarray) -> None:
+        """End the stream if a released step's exact total, or its digest, is not the one
+        stored with it.
+
+        The stream then stores that it ended (the first changed step for the data
+        owner, who holds the data anyway) and raises; every later run refuses it from
+        that record, without reading the data. See docs/continual.md for what the end
+        discloses and why it is at most once per stream.
+        """
+        if not self.done:
+            return
+        stored = [self.past.exact, *([self.past.digest] if self.digested else [])]
+        if any(kept is None or any(len(part) != self.done for part in kept) for kept in stored):
+            raise _not_continued(self.stream, "its stored steps carry no exact totals to check")
+        differs = np.array(stored[0], dtype=np.int64) != measured
+        if self.digested:
+            differs |= np.array(stored[1], dtype=np.int64) != digests
+        changed = np.flatnonzero(differs.any(axis=0))
+        if changed.size:
+            step = int(changed[0])
+            record = {
+                "first_changed_step": step,
+                "label": self.stream.domain.text(self.stream.domain.label(step)),
+                "released_steps": self.done,
+                "ended_at": clock().isoformat(),
+            }
+            self._stored.keep(f"{self.prefix}{_ENDED}", json.dumps(record))
+            raise _ended(self.stream)
+
+    def _bounded_by_record(self, rows: list[tuple]) -> tuple[np.ndarray, dict[str, str]]:
+        """The new steps' exact totals, each unit keeping of its new groups (one row of
+        the step query each, earliest first) only as many as its record has left, and the
+        groups each unit used now (encoded for the stored tick)."""
+        new = self.steps - self.done
+        exact = np.zeros((len(self.stream.partition_values), new), dtype=np.int64)
+        steps, parts, kept = self._cells(rows, self.done, new)
+        if not kept:
+            return exact, _encode_used(_NO_UNITS)
+        secret = bytes.fromhex(self.meta["units"])
+        keys: dict[Any, int] = {}
+        units = np.array(
+            [keys[u] if u in keys else keys.setdefault(u, _unit_key(secret, u))
+             for u in (row[self._value - 1] for row in kept)],
+            dtype=np.int64,
+        )  # fmt: skip
+        values = exact_integers([row[self._value] for row in kept])
+        step, part = np.array(steps, dtype=np.int64), np.array(parts, dtype=np.int64)
+        order = np.lexsort((part, step, units))  # each unit's groups, earliest first
+        units, step, part, values = units[order], step[order], part[order], values[order]
+        record = self.past.record
+        left = self.stream.table.max_groups_per_unit - record.used(units)
+        first = np.r_[True, units[1:] != units[:-1]]
+        index = np.arange(units.size)
+        rank = index - np.maximum.accumulate(np.where(first, index, 0))
+        keep = rank < left
+        np.add.at(exact, (part[keep], step[keep]), values[keep])
+        used, groups = np.unique(units[keep], return_counts=True)
+        return exact, _encode_used(_Record(used, groups))
 
     def _noise(self, part: int) -> np.ndarray:
         """The stream's noise for one partition, from the cache or derived from its key:
@@ -983,8 +1152,13 @@ class RunningPlan:
         stream = self.stream
         deviation, unit = stream.deviation, stream.unit
         charged = f"{stream.cost}, once for the whole horizon"
+        # The stream's secret keys which rows a step keeps and its digest, at every tick:
+        # shown, it would let a writer aim a change at the digest. The query shown has
+        # this plan's own secret instead, which no release uses.
+        context = self._context
+        sql = self.sql and stream.step_sql(self.done, self.steps, context, context.seed)
         return [
-            ("sql", self.sql or "none: every complete step is already released"),
+            ("sql", sql or "none: every complete step is already released"),
             ("mechanism", f"{stream.counter.name}, {stream.choice.reason}"),
             (
                 "horizon",
@@ -993,6 +1167,12 @@ class RunningPlan:
             ),
             ("cost", charged if self.key is None else f"none: the stream was charged ({charged})"),
             ("sensitivity", f"{stream.sensitivity * unit:g} per unit over the whole stream"),
+            (  # not the record's size: how many units it holds is not noisy
+                "history",
+                "mutable: each unit bounded by a record of the groups it used"
+                if stream.mutable
+                else "append-only, checked: a released step whose rows change ends the stream",
+            ),
             (
                 "per-step error",
                 f"standard deviation {deviation.mean() * unit:.4g} on average, "
@@ -1002,14 +1182,79 @@ class RunningPlan:
 
 
 @dataclass(frozen=True)
+class _Record:
+    """What each unit of a `history: mutable` stream has used: the groups (steps, or steps
+    and partitions) counted for it so far, by the unit's key (`_unit_key`), keys sorted.
+
+    Two units whose keys collide (64 bits: about 3e-8 for a million units) share one
+    record: each is bounded by less, never by more.
+    """
+
+    keys: np.ndarray  # int64, sorted, unique
+    groups: np.ndarray  # int64, beside keys
+
+    def used(self, keys: np.ndarray) -> np.ndarray:
+        """The groups each of `keys` used (0 for a unit not seen before)."""
+        if not self.keys.size:
+            return np.zeros(keys.size, dtype=np.int64)
+        at = np.searchsorted(self.keys, keys)
+        found = at < self.keys.size
+        found[found] = self.keys[at[found]] == keys[found]
+        return np.where(found, self.groups[np.minimum(at, self.keys.size - 1)], 0)
+
+    def plus(self, other: _Record) -> _Record:
+        """This record with `other`'s groups added (one tick's, its keys sorted and unique)."""
+        at = np.searchsorted(self.keys, other.keys)
+        found = at < self.keys.size
+        found[found] = self.keys[at[found]] == other.keys[found]
+        groups = self.groups.copy()  # records are shared with the ticks of other threads
+        groups[at[found]] += other.groups[found]
+        fresh = ~found
+        return _Record(
+            np.insert(self.keys, at[fresh], other.keys[fresh]),
+            np.insert(groups, at[fresh], other.groups[fresh]),
+        )
+
+
+_NO_UNITS = _Record(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+
+def _unit_key(secret: bytes, unit: Any) -> int:
+    """A unit's key in its stream's record: HMAC-SHA256 under the stream's secret, first 8
+    bytes (the raw unit is never stored; the record's size, 16 bytes a unit in memory)."""
+    digest = hmac.digest(secret, repr(unit).encode(), "sha256")
+    return int.from_bytes(digest[:8], "little", signed=True)
+
+
+def _encode_used(record: _Record) -> dict[str, str]:
+    """A tick's groups per unit for the stored tick: little-endian int64 keys and int32
+    counts, base64 (a tenth of JSON's digits, decoded by numpy in one call)."""
+    return {
+        "units": base64.b64encode(record.keys.astype("<i8").tobytes()).decode(),
+        "groups": base64.b64encode(record.groups.astype("<i4").tobytes()).decode(),
+    }
+
+
+def _decode_used(used: dict[str, str]) -> _Record:
+    return _Record(
+        np.frombuffer(base64.b64decode(used["units"]), dtype="<i8").astype(np.int64),
+        np.frombuffer(base64.b64decode(used["groups"]), dtype="<i4").astype(np.int64),
+    )
+
+
+@dataclass(frozen=True)
 class _Past:
-    """A stream's stored ticks, decoded: the values released so far (partitions, steps),
-    and for a factorization the exact per-step values and q (per partition, Python
-    integers) its later steps are computed from."""
+    """A stream's stored ticks, decoded: the values released so far (partitions, steps);
+    the exact per-step values (per partition, Python integers) the check compares with
+    and a factorization computes its later steps from, and its q; the record of what
+    each unit used (`history: mutable`); and whether the stream ended."""
 
     values: np.ndarray
     exact: tuple[list[int], ...] | None = None
     quantized: tuple[list[int], ...] | None = None
+    record: _Record = _NO_UNITS
+    digest: tuple[list[int], ...] | None = None
+    ended: bool = False
 
 
 def _released(stored: Any, prefix: str, key: int | None, width: int) -> _Past:
@@ -1021,32 +1266,39 @@ def _released(stored: Any, prefix: str, key: int | None, width: int) -> _Past:
     ledger, analyst, stream and key, and only the ticks stored after the last
     one decoded are read: a tick's cost does not grow with the stream's age.
     (The names after the prefix are zero-padded digits, `from` and digits, or
-    `meta`, which any database collation sorts as Python does.)
+    `meta` and `meta:ended`, which any database collation sorts as Python does.)
 
     Each tick must start where the ones before it end: ledgers written before
     ticks were named by their first step (`<prefix><last step>`) could hold two
     ticks built on the same steps, and such a stream is not released again.
 
-    A factorization's tick is an object: its releases, and its steps' exact values
-    and q; a tree's is the list of its releases.
+    A tick is an object: its releases, its steps' exact values, a factorization's q,
+    and the groups units used (`history: mutable`); ticks stored before the exact
+    values were kept are the list of their releases.
     """
     kept_as = (*stored.owner, prefix, key)
     last, past = _decoded.get(kept_as) or ("", _Past(np.zeros((width, 0))))
     fresh = stored.find(prefix, after=last)
     fresh.pop(f"{prefix}meta", None)  # sorts after the ticks' names
+    if fresh.pop(f"{prefix}{_ENDED}", None) is not None:
+        return replace(past, ended=True)
     if not fresh:
         return past
     ticks, done = [past.values], past.values.shape[1]
     exact = [list(v) for v in past.exact] if past.exact is not None else None
     quantized = [list(v) for v in past.quantized] if past.quantized is not None else None
+    digest = [list(v) for v in past.digest] if past.digest is not None else None
+    record = past.record
     for name, payload in sorted(fresh.items()):  # zero-padded: old names sort first, as they came
         decoded = json.loads(payload)
         if isinstance(decoded, dict):
-            exact = exact if exact is not None else [[] for _ in range(width)]
-            quantized = quantized if quantized is not None else [[] for _ in range(width)]
-            for part in range(width):
-                exact[part].extend(decoded["exact"][part])
-                quantized[part].extend(decoded["quantized"][part])
+            exact = _appended(exact, decoded["exact"], width)
+            if "quantized" in decoded:
+                quantized = _appended(quantized, decoded["quantized"], width)
+            if "digest" in decoded:
+                digest = _appended(digest, decoded["digest"], width)
+            if "used" in decoded:
+                record = record.plus(_decode_used(decoded["used"]))
             decoded = decoded["released"]
         tick = np.array(decoded, dtype=np.float64).reshape(width, -1)
         suffix = name.rsplit(":", 1)[1]
@@ -1069,11 +1321,34 @@ def _released(stored: Any, prefix: str, key: int | None, width: int) -> _Past:
         values,
         tuple(exact) if exact is not None else None,
         tuple(quantized) if quantized is not None else None,
+        record,
+        tuple(digest) if digest is not None else None,
     )
-    # Python integers (two per value, about 36 bytes each) beside the 8-byte floats
-    weight = values.size * (10 if exact is not None else 1)
-    _decoded.put(kept_as, (last, past), weight)
+    # Python integers (about 36 bytes each) beside the 8-byte floats; 16 bytes a unit
+    weight = values.size * (1 + 5 * sum(v is not None for v in (exact, quantized, digest)))
+    _decoded.put(kept_as, (last, past), weight + 2 * record.keys.size)
     return past
+
+
+def _appended(kept: list[list[int]] | None, more: list[list[int]], width: int) -> list[list[int]]:
+    """Per-partition lists of a stream's ticks with one more tick's appended, in place."""
+    kept = kept if kept is not None else [[] for _ in range(width)]
+    for part in range(width):
+        kept[part].extend(more[part])
+    return kept
+
+
+def _ended(stream: _Stream) -> IntegrityError:
+    column = f"{stream.table.name}.{stream.domain.column.name}"
+    return IntegrityError(
+        f"stream {stream.identity} has ended: a step it released no longer has the exact "
+        "bounded total it was released from, so rows of released steps were updated, "
+        "deleted or inserted late (the stream's bound on each unit holds only while they "
+        "are not). Nothing more is released from it, and nothing says which step changed. "
+        f"Instead: ask the data owner to declare history: mutable in the continual entry of "
+        f"{column} (each unit is then bounded by a record of what it used), or to bump "
+        "data_version in the policy: either starts a new stream, charged once afresh"
+    )
 
 
 def _not_continued(stream: _Stream, why: str) -> IntegrityError:
