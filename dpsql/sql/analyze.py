@@ -24,6 +24,7 @@ from sqlglot import exp
 
 from dpsql.errors import QueryRefused
 from dpsql.policy import ISO_TEXT, NEAR_ZERO, NUMERIC_TYPES, Column, Table
+from dpsql.sql.casts import constant_cast_converts
 from dpsql.sql.check import AGGREGATES
 
 KEY_PREFIX = "__dpsql_k"
@@ -1733,6 +1734,8 @@ def _plain_temporal(target: exp.DataType) -> bool:
 def _require_safe_cast(node: exp.Cast | exp.TryCast, table: Table, clause: str) -> None:
     target = node.to
     if target.is_type(*exp.DataType.TEXT_TYPES) or isinstance(node.this, exp.Null):
+        return
+    if constant_cast_converts(node):  # the same value for every row: converted in casts.py
         return
     if _is_string_literal(node.this):  # DATE '2020-01-01', CAST('NaN' AS DOUBLE)
         kind = "float" if target.is_type("double", "float") else _cast_kind(target)
