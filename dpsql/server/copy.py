@@ -152,8 +152,11 @@ def copy_messages(copy: CopyOut, columns: list[ResultColumn], rows: list[tuple])
     )
     parts = [_message(b"H", body)]
     if binary:
-        parts.append(_message(b"d", BINARY_SIGNATURE + struct.pack("!ii", 0, 0)))
-        parts += [_message(b"d", _binary_row(row, columns)) for row in rows]
+        # the header shares the first row's CopyData, as PostgreSQL sends it (psycopg
+        # reads a first message of the header alone as a truncated row)
+        tuples = [_binary_row(row, columns) for row in rows] or [b""]
+        tuples[0] = BINARY_SIGNATURE + struct.pack("!ii", 0, 0) + tuples[0]
+        parts += [_message(b"d", data) for data in tuples]
         parts.append(_message(b"d", struct.pack("!h", -1)))
     else:
         line = _csv_line if csv else _text_line
