@@ -50,7 +50,7 @@ class CopyOut:
 
 def is_copy(sql: str) -> bool:
     """Whether `sql` is a COPY statement (of any form)."""
-    return sql.lstrip().lstrip("(").upper().startswith("COPY")
+    return sql.lstrip()[:4].upper() == "COPY"
 
 
 def parse(sql: str) -> CopyOut:
@@ -63,6 +63,8 @@ def parse(sql: str) -> CopyOut:
     if len(tokens) < 2 or tokens[1].token_type != TokenType.L_PAREN:
         raise _refused("a COPY of a table (or COPY FROM)", "it would read or write raw rows")
     close = _closing(tokens, 1)
+    if tokens[2].text.upper() not in ("SELECT", "WITH", "VALUES", "TABLE"):
+        raise _malformed("COPY (...) holds a query: SELECT, WITH, VALUES or TABLE")
     query = sql[tokens[1].end + 1 : tokens[close].start]
     rest = tokens[close + 1 :]
     words = [t.text.upper() for t in rest[:2]]

@@ -132,6 +132,13 @@ class LimitedStream(PgStream):
         del received[: length + 1]
         return message
 
+    def next_message(self) -> tuple[bytes, bytes] | None:
+        """The next message if the socket has delivered all of it already, left unread."""
+        received = self._received
+        if len(received) < 5 or len(received) <= unpack_int32(received, 1):
+            return None
+        return bytes(received[:1]), bytes(received[5 : unpack_int32(received, 1) + 1])
+
     def write(self, data: bytes) -> None:
         self.buffer.append(data)
         self.size += len(data)
@@ -403,8 +410,20 @@ class WireConnection(Connection):
         if parsed.kind != messages.TARGET_STATEMENT:
             entry = self._get_portal(parsed.name)
             if entry.columns is None and isinstance(entry.portal, PrivatePortal):
-                entry.columns = await entry.portal.describe()
+                if self._executes_next(parsed.name):
+                    # the client has already sent its Execute (psycopg sends Bind, Describe,
+                    # Execute, Sync at once): run now, rather than plan once more first
+                    entry.columns = await entry.portal.run()
+                else:
+                    entry.columns = await entry.portal.describe()
         await super()._handle_describe(parsed)
+
+    def _executes_next(self, portal: str) -> bool:
+        """Whether the next message, already received, is an Execute of `portal`."""
+        following = self.stream.next_message()
+        if following is None or following[0] != messages.EXECUTE:
+            return False
+        return following[1].split(b"\0", 1)[0] == portal.encode()
 
     async def _handle_execute(self, parsed: messages.ParsedExecute) -> None:
         """pg-mimic's, with PostgreSQL's command tags; a private portal that was never

@@ -38,7 +38,7 @@ from pg_mimic.session import Portal, Statement
 from dpsql.errors import Error, InterfaceError, ProgrammingError
 from dpsql.lru import WeightedLru
 from dpsql.results import MAX_GROUPS, Release
-from dpsql.server import introspection
+from dpsql.server import copy, introspection
 from dpsql.server.memo import (
     ENTRY_BYTES,
     VALUE_BYTES,
@@ -46,7 +46,13 @@ from dpsql.server.memo import (
     ReleaseMemo,
     memo_key,
 )
-from dpsql.server.sqlstate import INTERNAL_ERROR, QUERY_CANCELED, UNDEFINED_PARAMETER, pg_error
+from dpsql.server.sqlstate import (
+    INSUFFICIENT_PRIVILEGE,
+    INTERNAL_ERROR,
+    QUERY_CANCELED,
+    UNDEFINED_PARAMETER,
+    pg_error,
+)
 from dpsql.server.values import (
     announced_columns,
     convert,
@@ -243,6 +249,13 @@ class WireSession(MimicSession):
         return self.backend.schema
 
     async def prepare(self, sql: str, param_oids: list[int | None]) -> Statement:
+        if copy.is_copy(sql):  # the simple-query path answers COPY before it prepares
+            raise PgError(
+                INSUFFICIENT_PRIVILEGE,
+                "refused COPY in the extended query protocol: dpsql answers COPY (SELECT ...) "
+                "TO STDOUT as a simple query only. Instead: send it without parameters as a "
+                "simple query (psql's \\copy, psycopg's cursor.copy(), asyncpg's copy_from_query)",
+            )
         answered = await resolve(self._connection, sql, param_oids, self.middleware)
         return answered or PrivateStatement(self, sql, param_oids)
 

@@ -311,3 +311,14 @@ def test_other_copy_forms_are_refused_42501(duck, sql: str) -> None:
             conn.execute(sql)
         assert conn.execute("SELECT 1").fetchone() == (1,)
     assert duck.spent("alice") == before
+
+
+def test_copy_holds_a_query_and_comes_as_a_simple_query(duck) -> None:
+    before = duck.spent("alice")
+    with psycopg.connect(duck.dsn(), autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.SyntaxError, match="holds a query"):
+            conn.execute("COPY (SET dpsql.epsilon = 5) TO STDOUT")
+        assert conn.execute("SHOW dpsql.epsilon").fetchone() == (1.0,)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="simple query"):
+            conn.execute("COPY (SELECT COUNT(*) FROM pums) TO STDOUT", prepare=True)
+    assert duck.spent("alice") == before
