@@ -28,8 +28,10 @@ _INTEGER_RANGES = {
 }
 # Finite magnitudes every engine converts without an overflow or underflow error.
 _FLOAT_RANGES = {_Type.FLOAT: (1e-37, 1e38), _Type.DOUBLE: (1e-300, 1e300)}
-# DuckDB's DECIMAL without a precision: the stricter of the engines' defaults that fail.
-_DEFAULT_DECIMAL = (18, 3)
+# A DECIMAL without a precision, as the strictest engine reads it: Spark's DECIMAL(10, 0),
+# which fails (in ANSI mode) on more whole digits. PostgreSQL's NUMERIC has no limit, and
+# DuckDB's tree already says DECIMAL(18, 3).
+_DEFAULT_DECIMAL = (10, 0)
 _INTEGER_TEXT = re.compile(r"\s*[+-]?\d{1,30}\s*")
 _NUMBER_TEXT = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d{1,3})?\s*")
 _DATE_TEXT = re.compile(r"\d{4}-\d{2}-\d{2}")
