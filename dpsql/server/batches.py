@@ -54,6 +54,9 @@ _TAGS = {
     ("END",): "COMMIT",
 }
 _FIRST_WORD_TAGS = {"CLOSE": "CLOSE CURSOR"}
+_SPECIAL = {words[0] for words in _TAGS} | set(_FIRST_WORD_TAGS)
+_LEADING_COMMENTS = re.compile(r"\A(?:\s+|--[^\n]*(?:\n|\Z)|/\*.*?\*/)*", re.S)
+_FIRST_WORD = re.compile(r"[A-Za-z_]+")
 
 
 def split(sql: str) -> list[str]:
@@ -74,14 +77,16 @@ def split(sql: str) -> list[str]:
 
 def command_tag(sql: str, rows: int) -> str:
     """PostgreSQL's CommandComplete tag for a statement that returned `rows` rows."""
-    words = tuple(word.upper() for word in _WORDS.findall(sql)[:3])
+    text = _LEADING_COMMENTS.sub("", sql)
+    first = _FIRST_WORD.match(text)
+    if first is None or first.group(0).upper() not in _SPECIAL:
+        return mimic_command_tag(text, rows)
+    words = tuple(word.upper() for word in _WORDS.findall(text, first.start())[:3])
     for length in (3, 2, 1):
         tag = _TAGS.get(words[:length])
         if tag is not None:
             return tag
-    if words and words[0] in _FIRST_WORD_TAGS:
-        return _FIRST_WORD_TAGS[words[0]]
-    return mimic_command_tag(sql, rows)
+    return _FIRST_WORD_TAGS.get(words[0], words[0])
 
 
 async def advisory_unlocks(ctx: MiddlewareContext) -> Statement | None:

@@ -59,6 +59,9 @@ def test_split_keeps_statements_as_written() -> None:
         " UNLISTEN *",
     ]
     assert batches.split("SELECT 'unterminated; x") == ["SELECT 'unterminated; x"]
+    # a tag is read off the statement's first words, not off a comment before them
+    assert batches.command_tag("/* DISCARD ALL */ SELECT 1", 1) == "SELECT 1"
+    assert batches.command_tag("-- reset\n close ALL;", 0) == "CLOSE CURSOR ALL"
 
 
 def test_housekeeping_batch_is_answered_as_postgresql_answers_it(duck, postgres_url) -> None:
