@@ -40,8 +40,10 @@ from dpsql.policy import CONTINUAL_MECHANISMS, MAX_EPSILON, MECHANISMS, Policy, 
 from dpsql.results import MAX_GROUPS, Accuracy, Release
 from dpsql.sql import PlanContext, plan_query
 from dpsql.sql.check import refuse_statement
+from dpsql.sql.describe import column_types, described_columns
 from dpsql.sql.parse import Statement, parse_statement, repeat_key, setting_name, tokenize
-from dpsql.sql.plan import Options, Plan, check_known_groups, release_stream
+from dpsql.sql.plan import ConstantPlan, Options, Plan, check_known_groups, release_stream
+from dpsql.sql.public import PublicPlan
 from dpsql.sql.running import STATE_PREFIX as STREAM_PREFIX
 from dpsql.sql.running import RunningPlan
 from dpsql.sql.synopsis import PREFIX as SYNOPSIS_PREFIX
@@ -328,6 +330,48 @@ class Session:
             plan = self.plan(statement.tree)
             return Release(["item", "detail"], plan.explain())
         return self._answer(statement, fingerprint=fingerprint)
+
+    def describe(self, sql: str, parameters: Any = None) -> Release:
+        """The columns `sql` would release, without running it: nothing is charged or
+        stored and no private table is read. A query the execution would refuse is
+        refused here with the same error.
+
+        The release has no rows; `types` names each column's type as
+        `dpsql.sql.describe.column_types` infers it ("" where only the values would
+        tell). A statement that reads no private table (no table, public tables,
+        SHOW) is answered exactly and free, so it is run and its rows returned
+        instead of types; so is a repeat, from the release cache. SET and RESET
+        describe as no columns and change nothing.
+        """
+        tokens = tokenize(sql, self.adapter.dialect)
+        if not parameters:
+            cached = self.ledger.cached_release(self.analyst, self._fingerprint(repeat_key(tokens)))
+            if cached is not None:
+                return _decode(cached)
+        statement = parse_statement(sql, self.adapter.dialect, parameters, tokens=tokens)
+        if statement.kind in ("set", "reset"):
+            return Release([], [])
+        if statement.kind == "show":
+            return self._show(statement.name)
+        if statement.kind == "other":
+            raise refuse_statement(statement.tree)
+        if statement.kind == "explain":
+            self.plan(statement.tree)  # refused as EXPLAIN would refuse it
+            return Release(["item", "detail"], [], types=["string", "string"])
+        plan = self.plan(statement.tree)
+        if isinstance(plan, ConstantPlan | PublicPlan):
+            return self._release(plan)
+        check_known_groups(plan, self.max_groups)
+        names = described_columns(statement.tree, plan)
+        types = column_types(statement.tree, self.policy) or []
+        if len(types) != len(names):  # a shape the select list does not show one to one
+            types = [""] * len(names)
+        return Release(names, [], types=types)
+
+    def column_types(self, select: Any) -> list[str] | None:
+        """The type of each column a parsed SELECT releases, read off its select list
+        before it runs (dpsql.sql.describe.column_types); None if it is not a SELECT."""
+        return column_types(select, self.policy)
 
     @property
     def unique_units(self) -> frozenset[str]:

@@ -33,6 +33,7 @@ from pg_mimic.types import TEXT
 from sqlglot import exp
 
 from dpsql import __version__
+from dpsql.server.batches import advisory_unlocks
 from dpsql.server.sqlstate import FEATURE_NOT_SUPPORTED, INVALID_PARAMETER_VALUE
 from dpsql.server.values import parameter_count
 from dpsql.session import sets_options
@@ -308,6 +309,7 @@ def _if_named(*links: Any) -> Any:
 
 
 MIDDLEWARE: tuple[Any, ...] = (
+    advisory_unlocks,
     savepoints,
     transaction_control,
     no_ops,

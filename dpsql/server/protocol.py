@@ -47,13 +47,14 @@ import ssl
 import struct
 
 from pg_mimic import PgError, PgServer, messages
-from pg_mimic.connection import Connection, PortalEntry, split_statements
+from pg_mimic.connection import Connection, PortalEntry, _field_specs
 from pg_mimic.errors import IN_FAILED_SQL_TRANSACTION
 from pg_mimic.middleware import is_transaction_end
-from pg_mimic.results import format_code_for
+from pg_mimic.results import encode_row, format_code_for
 from pg_mimic.stream import ConnectionClosed, PgStream
 from pg_mimic.types import pack_int32, unpack_int32
 
+from dpsql.server import batches, copy
 from dpsql.server.auth import Authenticator, is_loopback
 from dpsql.server.cancels import ProcessRoutes
 from dpsql.server.dispatch import Inbox
@@ -130,6 +131,13 @@ class LimitedStream(PgStream):
         message = bytes(received[:1]), bytes(received[5 : length + 1])
         del received[: length + 1]
         return message
+
+    def next_message(self) -> tuple[bytes, bytes] | None:
+        """The next message if the socket has delivered all of it already, left unread."""
+        received = self._received
+        if len(received) < 5 or len(received) <= unpack_int32(received, 1):
+            return None
+        return bytes(received[:1]), bytes(received[5 : unpack_int32(received, 1) + 1])
 
     def write(self, data: bytes) -> None:
         self.buffer.append(data)
@@ -298,13 +306,39 @@ class WireConnection(Connection):
         await self._handlers[tag](parsed)
 
     async def _handle_simple_query(self, sql: str) -> None:
-        """pg-mimic's, without parsing a single statement to split it (sqlglot, ~0.1 ms)."""
+        """pg-mimic's, with statements split as written (batches.py), and a single one not
+        split at all (the tokenizer costs ~0.1 ms)."""
         if not sql.strip():
             self.stream.write(messages.make_empty_query_response())
             return
         single = ";" not in sql.strip().rstrip(";")
-        for statement in [sql] if single else split_statements(sql):
+        for statement in [sql] if single else batches.split(sql):
             await self._execute_one_simple_statement(statement)
+
+    async def _execute_one_simple_statement(self, sql: str) -> None:
+        """pg-mimic's, but a private statement runs before its columns are described (they
+        are the release's), a COPY (query) TO STDOUT streams its release, and command tags
+        are PostgreSQL's."""
+        if self.tx_status == b"E" and not is_transaction_end(sql):
+            raise PgError(IN_FAILED_SQL_TRANSACTION, "current transaction is aborted, commands "
+                          "ignored until end of transaction block; send ROLLBACK")  # fmt: skip
+        request = copy.parse(sql) if copy.is_copy(sql) else None
+        statement = await self.session.prepare(request.query if request else sql, [])
+        portal = statement.bind([])
+        if isinstance(portal, PrivatePortal | CatalogPortal):
+            columns = await portal.run()
+        else:
+            columns = await statement.describe()
+        rows, _ = await portal.execute(0)
+        if request is not None:
+            self.stream.write(copy.copy_messages(request, columns or [], rows))
+            self.stream.write(messages.make_command_complete(f"COPY {len(rows)}"))
+            return
+        if columns is not None:
+            self.stream.write(messages.make_row_description(_field_specs(columns)))
+            for row in rows:
+                self.stream.write(messages.make_data_row(encode_row(row, columns)))
+        self.stream.write(messages.make_command_complete(batches.command_tag(sql, len(rows))))
 
     def _check_room(self, kept: dict, name: str, what: str) -> None:
         """Refuse a new named statement or portal beyond the limit: each holds memory."""
@@ -360,14 +394,60 @@ class WireConnection(Connection):
                 "ones in PostgreSQL's binary format of their type",
             ) from None
         portal = statement.bind(texts)
-        if isinstance(portal, PrivatePortal | CatalogPortal):
+        if isinstance(portal, CatalogPortal):
             columns = await portal.run()
+        elif isinstance(portal, PrivatePortal):
+            columns = portal.columns  # known if the statement was described; it runs at Execute
         else:
             columns = await statement.describe()
         self.portals[parsed.portal_name] = PortalEntry(
             portal, columns, statement.sql, parsed.result_format_codes
         )
         self.stream.write(messages.make_bind_complete())
+
+    async def _handle_describe(self, parsed: messages.ParsedDescribeOrClose) -> None:
+        """pg-mimic's; a private portal not described yet is described by planning."""
+        if parsed.kind != messages.TARGET_STATEMENT:
+            entry = self._get_portal(parsed.name)
+            if entry.columns is None and isinstance(entry.portal, PrivatePortal):
+                if self._executes_next(parsed.name):
+                    # the client has already sent its Execute (psycopg sends Bind, Describe,
+                    # Execute, Sync at once): run now, rather than plan once more first
+                    entry.columns = await entry.portal.run()
+                else:
+                    entry.columns = await entry.portal.describe()
+        await super()._handle_describe(parsed)
+
+    def _executes_next(self, portal: str) -> bool:
+        """Whether the next message, already received, is an Execute of `portal`."""
+        following = self.stream.next_message()
+        if following is None or following[0] != messages.EXECUTE:
+            return False
+        return following[1].split(b"\0", 1)[0] == portal.encode()
+
+    async def _handle_execute(self, parsed: messages.ParsedExecute) -> None:
+        """pg-mimic's, with PostgreSQL's command tags; a private portal that was never
+        described sends its rows in the release's own types."""
+        entry = self._get_portal(parsed.portal_name)
+        if self.tx_status == b"E" and not is_transaction_end(entry.sql):
+            raise PgError(IN_FAILED_SQL_TRANSACTION, "current transaction is aborted, commands "
+                          "ignored until end of transaction block; send ROLLBACK")  # fmt: skip
+        rows, suspended = await entry.portal.execute(parsed.max_rows)
+        if entry.columns is None and isinstance(entry.portal, PrivatePortal):
+            entry.columns = entry.portal.columns
+        entry.rows_returned += len(rows)
+        if entry.columns is not None:
+            for row in rows:
+                try:
+                    values = encode_row(row, entry.columns, entry.result_format_codes)
+                except ValueError as exc:
+                    raise PgError(FEATURE_NOT_SUPPORTED, str(exc)) from None
+                self.stream.write(messages.make_data_row(values))
+        if suspended:
+            self.stream.write(messages.make_portal_suspended())
+        else:
+            tag = batches.command_tag(entry.sql, entry.rows_returned)
+            self.stream.write(messages.make_command_complete(tag))
 
 
 class WireServer(PgServer):

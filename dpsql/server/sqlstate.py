@@ -49,6 +49,7 @@ INVALID_AUTHORIZATION = "28000"
 TOO_MANY_CONNECTIONS = "53300"
 PROGRAM_LIMIT_EXCEEDED = "54000"
 TOO_MANY_ARGUMENTS = "54023"
+UNDEFINED_PARAMETER = "42P02"
 
 # most specific first: PolicyError and QueryRefused are ProgrammingErrors
 _CODES: tuple[tuple[type[Error], str], ...] = (

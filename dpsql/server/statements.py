@@ -6,9 +6,11 @@ extended protocol; here a statement that is not introspection becomes a
 thread pool (it blocks: planning, the ledger's fsync, the database) so the
 event loop keeps serving other clients; a repeat that the release cache
 answers is taken from the server's memo of it (memo.py) without that trip.
-A statement runs once per portal, at Bind (or at a parameterless Describe):
-its columns are only known from the release, and the release is what is
-charged. After a noisy release the portal sends a NoticeResponse
+A statement runs once per portal, at its first Execute (a simple query at
+once), and that release is what is charged. A Describe runs nothing: the
+columns come from planning (Session.describe), or from the text when the
+parameters are not yet bound, and the release is converted to them. After a
+noisy release the portal sends a NoticeResponse
 `dpsql accuracy` whose detail is JSON {column: {mechanism, scale,
 interval95, sensitivity, note, intervals}} (full floats, for programs;
 `intervals` is one [low, high] per row where the interval differs per row,
@@ -39,7 +41,7 @@ from pg_mimic.session import Portal, Statement
 from dpsql.errors import Error, InterfaceError, ProgrammingError
 from dpsql.lru import WeightedLru
 from dpsql.results import MAX_GROUPS, Release, half_width_text, noisy_text
-from dpsql.server import introspection
+from dpsql.server import copy, introspection
 from dpsql.server.memo import (
     ENTRY_BYTES,
     VALUE_BYTES,
@@ -47,10 +49,17 @@ from dpsql.server.memo import (
     ReleaseMemo,
     memo_key,
 )
-from dpsql.server.sqlstate import INTERNAL_ERROR, QUERY_CANCELED, pg_error
+from dpsql.server.sqlstate import (
+    INSUFFICIENT_PRIVILEGE,
+    INTERNAL_ERROR,
+    QUERY_CANCELED,
+    UNDEFINED_PARAMETER,
+    pg_error,
+)
 from dpsql.server.values import (
     announced_columns,
     convert,
+    described_columns,
     parameter_oids,
     python_value,
     released_columns,
@@ -128,7 +137,7 @@ class Backend:
                 tree = sqlglot.parse_one(sql, dialect="postgres")
             except sqlglot.errors.SqlglotError:
                 tree = None  # the Session says what is wrong with it, at Bind
-            announced = announced_columns(tree, self.policy)
+            announced = announced_columns(tree, self.template.column_types(tree))
             shape = Shape(parameter_oids(tree, self.policy, declared), announced)
             values = len(shape.param_oids) + len(announced or ())
             size = ENTRY_BYTES + len(sql) + VALUE_BYTES * values
@@ -244,6 +253,13 @@ class WireSession(MimicSession):
         return self.backend.schema
 
     async def prepare(self, sql: str, param_oids: list[int | None]) -> Statement:
+        if copy.is_copy(sql):  # the simple-query path answers COPY before it prepares
+            raise PgError(
+                INSUFFICIENT_PRIVILEGE,
+                "refused COPY in the extended query protocol: dpsql answers COPY (SELECT ...) "
+                "TO STDOUT as a simple query only. Instead: send it without parameters as a "
+                "simple query (psql's \\copy, psycopg's cursor.copy(), asyncpg's copy_from_query)",
+            )
         answered = await resolve(self._connection, sql, param_oids, self.middleware)
         return answered or PrivateStatement(self, sql, param_oids)
 
@@ -262,6 +278,18 @@ class WireSession(MimicSession):
         there too, beside the release just built, and off the event loop."""
         release = self.backend.execute(self.session, sql, parameters, job)
         return Answer(release, _columns(release), _notices(release))
+
+    async def describe(self, sql: str, parameters: list[Any]) -> list[ResultColumn] | None:
+        """The columns `sql` will release, from planning alone (Session.describe): nothing
+        runs or is charged. A repeat the memo holds is described by its answer."""
+        answer = self.backend.memo.get(memo_key(self.session, sql, parameters))
+        if answer is not None:
+            return answer.columns
+        try:
+            release = await self.backend.run(self.session.describe, sql, parameters or None)
+        except Exception as exc:
+            raise _pg_error(exc, sql) from None
+        return described_columns(release)
 
     async def _run(self, sql: str, parameters: list[Any]) -> Answer:
         timeout = self.backend.query_timeout or None
@@ -284,19 +312,24 @@ class WireSession(MimicSession):
         except asyncio.CancelledError:
             self.backend.stop(job)  # the client's cancel request: stop the database too
             raise
-        except Error as exc:
-            raise pg_error(exc) from None
-        except PgError:
-            raise
-        except Exception:
-            # an unexpected error's text could quote a value: log it, send none of it
-            _logger.exception("internal error while running %r", sql[:200])
-            raise PgError(INTERNAL_ERROR, "internal error in dpsql; see the server log") from None
+        except Exception as exc:
+            raise _pg_error(exc, sql) from None
 
     def notify(self, answer: Answer) -> None:
         """Send the answer's NoticeResponses (its accuracy and notes), if it has any."""
         if answer.notices:
             self._connection.stream.write(answer.notices)
+
+
+def _pg_error(exc: Exception, sql: str) -> PgError:
+    """The ErrorResponse for an error of the Session (or of the server itself)."""
+    if isinstance(exc, PgError):
+        return exc
+    if isinstance(exc, Error):
+        return pg_error(exc)
+    # an unexpected error's text could quote a value: log it, send none of it
+    _logger.error("internal error on %r", sql[:200], exc_info=exc)
+    return PgError(INTERNAL_ERROR, "internal error in dpsql; see the server log")
 
 
 def _notices(release: Release) -> bytes:
@@ -340,7 +373,7 @@ def _notice(message: str, detail: str | None = None, hint: str | None = None) ->
 
 
 class PrivateStatement(Statement):
-    """A statement for the Session: its parameters' types and, once known, its columns."""
+    """A statement for the Session: its parameters' types and, once described, its columns."""
 
     def __init__(self, owner: WireSession, sql: str, declared: list[int | None]):
         self.owner = owner
@@ -348,49 +381,61 @@ class PrivateStatement(Statement):
         self.param_oids, self._announced = owner.backend.shape(sql, declared)
         self.columns: list[ResultColumn] | None = None
         self.described = False
-        self._early: Answer | None = None
 
     async def describe(self) -> list[ResultColumn] | None:
-        if self.described:
-            return self.columns
-        if self.param_oids:
-            # parameters are not bound yet: announce, and convert the release later
-            self.columns = self._announced
-        else:
-            self._early = await self.owner.execute(self.sql, [])
-            self.columns = self._early.columns
-        self.described = True
+        """Its columns without running it: from planning (Session.describe), or, when its
+        parameters are not bound yet, as its text announces them."""
+        if not self.described:
+            self.columns = (
+                self._announced if self.param_oids else await self.owner.describe(self.sql, [])
+            )
+            self.described = True
         return self.columns
 
     def bind(self, params: list[Any]) -> PrivatePortal:
+        if len(params) < len(self.param_oids):
+            # as PostgreSQL answers a simple query naming $n (psql without \bind)
+            raise PgError(
+                UNDEFINED_PARAMETER,
+                f"there is no parameter ${len(params) + 1}: the statement names "
+                f"{len(self.param_oids)} parameters but {len(params)} values were sent; send "
+                "them with the extended protocol (psql: \\bind value \\g) or write the values",
+            )
         values = [
             python_value(oid, text) for oid, text in zip(self.param_oids, params, strict=True)
         ]
-        early, self._early = self._early, None
-        return PrivatePortal(self, values, early)
+        return PrivatePortal(self, values)
 
 
 class PrivatePortal(Portal):
-    """A bound statement: runs once, then hands out its rows."""
+    """A bound statement: runs once, at its first Execute, then hands out its rows. Its
+    columns are known before that only when it was described."""
 
-    def __init__(self, statement: PrivateStatement, values: list[Any], early: Answer | None):
+    def __init__(self, statement: PrivateStatement, values: list[Any]):
         self.statement = statement
         self.values = values
-        self.answer = early
-        self.columns: list[ResultColumn] | None = None
+        self.answer: Answer | None = None
+        self.columns = statement.columns if statement.described else None
+        self.described = statement.described
         self._rows: list[tuple] | None = None
         self._sent = 0
 
+    async def describe(self) -> list[ResultColumn] | None:
+        """Its columns, from planning with its values bound: nothing runs or is charged."""
+        if not self.described:
+            self.columns = await self.statement.owner.describe(self.statement.sql, self.values)
+            self.described = True
+        return self.columns
+
     async def run(self) -> list[ResultColumn] | None:
-        """Execute (once) and return the columns to describe the result with."""
+        """Execute (once); return the columns: those described, to which the release is
+        converted, else the release's own."""
         if self._rows is not None:
             return self.columns
         owner = self.statement.owner
-        if self.answer is None:
-            self.answer = await owner.execute(self.statement.sql, self.values)
+        self.answer = await owner.execute(self.statement.sql, self.values)
         rows = self.answer.release.rows
-        if self.statement.described and self.statement.columns is not None:
-            self.columns = self.statement.columns
+        if self.described and self.columns is not None:
             rows = _converted(rows, self.columns)
         else:
             self.columns = self.answer.columns

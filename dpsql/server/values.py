@@ -33,6 +33,8 @@ from pg_mimic import (
 from pg_mimic.errors import PgError
 from sqlglot import exp
 
+from dpsql.results import Release
+
 if TYPE_CHECKING:
     from dpsql.policy import Policy  # the Session's policy: its columns' types
 
@@ -184,27 +186,32 @@ def _policy_column_oid(name: str, policy: Policy) -> int | None:
     return None
 
 
-def announced_columns(tree: exp.Expression, policy: Policy) -> list[ResultColumn] | None:
-    """The columns a SELECT will release, inferred before it runs: COUNT (also with a
-    FILTER) is int8, every other aggregate or expression over one is float8, a plain
-    column has its policy type."""
-    if not isinstance(tree, exp.Select):
+def announced_columns(
+    tree: exp.Expression | None, types: list[str] | None
+) -> list[ResultColumn] | None:
+    """The columns a SELECT will release, inferred before it runs from the `types`
+    Session.column_types reads off it (a type only the values would tell is text)."""
+    if types is None:
         return None
     columns = []
-    for selected in tree.selects:
+    for selected, kind in zip(tree.selects, types, strict=True):
         inner = selected.this if isinstance(selected, exp.Alias) else selected
         if isinstance(selected, exp.Alias | exp.Column):
             name = selected.alias_or_name
         else:
             name = inner.key if isinstance(inner, exp.Func) else "?column?"
-        counted = inner.this if isinstance(inner, exp.Filter) else inner  # COUNT(*) FILTER (...)
-        if isinstance(counted, exp.Count):
-            oid = INT8
-        elif isinstance(inner, exp.Column):
-            oid = _policy_column_oid(inner.name, policy) or TEXT
-        elif inner.find(exp.AggFunc) is not None:
-            oid = FLOAT8
-        else:
-            oid = TEXT
-        columns.append(ResultColumn(name, oid))
+        columns.append(ResultColumn(name, _POLICY_OIDS.get(kind, TEXT)))
     return columns
+
+
+def described_columns(release: Release) -> list[ResultColumn] | None:
+    """RowDescription columns for what Session.describe returned: from its types, or from
+    its rows when it ran (a statement that reads no private table, or a repeat)."""
+    if not release.columns:
+        return None
+    if release.rows or not release.types:
+        return released_columns(release.columns, release.rows)
+    return [
+        ResultColumn(name, _POLICY_OIDS.get(kind, TEXT))
+        for name, kind in zip(release.columns, release.types, strict=True)
+    ]

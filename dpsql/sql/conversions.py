@@ -11,6 +11,7 @@ from sqlglot import exp
 
 from dpsql.errors import QueryRefused
 from dpsql.policy import Table
+from dpsql.sql.casts import constant_cast_converts
 from dpsql.sql.guards import partial_refusal, why_partial
 from dpsql.sql.intervals import MAX_ROW_MAGNITUDE, interval_with
 from dpsql.sql.kinds import (
@@ -188,6 +189,8 @@ def _plain_temporal(target: exp.DataType) -> bool:
 def require_safe_cast(node: exp.Cast | exp.TryCast, table: Table, clause: str) -> None:
     target = node.to
     if target.is_type(*exp.DataType.TEXT_TYPES) or isinstance(node.this, exp.Null):
+        return
+    if constant_cast_converts(node):  # the same value for every row: converted in casts.py
         return
     if is_string_literal(node.this):  # DATE '2020-01-01', CAST('NaN' AS DOUBLE)
         kind = "float" if target.is_type("double", "float") else cast_kind(target)
