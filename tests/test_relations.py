@@ -767,3 +767,17 @@ def test_set_bounds_hold_on_neighbours(warehouse):
     neighbour = _without(warehouse, customer)
     _check_neighbours(plans, full, [neighbour.execute(p.sql).fetchall() for p in plans])
     neighbour.close()
+
+
+def test_the_shell_shows_public_tables_and_references(warehouse):
+    """`\\policy` and completion read policy_schema: public tables and units read through
+    a reference say so (they were shown as row-level tables)."""
+    from dpsql.shell.connection import policy_schema
+
+    shown = {info.name: info for info in policy_schema(_loaded_policy(warehouse))}
+    assert shown["nation"].summary.startswith("public")
+    assert shown["nation"].columns and all(
+        c.note == "public table: read freely" for c in shown["nation"].columns
+    )
+    assert "through l_orderkey -> orders.o_orderkey" in shown["lineitem"].summary
+    assert shown["orders"].summary.startswith("privacy unit o_custkey")

@@ -213,15 +213,24 @@ def policy_schema(policy: Policy) -> list[TableInfo]:
 
 
 def _table_summary(table: PolicyTable) -> str:
-    if not table.privacy_unit:
+    if table.public:
+        return "public: no person's data, answered exactly and free (joins too)"
+    if table.via is not None:
+        via = table.via
+        unit = f"privacy unit through {via.column} -> {via.table}.{via.target}"
+    elif table.privacy_unit:
+        unit = f"privacy unit {table.privacy_unit}"
+    else:
         return "row-level privacy: each row is its own unit"
     return (
-        f"privacy unit {table.privacy_unit}: at most {table.max_groups_per_unit} group(s) "
+        f"{unit}: at most {table.max_groups_per_unit} group(s) "
         f"and {table.max_rows_per_unit} row(s) per group for each unit"
     )
 
 
 def _column_info(table: PolicyTable, column: Column) -> ColumnInfo:
+    if table.public:
+        return ColumnInfo(column.name, column.type, note="public table: read freely")
     if column.private:
         note = (
             f"privacy unit: only in COUNT(DISTINCT {column.name})"
