@@ -21,6 +21,7 @@ from collections.abc import Iterator
 import duckdb
 import numpy as np
 import pytest
+import sqlglot
 import tpch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -214,7 +215,24 @@ REFUSED = [
     "GROUP BY o_custkey) t ON t.n = c.c_nationkey",
     "SELECT AVG(n) FROM (SELECT c.c_custkey, COUNT(*) AS n FROM customer c JOIN orders o "
     "ON c.c_acctbal < o.o_totalprice GROUP BY c.c_custkey) t",
-    "SELECT COUNT(*) FROM customer WHERE c_acctbal > (SELECT AVG(o_totalprice) FROM orders)",
+    # scalar subqueries that are not one released value (sql/scalars.py)
+    "SELECT COUNT(*) FROM orders o WHERE o.o_totalprice > (SELECT AVG(c.c_acctbal) "
+    "FROM customer c WHERE c.c_custkey = o.o_custkey)",
+    "SELECT COUNT(*) FROM orders WHERE o_totalprice > (SELECT AVG(c_acctbal) FROM customer "
+    "WHERE c_custkey = o_custkey)",
+    "SELECT COUNT(*) FROM orders WHERE o_totalprice > (SELECT AVG(o_totalprice) FROM orders "
+    "GROUP BY o_orderstatus)",
+    "SELECT COUNT(*) FROM orders WHERE o_totalprice > (SELECT AVG(o_totalprice), COUNT(*) "
+    "FROM orders)",
+    "SELECT COUNT(*) FROM orders WHERE o_totalprice > (SELECT o_totalprice FROM orders LIMIT 1)",
+    "SELECT COUNT(*) FROM orders WHERE o_custkey = (SELECT c_custkey FROM customer "
+    "WHERE c_name = 'Customer#000000001')",
+    "SELECT o_totalprice > (SELECT AVG(o_totalprice) FROM orders) FROM orders",
+    "SELECT COUNT(*) FROM orders WHERE o_totalprice > (SELECT AVG(o_totalprice) FROM orders "
+    "WHERE o_custkey IN (SELECT c_custkey FROM customer))",
+    "SELECT COUNT(*) FROM orders WHERE o_totalprice > (SELECT AVG(x) FROM read_csv('/etc/passwd'))",
+    "SELECT COUNT(*) FROM orders WHERE o_totalprice > (SELECT AVG(o_totalprice) FROM orders a "
+    "JOIN orders b ON a.o_totalprice = b.o_totalprice)",
     # private with private on anything but the unit
     "SELECT COUNT(*) FROM orders a JOIN orders b ON a.o_totalprice = b.o_totalprice",
     "SELECT COUNT(*) FROM customer c JOIN orders o ON c.c_acctbal < o.o_totalprice",
@@ -279,9 +297,32 @@ REFUSED = [
     "GROUP BY n.n_name",
     "SELECT COUNT(*) FROM nation WHERE n_nationkey IN (SELECT c_nationkey FROM customer)",
     "SELECT n_name FROM nation WHERE EXISTS (SELECT 1 FROM customer WHERE c_acctbal > 9999)",
-    "SELECT * FROM nation WHERE n_nationkey = (SELECT MAX(c_nationkey) FROM customer)",
+    "SELECT * FROM nation WHERE n_nationkey = (SELECT c_nationkey FROM customer LIMIT 1)",
     "SELECT pg_read_file('/etc/passwd') FROM nation",
     "SELECT * FROM nation, read_parquet('x.parquet')",
+]
+
+
+# Scalar subqueries, each its own measurement (sql/scalars.py): in WHERE, in the select
+# list, in HAVING, over public tables, inside a CTE, in a query over public tables only
+SCALAR = [
+    "SELECT COUNT(*) FROM customer WHERE c_acctbal > (SELECT AVG(c_acctbal) FROM customer)",
+    "SELECT c_mktsegment, COUNT(*) * 1.0 / (SELECT COUNT(*) FROM customer) AS share "
+    "FROM customer GROUP BY c_mktsegment",
+    "SELECT (SELECT COUNT(*) FROM orders WHERE o_orderstatus = 'F') * 1.0 / "
+    "(SELECT COUNT(*) FROM orders) AS finished",
+    "SELECT COUNT(*) FROM orders WHERE o_totalprice > (SELECT MAX(p_retailprice) FROM part)",
+    "SELECT n_name FROM nation WHERE n_nationkey < (SELECT COUNT(*) FROM customer) / 10",
+    "WITH big AS (SELECT * FROM orders WHERE o_totalprice > 1000) SELECT COUNT(*) FROM big "
+    "WHERE o_totalprice > (SELECT AVG(o_totalprice) FROM big)",
+    "SELECT c.c_mktsegment, SUM(o.o_totalprice) FROM orders o JOIN customer c "
+    "ON o.o_custkey = c.c_custkey JOIN nation n ON c.c_nationkey = n.n_nationkey "
+    "WHERE o.o_totalprice > (SELECT AVG(o_totalprice) FROM orders) AND n.n_regionkey < 3 "
+    "GROUP BY c.c_mktsegment",
+    "SELECT o_orderstatus, COUNT(*) FROM orders GROUP BY o_orderstatus "
+    "HAVING COUNT(*) > (SELECT COUNT(*) FROM orders) / 10",
+    "SELECT SUM(l_quantity) FROM lineitem WHERE l_quantity > (SELECT AVG(l_quantity) "
+    "FROM lineitem WHERE l_discount > (SELECT AVG(l_discount) FROM lineitem))",
 ]
 
 
@@ -360,6 +401,86 @@ def test_analyst_queries_are_answered_near_the_truth(warehouse, owned, tmp_path,
                 value,
                 exact,
             )
+
+
+@pytest.mark.parametrize("sql", SCALAR)
+def test_scalar_subqueries_are_answered_near_the_truth(warehouse, owned, tmp_path, sql):
+    policy = tpch.policy(epsilon=1e5)
+    with dpsql.connect(warehouse, policy=policy, ledger=tmp_path / "l.sqlite", seed=3) as con:
+        cursor = con.execute(sql)
+        released = sorted(cursor.fetchall())
+        notes = cursor.notes
+    truth = sorted(owned.execute(sql).fetchall())
+    assert len(released) == len(truth), (sql, released, truth)
+    for row, exact in zip(released, truth, strict=True):
+        for value, expected in zip(row, exact, strict=True):
+            if isinstance(expected, str):
+                assert value == expected, sql
+            else:
+                assert math.isclose(value, expected, rel_tol=0.01, abs_tol=1e-6), (sql, row, exact)
+    subqueries = sql.count("(SELECT") - sql.count("AS (SELECT")  # not the CTEs
+    assert sum("the scalar subquery" in note for note in notes) == subqueries, notes
+
+
+def test_scalar_subqueries_share_the_querys_budget(warehouse, tmp_path):
+    """The query's epsilon is split over its releases that read private tables, charged
+    once before the database runs; a subquery over public tables is exact and free; a
+    repeat is free."""
+    two = SCALAR[0]
+    public_part = SCALAR[3]
+    with dpsql.connect(warehouse, policy=tpch.policy(), ledger=tmp_path / "l.sqlite") as con:
+        explained = dict(con.execute(f"EXPLAIN {two}").fetchall())
+        assert explained["  cost"].startswith("epsilon=0.5,"), explained
+        assert "split evenly" in explained["budget"]
+        con.execute(two)
+        assert con.budget().epsilon_spent == pytest.approx(1.0)
+        con.execute(two)
+        assert con.budget().epsilon_spent == pytest.approx(1.0)
+        outer = [v for k, v in con.execute(f"EXPLAIN {public_part}").fetchall() if "cost" in k]
+        assert outer[-1].startswith("epsilon=1,"), outer  # the whole epsilon: part is free
+        con.execute(public_part)
+        assert con.budget().epsilon_spent == pytest.approx(2.0)
+
+
+def test_scalar_subqueries_hold_on_neighbours(warehouse):
+    """Every stage of a staged plan (each subquery, the outer query with a placeholder and
+    with the exact values in their place) moves by at most its stated sensitivity."""
+    from dpsql.sql.scalars import StagedPlan
+
+    policy = _loaded_policy(warehouse)
+    stages = []
+    for sql in SCALAR:
+        plan = _plan(sql, policy)
+        assert isinstance(plan, StagedPlan), sql
+        stages.extend(_stages(plan, warehouse, sql))
+    measured = [stage for stage in stages if hasattr(stage, "measures")]
+    assert len(measured) >= len(SCALAR)
+    full = [warehouse.execute(stage.sql).fetchall() for stage in measured]
+    for customer in _heaviest(warehouse, 2):
+        neighbour = _without(warehouse, customer)
+        _check_neighbours(measured, full, [neighbour.execute(s.sql).fetchall() for s in measured])
+        neighbour.close()
+
+
+def _with_ctes(text: str, sql: str) -> str:
+    """A subquery's text with the CTEs of the query it stands in."""
+    ctes = sqlglot.parse_one(sql, read="duckdb").args.get("with_")
+    return f"{ctes.sql('duckdb')} {text}" if ctes is not None else text
+
+
+def _stages(plan, connection, sql: str) -> list:
+    """A staged plan's parts (their own stages too), its outer query as planned before
+    the charge, and as planned with each part's exact value in its place."""
+    from dpsql.sql.scalars import StagedPlan
+
+    if not isinstance(plan, StagedPlan):
+        return [plan]
+    parts = [stage for part in plan.parts for stage in _stages(part, connection, sql)]
+    try:
+        exact = [connection.execute(_with_ctes(text, sql)).fetchone()[0] for text in plan.texts]
+    except duckdb.Error:  # a subquery over public tables that fails whatever the data
+        return [*parts, plan.outer]
+    return [*parts, plan.outer, *_stages(plan.finish_outer(exact), connection, sql)]
 
 
 def _is_average(sql: str, name: str) -> bool:
@@ -644,6 +765,26 @@ def per_unit_queries(draw) -> str:
     return f"SELECT {select} FROM {text}{filtered}{group}"
 
 
+@st.composite
+def scalar_queries(draw) -> str:
+    """A relational query with a scalar subquery in its WHERE: one value or not (grouped,
+    raw, correlated with the outer query), over a private or a public table."""
+    outer = draw(relational_queries())
+    table = draw(st.sampled_from(sorted(_ALIASES)))
+    column = f"x.{draw(st.sampled_from(_COLUMNS[table]))}"
+    value = draw(st.sampled_from(["COUNT(*)", f"AVG({column})", f"SUM({column})", column,
+                                  f"MAX({column})", f"COUNT(*), AVG({column})"]))  # fmt: skip
+    tail = draw(st.sampled_from(["", "", " GROUP BY 1", " LIMIT 1", f" WHERE {column} > 3",
+                                 " WHERE x.c_custkey = c.c_custkey"]))  # fmt: skip
+    numbers = [f"{_ALIASES[t]}.{c}" for t in _ALIASES for c in _COLUMNS[t]
+               if c in _NUMBERS and f"{t} {_ALIASES[t]}" in outer] or ["1"]  # fmt: skip
+    condition = f"{draw(st.sampled_from(numbers))} > (SELECT {value} FROM {table} x{tail})"
+    if " WHERE " in outer:
+        return outer.replace(" WHERE ", f" WHERE {condition} AND ", 1)
+    head, group, rest = outer.partition(" GROUP BY ")
+    return f"{head} WHERE {condition}{group}{rest}"
+
+
 def _source(draw, table: str) -> str:
     alias = _ALIASES[table]
     if draw(st.integers(0, 3)) == 0:  # a subquery that filters
@@ -675,7 +816,7 @@ def test_generated_relational_queries_are_refused_or_bounded(warehouse):
         database=None,
         suppress_health_check=[HealthCheck.too_slow],
     )
-    @given(sql=st.one_of(relational_queries(), per_unit_queries()))
+    @given(sql=st.one_of(relational_queries(), per_unit_queries(), scalar_queries()))
     def run(sql):
         try:
             plan = _plan(sql, policy)
@@ -684,12 +825,13 @@ def test_generated_relational_queries_are_refused_or_bounded(warehouse):
             seen["refused"] += 1
             return
         seen["answered"] += 1
-        if plan.sql is None or not hasattr(plan, "measures"):
-            return
-        before = warehouse.execute(plan.sql).fetchall()
-        after = neighbour.execute(plan.sql).fetchall()
-        _check_neighbours([plan], [before], [after])
-        _check_other_units_unchanged(plan, warehouse, neighbour, customer)
+        for stage in _stages(plan, warehouse, sql):
+            if stage.sql is None or not hasattr(stage, "measures"):
+                continue
+            before = warehouse.execute(stage.sql).fetchall()
+            after = neighbour.execute(stage.sql).fetchall()
+            _check_neighbours([stage], [before], [after])
+            _check_other_units_unchanged(stage, warehouse, neighbour, customer)
 
     run()
     neighbour.close()

@@ -8,7 +8,7 @@ from typing import Protocol
 
 from sqlglot import exp
 
-from dpsql.accounting import Cost
+from dpsql.accounting import Cost, split_epsilon
 from dpsql.policy import Policy, Table
 from dpsql.sql.analyze import analyze
 from dpsql.sql.check import AGGREGATES, check_query
@@ -20,6 +20,7 @@ from dpsql.sql.public import plan_public
 from dpsql.sql.qualify import by_policy_names, tables_read
 from dpsql.sql.relations import reads_relation, relation
 from dpsql.sql.running import plan_running
+from dpsql.sql.scalars import StagedPlan, plan_staged, value_subqueries
 from dpsql.sql.synopsis import plan_synopsis
 
 
@@ -117,6 +118,9 @@ def _planned(select: exp.Select, context: PlanContext) -> Plan:
             options.max_rows_per_unit, options.max_groups_per_unit
         ),
     )
+    staged = _staged(select, context)
+    if staged is not None:
+        return staged
     if reads_relation(select) or _reads_relation_table(select, context.policy):
         return _relational(select, context)
     table = check_query(select, context.policy)  # once, for every planner below
@@ -132,6 +136,33 @@ def _planned(select: exp.Select, context: PlanContext) -> Plan:
         context.dialect,
         context.seed,
     )
+
+
+def _staged(select: exp.Select, context: PlanContext) -> StagedPlan | None:
+    """The plan of a query with scalar subqueries that reads private tables
+    (sql/scalars.py); None for any other."""
+    if not value_subqueries(select) or not _reads_private(select, context.policy):
+        return None  # over public tables alone, it is run as written
+
+    def stage(query: exp.Select, index: int, shares: int) -> Plan:
+        options = context.options
+        share = replace(
+            options,
+            epsilon=split_epsilon(options.epsilon, shares, binary_too=True),
+            delta=split_epsilon(options.delta, shares, binary_too=True),
+        )
+        # a secret of its own per stage, drawn from the plan's
+        seed = (context.seed * 1_000_003 + index + 1) % 2**62
+        return _planned(query, replace(context, options=share, seed=seed))
+
+    return plan_staged(
+        select, context.policy, stage, lambda query: _reads_private(query, context.policy)
+    )
+
+
+def _reads_private(select: exp.Select, policy: Policy) -> bool:
+    tables = tables_read(by_policy_names(select, policy), policy)
+    return not all(table.public for table in tables.values())
 
 
 def _reads_relation_table(select: exp.Select, policy: Policy) -> bool:
@@ -179,4 +210,12 @@ def bounded_table(table: Table, context: PlanContext) -> Table:
     return table
 
 
-__all__ = ["Options", "Plan", "PlanContext", "StoredState", "bounded_table", "plan_query"]
+__all__ = [
+    "Options",
+    "Plan",
+    "PlanContext",
+    "StagedPlan",
+    "StoredState",
+    "bounded_table",
+    "plan_query",
+]

@@ -41,6 +41,8 @@ def column_types(select: exp.Expression | None, policy: Policy) -> list[str] | N
             types.append("int")
         elif isinstance(inner, exp.Column):
             types.append(_policy_type(inner.name, policy))
+        elif isinstance(inner, exp.Min | exp.Max) and isinstance(inner.this, exp.Column):
+            types.append(_policy_type(inner.this.name, policy))  # a value of the column
         elif inner.find(exp.AggFunc) is not None:
             types.append("float")
         else:

@@ -94,6 +94,9 @@ class Plan(Protocol):
     def explain(self) -> list[tuple[str, str]]: ...
 
 
+NO_TABLE_NOTE = "no table is read: the statement is answered as is"
+
+
 @dataclass
 class ConstantPlan:
     """A statement without a table (SELECT 1, SELECT version()): run as is, free."""
@@ -102,7 +105,7 @@ class ConstantPlan:
     cost: Cost = field(default_factory=Cost)
 
     def release(self, columns: list[str], rows: list[tuple], rng: np.random.Generator) -> Release:
-        return Release(columns, rows, notes=["no table is read: the statement is answered as is"])
+        return Release(columns, rows, notes=[NO_TABLE_NOTE])
 
     def explain(self) -> list[tuple[str, str]]:
         return [("sql", self.sql), ("cost", "none: the statement reads no table")]
@@ -453,7 +456,8 @@ class DirectPlan(_Batched):
             ("sql", self.sql),
             (
                 "cost",
-                f"{self.cost} ({len(self.measures)} measurements"
+                f"{self.cost} ({len(self.measures)} "
+                f"measurement{'' if len(self.measures) == 1 else 's'}"
                 f"{' + key selection' if self.selection else ''}, epsilon "
                 f"{round_up(Fraction(self.share)):.6g} each)",
             ),
