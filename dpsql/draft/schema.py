@@ -31,7 +31,7 @@ def read_schema(adapter: Adapter, only: Sequence[str] = ()) -> list[TableSchema]
     if reader is None:
         raise NotSupportedError(
             f"dpsql policy init cannot list the tables of a {adapter.dialect} database; "
-            "write the policy by hand (see the README's policy section)"
+            "write the policy by hand (see docs/policy.md)"
         )
     names = [name.lower() for name in only] or reader()
     tables = []
