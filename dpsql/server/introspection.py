@@ -12,17 +12,14 @@ data is not, and nothing here touches the database.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import TYPE_CHECKING, Any
 
-import sqlglot
 from pg_mimic import PgError, ResultColumn, StaticStatement
 from pg_mimic.middleware import (
     MiddlewareContext,
     asyncpg_typeinfo,
-    information_schema,
-    pg_catalog,
-    resolve,
     session_functions,
     set_show,
     static_select,
@@ -34,6 +31,7 @@ from sqlglot import exp
 
 from dpsql import __version__
 from dpsql.server.batches import advisory_unlocks
+from dpsql.server.catalog import Catalog
 from dpsql.server.sqlstate import FEATURE_NOT_SUPPORTED, INVALID_PARAMETER_VALUE
 from dpsql.server.values import parameter_count
 from dpsql.session import sets_options
@@ -210,26 +208,47 @@ async def server_functions(ctx: MiddlewareContext) -> Statement | None:
     return await static_select(MiddlewareContext(ctx.connection, sql, ctx.param_oids))
 
 
-_CATALOG_NAMES = re.compile(r"\b(pg_\w+|information_schema)\b", re.I)
-_PARAMETER = re.compile(r"\$\d+")
+_QUERY = re.compile(r"^\s*(\(\s*)*(SELECT|WITH|VALUES|TABLE)\b", re.I)
+_CATALOG_SCHEMAS = {"pg_catalog", "information_schema"}
 
 
-async def catalog_with_parameters(ctx: MiddlewareContext) -> Statement | None:
-    """Catalog queries with `$n` parameters (SQLAlchemy's get_table_names, pandas' has_table):
-    pg-mimic evaluates catalog SQL when it is parsed, so these wait for their values."""
-    if not (_CATALOG_NAMES.search(ctx.sql) and _PARAMETER.search(ctx.sql)):
+def reads_only_the_catalog(ctx: MiddlewareContext, policy: Policy) -> bool:
+    """A query that names a catalog or a server function and reads no policy table (a
+    table of pg_catalog or information_schema, or a pg_* name, or none at all). A
+    statement sqlglot cannot parse (psql's `OPERATOR(pg_catalog.~)`) goes to the
+    catalog too: it holds no row of any table, so even a private table read there
+    is an empty copy, never the data."""
+    if not _QUERY.match(ctx.sql):
+        return False
+    tree = ctx.expression
+    if tree is None:
+        return True
+    ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
+    for table in tree.find_all(exp.Table):
+        schema, name = table.db.lower(), table.name.lower()
+        if schema in _CATALOG_SCHEMAS or (not schema and name in ctes):
+            continue
+        if schema or not name.startswith("pg_") or policy.table(name) is not None:
+            return False
+    return True
+
+
+async def catalog_queries(ctx: MiddlewareContext) -> Statement | None:
+    """Catalog and server-function queries: answered by the catalog's PostgreSQL."""
+    backend = ctx.connection.session.backend
+    if not reads_only_the_catalog(ctx, backend.policy):
         return None
-    return CatalogStatement(ctx.connection, ctx.sql, ctx.param_oids)
+    return CatalogStatement(ctx.connection, backend.catalog, ctx.sql, ctx.param_oids)
 
 
 class CatalogStatement(Statement):
-    """A catalog query answered once its parameters are bound."""
+    """A catalog query, run in the catalog once its parameters are bound."""
 
-    def __init__(self, connection: Any, sql: str, declared: list[int | None]):
+    def __init__(self, connection: Any, catalog: Catalog, sql: str, declared: list[int | None]):
         self.connection = connection
+        self.catalog = catalog
         self.sql = sql
-        self.tree = sqlglot.parse_one(sql, dialect="postgres")
-        count = parameter_count(sql)
+        count = parameter_count(sql) if "$" in sql else 0
         self.param_oids = [oid or TEXT for oid in declared] + [TEXT] * (count - len(declared))
 
     async def describe(self) -> list[ResultColumn] | None:
@@ -243,45 +262,28 @@ class CatalogPortal(Portal):
     def __init__(self, statement: CatalogStatement, params: list[Any]):
         self.statement = statement
         self.params = params
-        self.portal: Portal | None = None
+        self.rows: list[tuple] | None = None
 
     async def run(self) -> list[ResultColumn] | None:
-        """Evaluate the catalog query with the values in place; return its columns."""
-        tree = _in_lists(_bind(self.statement.tree.copy(), self.params))
-        answered = await resolve(
-            self.statement.connection, tree.sql(dialect="postgres"), [], _CATALOG_LINKS
-        )
-        if answered is None:
-            answered = StaticStatement(self.statement.sql, None, [])
-        self.portal = answered.bind([])
-        return await answered.describe()
+        """Run the query in the catalog (free: the answer does not depend on the data)."""
+        statement = self.statement
+        connection = statement.connection
+        columns, self.rows = await asyncio.to_thread(
+            statement.catalog.query, statement.sql, self.params, connection.username,
+            connection.database,
+        )  # fmt: skip
+        return columns or None
 
     async def execute(self, max_rows: int) -> tuple[list[tuple], bool]:
-        if self.portal is None:
+        if self.rows is None:
             await self.run()
-        return await self.portal.execute(max_rows)
+        rows = self.rows or []
+        if max_rows and len(rows) > max_rows:
+            self.rows = rows[max_rows:]
+            return rows[:max_rows], True
+        self.rows = []
+        return rows, False
 
-
-def _bind(tree: exp.Expression, params: list[Any]) -> exp.Expression:
-    for node in list(tree.find_all(exp.Parameter, exp.Placeholder)):
-        text = node.this.name if isinstance(node.this, exp.Expression) else str(node.this or "")
-        if text.isdigit() and int(text) <= len(params):
-            value = params[int(text) - 1]
-            node.replace(exp.null() if value is None else exp.Literal.string(str(value)))
-    return tree
-
-
-def _in_lists(tree: exp.Expression) -> exp.Expression:
-    """`x = ANY (ARRAY[...])` as `x IN (...)`: sqlglot's executor cannot run ANY."""
-    for node in list(tree.find_all(exp.EQ)):
-        right = node.expression
-        array = right.this.this if isinstance(right, exp.Any) else None
-        if isinstance(array, exp.Array):
-            node.replace(exp.In(this=node.this, expressions=array.expressions))
-    return tree
-
-
-_CATALOG_LINKS = (information_schema, pg_catalog)
 
 # Every link below that parses the statement answers only statements that name a
 # catalog (pg_*, information_schema) or a session function (version(), current_*,
@@ -315,7 +317,6 @@ MIDDLEWARE: tuple[Any, ...] = (
     no_ops,
     dpsql_functions,
     settings,
-    _if_named(server_functions, catalog_with_parameters, session_functions, information_schema),
     asyncpg_typeinfo,
-    _if_named(pg_catalog),
+    _if_named(server_functions, session_functions, catalog_queries),
 )

@@ -42,6 +42,7 @@ from dpsql.errors import Error, InterfaceError, ProgrammingError
 from dpsql.lru import WeightedLru
 from dpsql.results import MAX_GROUPS, Release, half_width_text, noisy_text
 from dpsql.server import copy, introspection
+from dpsql.server.catalog import Catalog
 from dpsql.server.memo import (
     ENTRY_BYTES,
     VALUE_BYTES,
@@ -118,6 +119,7 @@ class Backend:
         self.template = template
         self.adapter, self.policy, self.ledger = template.adapter, template.policy, template.ledger
         self.schema = introspection.catalog_schema(self.policy)
+        self.catalog = Catalog(self.policy)
         self.memo = ReleaseMemo()
         self.shapes = WeightedLru(SHAPE_BYTES, largest=SHAPE_BYTES // 16)
         self.pool = WorkerPool(workers)
@@ -218,6 +220,7 @@ class Backend:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)  # its threads hold DuckDB cursors
+        self.catalog.stop()
         self.connection.close()
 
 
