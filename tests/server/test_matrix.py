@@ -1,0 +1,270 @@
+"""The client matrix: what real tools do by themselves against one `dpsql serve` (DuckDB
+backend, shared by the module): psql's meta-commands, SQLAlchemy reflection with
+psycopg 3 and psycopg2, pandas, pgJDBC's DatabaseMetaData, node-postgres and pgcli's
+completion; and the catalog's guarantees (only the policy's tables, no statistics,
+errors rather than empty answers, nothing charged)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pandas
+import psycopg
+import pytest
+import sqlalchemy
+
+TABLES = ["pums", "pums_dup", "pums_null", "pums_pid"]
+COLUMNS = ["age", "sex", "educ", "race", "income", "married"]
+JDBC_JAR = "/usr/share/java/postgresql.jar"
+NPM_CACHE = Path(os.environ.get("DPSQL_NPM_CACHE", "/tmp/dpsql-test-npm"))
+
+
+def _psql(duck, command: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PGPASSWORD": "alice-secret", "PGCONNECT_TIMEOUT": "10"}
+    return subprocess.run(
+        ["psql", "-X", "-h", "127.0.0.1", "-p", str(duck.port), "-U", "alice", "pums", "-c",
+         command],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+
+
+# -- the catalog ---------------------------------------------------------------------
+
+
+def test_psql_meta_commands_describe_the_policy(duck) -> None:
+    before = duck.spent("alice")
+    listed = _psql(duck, r"\dt")
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split("|")[1].strip() for line in listed.stdout.splitlines()[3:-2]] == TABLES
+    described = _psql(duck, r"\d+ pums_pid")
+    assert described.returncode == 0, described.stderr
+    rows = {line.split("|")[0].strip(): line for line in described.stdout.splitlines()[3:]}
+    assert {"pid", *COLUMNS} <= set(rows)
+    assert "bigint" in rows["age"] and "bounded to [0, 100]" in rows["age"]
+    assert "double precision" in rows["income"]
+    databases = _psql(duck, r"\l")
+    assert databases.returncode == 0 and " pums " in databases.stdout
+    assert "public" in _psql(duck, r"\dn").stdout
+    functions = _psql(duck, r"\df")
+    assert functions.returncode == 0 and "(0 rows)" in functions.stdout
+    assert _psql(duck, r"\d pums").stdout.count("bigint") == 5
+    assert duck.spent("alice") == before  # catalog queries are free
+
+
+def test_only_the_policys_tables_and_no_statistics(duck) -> None:
+    before = duck.spent("alice")
+    with psycopg.connect(duck.dsn(), autocommit=True) as connection:
+        tables = connection.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema NOT IN "
+            "('pg_catalog', 'information_schema') ORDER BY 1"
+        ).fetchall()
+        assert [name for (name,) in tables] == TABLES
+        # an empty, never analysed table's figures, whatever the data holds
+        sizes = connection.execute(
+            "SELECT reltuples, relpages FROM pg_catalog.pg_class WHERE relname = %s", ["pums"]
+        ).fetchone()
+        assert sizes == (-1.0, 0)
+        for view in ("pg_stats", "pg_catalog.pg_statistic", "pg_stats_ext"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="statistics"):
+                connection.execute(f"SELECT * FROM {view}")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            connection.execute("SELECT pg_read_file('/etc/passwd')")
+    assert duck.spent("alice") == before
+
+
+def test_a_catalog_query_it_cannot_answer_is_an_error(duck) -> None:
+    with psycopg.connect(duck.dsn(), autocommit=True) as connection:
+        with pytest.raises(psycopg.errors.UndefinedColumn):
+            connection.execute("SELECT nosuch FROM pg_catalog.pg_class")
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            connection.execute("SELECT * FROM pg_catalog.pg_nosuch")
+        # what made pg-mimic's catalog answer zero rows
+        found = connection.execute(
+            "SELECT c.relname, d.description FROM pg_catalog.pg_class c LEFT JOIN "
+            "pg_catalog.pg_description d ON d.objoid = c.oid AND d.objsubid = 0 "
+            "WHERE c.relkind = ANY (ARRAY['r', 'p']) AND c.relnamespace = "
+            "'public'::regnamespace ORDER BY 1"
+        ).fetchall()
+        assert [name for name, _ in found] == TABLES
+        assert connection.execute("SELECT current_schemas(true)").fetchone()[0] == [
+            "pg_catalog", "public"
+        ]  # fmt: skip
+
+
+# -- SQLAlchemy, pandas --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
+def test_sqlalchemy_reflection(duck, driver: str) -> None:
+    pytest.importorskip(driver, reason=f"{driver} is not installed (pip install -e '.[test]')")
+    engine = sqlalchemy.create_engine(duck.url(scheme=f"postgresql+{driver}"))
+    try:
+        inspector = sqlalchemy.inspect(engine)
+        assert sorted(inspector.get_table_names()) == TABLES
+        assert [c["name"] for c in inspector.get_columns("pums")] == COLUMNS
+        assert str(inspector.get_columns("pums")[4]["type"]) == "DOUBLE PRECISION"
+        assert inspector.get_pk_constraint("pums")["constrained_columns"] == []
+        table = sqlalchemy.Table("pums", sqlalchemy.MetaData(), autoload_with=engine)
+        assert list(table.c.keys()) == COLUMNS
+        with engine.connect() as connection:
+            count = connection.execute(
+                sqlalchemy.select(sqlalchemy.func.count()).select_from(table)
+                .where(table.c.age > 30)
+            ).scalar_one()  # fmt: skip
+        assert isinstance(count, int) and count > 0
+        frame = pandas.read_sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex", engine)
+        assert sorted(frame["sex"]) == [0, 1]
+        # it reads raw rows: refused with the query's 42501 and its message
+        with pytest.raises(pandas.errors.DatabaseError, match="refused the column age"):
+            pandas.read_sql_table("pums", engine)
+    finally:
+        engine.dispose()
+
+
+# -- pgJDBC --------------------------------------------------------------------------
+
+JDBC_METADATA = """
+import java.sql.*;
+public class Meta {
+  public static void main(String[] a) throws Exception {
+    try (Connection c = DriverManager.getConnection(a[0], "alice", "alice-secret")) {
+      DatabaseMetaData m = c.getMetaData();
+      try (ResultSet r = m.getTables(null, "public", "%", new String[] {"TABLE"})) {
+        while (r.next()) System.out.println("table " + r.getString("TABLE_NAME"));
+      }
+      try (ResultSet r = m.getColumns(null, "public", "pums", "%")) {
+        while (r.next()) System.out.println("column " + r.getString("COLUMN_NAME") + " "
+            + r.getString("TYPE_NAME") + " " + r.getString("REMARKS"));
+      }
+      try (ResultSet r = m.getSchemas()) {
+        while (r.next()) System.out.println("schema " + r.getString("TABLE_SCHEM"));
+      }
+      try (ResultSet r = m.getPrimaryKeys(null, "public", "pums")) {
+        while (r.next()) System.out.println("key " + r.getString("COLUMN_NAME"));
+      }
+      try (ResultSet r = m.getImportedKeys(null, "public", "pums_pid")) {
+        while (r.next()) System.out.println("imported " + r.getString("FKCOLUMN_NAME"));
+      }
+      System.out.println("imported done");
+      try (Statement s = c.createStatement();
+           ResultSet r = s.executeQuery("SELECT COUNT(*) AS n FROM pums")) {
+        r.next();
+        ResultSetMetaData d = r.getMetaData();
+        System.out.println("count " + d.getColumnName(1) + " " + d.getColumnTypeName(1)
+            + " " + (r.getLong(1) > 0));
+      }
+      try (PreparedStatement p = c.prepareStatement(
+             "SELECT COUNT(*) AS n FROM pums WHERE age > ?")) {
+        p.setInt(1, 30);
+        try (ResultSet r = p.executeQuery()) {
+          r.next();
+          System.out.println("prepared " + (r.getLong(1) > 0));
+        }
+      }
+    }
+  }
+}
+"""
+
+
+def test_jdbc_database_metadata(duck, tmp_path) -> None:
+    if not os.path.exists(JDBC_JAR) or shutil.which("java") is None:
+        pytest.skip(f"pgJDBC ({JDBC_JAR}: apt-get install libpostgresql-jdbc-java) or java absent")
+    source = tmp_path / "Meta.java"
+    source.write_text(JDBC_METADATA)
+    url = f"jdbc:postgresql://127.0.0.1:{duck.port}/pums"
+    result = subprocess.run(
+        ["java", "-cp", JDBC_JAR, str(source), url], capture_output=True, text=True, timeout=180
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split()[1] for line in lines if line.startswith("table ")] == TABLES
+    columns = [line.split() for line in lines if line.startswith("column ")]
+    assert [c[1] for c in columns] == COLUMNS and columns[0][2] == "int8"
+    assert "schema public" in lines and "imported done" in lines
+    assert "count n int8 true" in lines and "prepared true" in lines
+
+
+# -- node-postgres -------------------------------------------------------------------
+
+NODE_CLIENT = """
+const { Client, Pool } = require('pg');
+(async () => {
+  const config = { host: '127.0.0.1', port: Number(process.argv[2]), user: 'alice',
+                   password: 'alice-secret', database: 'pums' };
+  const client = new Client(config);
+  await client.connect();
+  const simple = await client.query('SELECT COUNT(*) AS n FROM pums');
+  const extended = await client.query('SELECT COUNT(*) AS n FROM pums WHERE age > $1', [30]);
+  const tables = await client.query(
+    "SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = 'public' ORDER BY 1");
+  await client.end();
+  const pool = new Pool(config);
+  const pooled = await Promise.all([1, 2, 3].map(
+    () => pool.query('SELECT COUNT(*) AS n FROM pums WHERE sex = $1', [1])));
+  await pool.end();
+  console.log(JSON.stringify({ simple: simple.rows[0].n, extended: extended.rows[0].n,
+    tables: tables.rows.map(r => r.tablename), pooled: pooled.map(r => r.rows[0].n) }));
+})().catch(e => { console.error(e.code, e.message); process.exit(1); });
+"""
+
+
+@pytest.fixture(scope="session")
+def node_pg() -> Path:
+    """npm's `pg`, installed once into a cache folder outside the repository."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("node or npm is not installed")
+    if not (NPM_CACHE / "node_modules" / "pg").exists():
+        NPM_CACHE.mkdir(parents=True, exist_ok=True)
+        installed = subprocess.run(
+            ["npm", "install", "--silent", "--no-audit", "--no-fund", "pg@8"],
+            cwd=NPM_CACHE, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        if installed.returncode != 0:
+            pytest.skip(f"npm install pg failed: {installed.stderr.strip()[-300:]}")
+    return NPM_CACHE
+
+
+def test_node_postgres(duck, node_pg: Path) -> None:
+    import json
+
+    script = node_pg / "client.js"
+    script.write_text(NODE_CLIENT)
+    result = subprocess.run(
+        ["node", str(script), str(duck.port)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert answer["tables"] == TABLES
+    assert int(answer["simple"]) > 0 and int(answer["extended"]) > 0
+    assert len(set(answer["pooled"])) == 1  # one release, the repeats free
+
+
+# -- pgcli ---------------------------------------------------------------------------
+
+
+def test_pgcli_completes_tables_and_columns(duck) -> None:
+    pexpect = pytest.importorskip("pexpect", reason="pexpect is not installed")
+    if shutil.which("pgcli") is None:
+        pytest.skip("pgcli is not installed (pip install -e '.[test]')")
+    env = {**os.environ, "PGPASSWORD": "alice-secret", "TERM": "xterm", "COLUMNS": "120",
+           "HOME": os.environ.get("TMPDIR", "/tmp")}  # fmt: skip
+    child = pexpect.spawn(
+        "pgcli", ["-h", "127.0.0.1", "-p", str(duck.port), "-U", "alice", "pums",
+                  "--less-chatty"], env=env, encoding="utf-8", timeout=30, dimensions=(40, 120),
+    )  # fmt: skip
+    try:
+        child.expect("pums>")
+        time.sleep(2)  # pgcli reads the catalog in a thread after connecting
+        child.send("SELECT * FROM pums_\t")
+        child.expect("pums_dup")  # the completion menu lists the policy's tables
+        child.expect("pums_pid")
+        child.send("\x15")  # Ctrl-U: clear the line
+        child.send("SELECT * FROM pums WHERE inc\t")
+        child.expect("income")
+    finally:
+        child.terminate(force=True)
