@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pg_mimic import PgError, ResultColumn
+from pg_mimic.types import encode_value_binary
 
 from dpsql.server.sqlstate import FEATURE_NOT_SUPPORTED, INSUFFICIENT_PRIVILEGE
 
@@ -74,8 +75,9 @@ def create_statements(policy: Policy) -> list[str]:
     for table in policy.tables.values():
         name = _qualified(table.name)
         schema = name.rpartition(".")[0]
-        if schema and schema != '"public"':
+        if schema != '"public"':
             statements.append(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+            statements.append(f"GRANT USAGE ON SCHEMA {schema} TO PUBLIC")
         columns = [f"{_ident(c.name)} {_TYPES.get(c.type, 'text')}" for c in table.columns.values()]
         primary = table.privacy_unit if table.unique_unit and table.privacy_unit else None
         if primary:
@@ -84,6 +86,9 @@ def create_statements(policy: Policy) -> list[str]:
             f"UNIQUE ({_ident(c)})" for c in sorted(keys.get(table.name, set()) - {primary})
         ]
         statements.append(f"CREATE TABLE {name} ({', '.join(columns)})")
+        # REFERENCES too: information_schema shows a table's constraints only to a role
+        # holding a privilege on it other than SELECT
+        statements.append(f"GRANT SELECT, REFERENCES ON {name} TO PUBLIC")
         statements.append(f"COMMENT ON TABLE {name} IS {_literal(_table_comment(table))}")
         for column in table.columns.values():
             comment = _column_comment(column)
@@ -97,9 +102,7 @@ def create_statements(policy: Policy) -> list[str]:
                 f"ALTER TABLE {name} ADD FOREIGN KEY ({_ident(table.via.column)}) "
                 f"REFERENCES {_qualified(target.name)} ({_ident(table.via.target)})"
             )
-    statements += references
-    statements.append("GRANT SELECT ON ALL TABLES IN SCHEMA public TO PUBLIC")
-    return statements
+    return statements + references
 
 
 def _unique_columns(policy: Policy) -> dict[str, set[str]]:
@@ -144,17 +147,32 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-# Values of these types are read into Python, so that pg-mimic can also send them in
-# binary (asyncpg asks for it); every other value is sent as PostgreSQL's text of it.
-_READERS = {16: lambda t: t == "t", 20: int, 21: int, 23: int, 26: int}
+# Text values of these types read into Python, for a Bind asking binary for some
+# columns and text for others (pgJDBC does, once a statement is prepared): libpq
+# fetches a result in one format, so the binary columns are converted.
+_READERS = {
+    16: lambda t: t == "t", 20: int, 21: int, 23: int, 26: int, 700: float, 701: float,
+    18: str, 19: str, 25: str, 1042: str, 1043: str,
+}  # fmt: skip
 
 
-def _value(raw: bytes | None, oid: int) -> Any:
-    if raw is None:
-        return None
-    text = raw.decode()
-    read = _READERS.get(oid)
-    return read(text) if read else text
+def mixed_formats(rows: list[tuple], oids: list[int], binary: list[bool]) -> list[tuple]:
+    """Text rows with the columns marked `binary` converted to PostgreSQL's binary form."""
+    for oid, wanted in zip(oids, binary, strict=True):
+        if wanted and oid not in _READERS:
+            raise PgError(
+                FEATURE_NOT_SUPPORTED,
+                f"a catalog column of type oid {oid} in binary next to text columns; "
+                "ask for every column in one format",
+            )
+    return [
+        tuple(
+            encode_value_binary(oid, _READERS[oid](raw.decode())) if wanted and raw is not None
+            else raw
+            for raw, oid, wanted in zip(row, oids, binary, strict=True)
+        )
+        for row in rows
+    ]  # fmt: skip
 
 
 def binaries() -> Path | None:
@@ -188,10 +206,11 @@ class Catalog:
         self._connections: dict[tuple[str, str], Any] = {}
 
     def query(
-        self, sql: str, params: list[Any], role: str, database: str
+        self, sql: str, params: list[Any], role: str, database: str, binary: bool = False
     ) -> tuple[list[ResultColumn], list[tuple]]:
         """Run `sql` (with `$n` parameters given as text) as `role` in `database`; its
-        columns (name, type oid) and rows. PostgreSQL's errors become the client's."""
+        columns (name, type oid) and rows, each value as PostgreSQL sent it (text, or
+        binary when `binary`). PostgreSQL's errors become the client's."""
         from psycopg import pq
 
         if STATISTICS.search(sql):
@@ -204,7 +223,13 @@ class Catalog:
         with self._lock:
             connection = self._connection(role, database)
             encoded = [None if p is None else str(p).encode() for p in params]
-            result = connection.pgconn.exec_params(sql.encode(), encoded, result_format=0)
+            # in a transaction rolled back after it, so that nothing a query does (a
+            # set_config, a large object) outlives it or reaches another analyst
+            connection.pgconn.exec_(b"BEGIN TRANSACTION READ ONLY")
+            result = connection.pgconn.exec_params(
+                sql.encode(), encoded, result_format=1 if binary else 0
+            )
+            connection.pgconn.exec_(b"ROLLBACK")
         if result.status == pq.ExecStatus.FATAL_ERROR:
             if connection.closed or connection.pgconn.status != pq.ConnStatus.OK:
                 self._connections.pop((role, database), None)
@@ -216,7 +241,7 @@ class Catalog:
         oids = [result.ftype(i) for i in range(result.nfields)]
         columns = [ResultColumn(result.fname(i).decode(), oid) for i, oid in enumerate(oids)]
         rows = [
-            tuple(_value(result.get_value(r, i), oid) for i, oid in enumerate(oids))
+            tuple(result.get_value(r, i) for i in range(result.nfields))
             for r in range(result.ntuples)
         ]
         return columns, rows
@@ -229,7 +254,6 @@ class Catalog:
         self._start()
         self._prepare(role, database)
         connection = self._connect(role, database)
-        connection.execute("SET default_transaction_read_only = on")
         connection.execute(f"SET statement_timeout = {TIMEOUT_MS}")
         self._connections[key] = connection
         return connection

@@ -1,13 +1,14 @@
 """What clients ask a PostgreSQL server about itself, answered without reading data.
 
-pg-mimic's middleware answers `current_setting()`, `current_user`,
-information_schema, pg_catalog (psql's `\\dt`, `\\d pums`), asyncpg's type
-introspection and BEGIN/COMMIT/ROLLBACK; the links here add what it lacks
-for real clients: `version()` (SQLAlchemy reads it on connect), multi-word
-SHOW (`SHOW transaction isolation level`), savepoints, ordinary client SETs
-accepted and ignored, and the catalog of the policy's tables. `SET dpsql.*`
-and `SHOW dpsql.*` pass through to the Session. The schema is public; the
-data is not, and nothing here touches the database.
+pg-mimic's middleware answers `current_setting()`, `current_user`, asyncpg's type
+introspection and BEGIN/COMMIT/ROLLBACK; the links here add `version()`
+(SQLAlchemy reads it on connect), multi-word SHOW (`SHOW transaction isolation
+level`), savepoints, ordinary client SETs accepted and ignored, and send every
+other query that names a catalog or a server function and reads no policy table
+(pg_catalog, information_schema, `current_schemas(true)`, `format_type`, ...) to
+the catalog (catalog.py: a PostgreSQL of dpsql's own holding empty copies of the
+policy's tables). `SET dpsql.*` and `SHOW dpsql.*` pass through to the Session.
+The schema is public; the data is not, and nothing here touches the database.
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from pg_mimic.middleware import (
     static_select,
     transaction_control,
 )
+from pg_mimic.results import format_code_for
 from pg_mimic.session import Portal, Statement
 from pg_mimic.types import TEXT
 from sqlglot import exp
 
 from dpsql import __version__
 from dpsql.server.batches import advisory_unlocks
-from dpsql.server.catalog import Catalog
+from dpsql.server.catalog import Catalog, mixed_formats
 from dpsql.server.sqlstate import FEATURE_NOT_SUPPORTED, INVALID_PARAMETER_VALUE
 from dpsql.server.values import parameter_count
 from dpsql.session import sets_options
@@ -259,19 +261,27 @@ class CatalogStatement(Statement):
 
 
 class CatalogPortal(Portal):
+    """A bound catalog query; its rows hold each value as PostgreSQL encoded it, in the
+    formats the client asked for (`formats`, set from Bind before `run`)."""
+
     def __init__(self, statement: CatalogStatement, params: list[Any]):
         self.statement = statement
         self.params = params
+        self.formats: list[int] = []
         self.rows: list[tuple] | None = None
 
     async def run(self) -> list[ResultColumn] | None:
         """Run the query in the catalog (free: the answer does not depend on the data)."""
-        statement = self.statement
-        connection = statement.connection
-        columns, self.rows = await asyncio.to_thread(
+        statement, connection = self.statement, self.statement.connection
+        binary = bool(self.formats) and all(self.formats)
+        columns, rows = await asyncio.to_thread(
             statement.catalog.query, statement.sql, self.params, connection.username,
-            connection.database,
+            connection.database, binary,
         )  # fmt: skip
+        if not binary and any(self.formats):
+            wanted = [bool(format_code_for(self.formats, i)) for i in range(len(columns))]
+            rows = mixed_formats(rows, [c.oid for c in columns], wanted)
+        self.rows = rows
         return columns or None
 
     async def execute(self, max_rows: int) -> tuple[list[tuple], bool]:

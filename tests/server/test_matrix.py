@@ -176,7 +176,9 @@ def test_jdbc_database_metadata(duck, tmp_path) -> None:
         pytest.skip(f"pgJDBC ({JDBC_JAR}: apt-get install libpostgresql-jdbc-java) or java absent")
     source = tmp_path / "Meta.java"
     source.write_text(JDBC_METADATA)
-    url = f"jdbc:postgresql://127.0.0.1:{duck.port}/pums"
+    # prepareThreshold=1: the metadata queries are prepared at once, and pgJDBC then asks
+    # for its binary types in binary next to text columns
+    url = f"jdbc:postgresql://127.0.0.1:{duck.port}/pums?prepareThreshold=1"
     result = subprocess.run(
         ["java", "-cp", JDBC_JAR, str(source), url], capture_output=True, text=True, timeout=180
     )
@@ -268,3 +270,91 @@ def test_pgcli_completes_tables_and_columns(duck) -> None:
         child.expect("income")
     finally:
         child.terminate(force=True)
+
+
+# -- keys, formats, neighbouring data ----------------------------------------------
+
+
+def test_keys_and_comments_come_from_the_policy() -> None:
+    """lineitem reads its unit through orders: a FOREIGN KEY to orders.o_orderkey,
+    which is UNIQUE; comments say what the policy says of each table."""
+    from tpch import policy as tpch_policy
+
+    from dpsql.policy import load_policy
+    from dpsql.server.catalog import Catalog
+
+    catalog = Catalog(load_policy(tpch_policy()))
+    try:
+        _, rows = catalog.query(
+            "SELECT tc.table_name, tc.constraint_type, kcu.column_name "
+            "FROM information_schema.table_constraints tc JOIN "
+            "information_schema.key_column_usage kcu USING (constraint_name) "
+            "WHERE tc.table_schema = 'public' ORDER BY 1, 2, 3", [], "alice", "tpch",
+        )  # fmt: skip
+        keys = {tuple(v.decode() for v in row) for row in rows}
+        assert ("lineitem", "FOREIGN KEY", "l_orderkey") in keys
+        assert ("orders", "UNIQUE", "o_orderkey") in keys
+        _, comments = catalog.query(
+            "SELECT obj_description('public.orders'::regclass, 'pg_class')", [], "alice", "tpch"
+        )
+        assert comments[0][0].decode().startswith("private, unit o_custkey")
+    finally:
+        catalog.stop()
+
+
+def test_asyncpg_reads_the_catalog_in_binary(duck) -> None:
+    asyncpg = pytest.importorskip("asyncpg")
+    import asyncio
+
+    async def run() -> list:
+        connection = await asyncpg.connect(duck.url())
+        try:
+            return await connection.fetch(
+                "SELECT c.relname, c.reltuples, c.relpages, c.relhasindex, c.oid "
+                "FROM pg_catalog.pg_class c WHERE c.relnamespace = $1::regnamespace "
+                "ORDER BY 1", "public",
+            )  # fmt: skip
+        finally:
+            await connection.close()
+
+    rows = asyncio.run(run())
+    assert [row["relname"] for row in rows] == TABLES
+    assert {(row["reltuples"], row["relpages"]) for row in rows} == {(-1.0, 0)}
+
+
+def test_the_catalog_does_not_depend_on_the_data(pums_db, tmp_path) -> None:
+    """Neighbouring databases (one person removed) get byte-identical catalog answers."""
+    import duckdb
+
+    import dpsql
+    from dpsql.server import BackgroundServer, build
+
+    from .conftest import _policy
+
+    smaller = tmp_path / "smaller.duckdb"
+    shutil.copy(pums_db, smaller)
+    with duckdb.connect(str(smaller)) as connection:
+        for table in TABLES:
+            connection.execute(
+                f"DELETE FROM {table} WHERE rowid = (SELECT MIN(rowid) FROM {table})"
+            )
+    query = (
+        "SELECT c.relname, c.reltuples, c.relpages, a.attname, a.atttypid, "
+        "pg_catalog.col_description(c.oid, a.attnum) FROM pg_catalog.pg_class c "
+        "JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 "
+        "WHERE c.relnamespace = 'public'::regnamespace ORDER BY 1, 4"
+    )
+    answers = []
+    for database in (pums_db, smaller):
+        connection = dpsql.connect(
+            str(database),
+            policy=_policy(),
+            analyst="alice",
+            ledger=str(tmp_path / f"{database.stem}.sqlite"),
+        )
+        with BackgroundServer(build(connection, trust=True, workers=1)) as server:
+            dsn = f"host=127.0.0.1 port={server.port} user=alice dbname=pums"
+            with psycopg.connect(dsn, autocommit=True) as client:
+                answers.append(client.execute(query).fetchall())
+            assert float(connection.session.ledger.spent("alice").epsilon) == 0.0
+    assert answers[0] == answers[1] and len(answers[0]) > 20
