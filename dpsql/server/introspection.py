@@ -212,19 +212,22 @@ async def server_functions(ctx: MiddlewareContext) -> Statement | None:
 
 _QUERY = re.compile(r"^\s*(\(\s*)*(SELECT|WITH|VALUES|TABLE)\b", re.I)
 _CATALOG_SCHEMAS = {"pg_catalog", "information_schema"}
+_STRING = re.compile(r"'(?:[^']|'')*'")
 
 
 def reads_only_the_catalog(ctx: MiddlewareContext, policy: Policy) -> bool:
     """A query that names a catalog or a server function and reads no policy table (a
     table of pg_catalog or information_schema, or a pg_* name, or none at all). A
     statement sqlglot cannot parse (psql's `OPERATOR(pg_catalog.~)`) goes to the
-    catalog too: it holds no row of any table, so even a private table read there
-    is an empty copy, never the data."""
+    catalog when no policy table's name appears in it outside string literals: the
+    catalog holds no row, so a private table read there would answer an empty copy
+    (not the data, but a wrong answer); the Session refuses it instead."""
     if not _QUERY.match(ctx.sql):
         return False
     tree = ctx.expression
     if tree is None:
-        return True
+        words = set(re.findall(r"\w+", _STRING.sub("''", ctx.sql).lower()))
+        return not any(key.rpartition(".")[2] in words for key in policy.tables)
     ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
     for table in tree.find_all(exp.Table):
         schema, name = table.db.lower(), table.name.lower()

@@ -358,3 +358,59 @@ def test_the_catalog_does_not_depend_on_the_data(pums_db, tmp_path) -> None:
                 answers.append(client.execute(query).fetchall())
             assert float(connection.session.ledger.spent("alice").epsilon) == 0.0
     assert answers[0] == answers[1] and len(answers[0]) > 20
+
+
+def test_a_private_table_next_to_the_catalog_is_the_sessions(duck) -> None:
+    """Not the catalog's empty copy of pums: the Session's refusal or noisy answer."""
+    with psycopg.connect(duck.dsn(), autocommit=True) as connection:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="not in the privacy"):
+            connection.execute("SELECT * FROM pums, pg_catalog.pg_class")
+        with pytest.raises(psycopg.Error) as refused:
+            connection.execute("SELECT COUNT(*) FROM pums WHERE age OPERATOR(pg_catalog.>) 30")
+        assert refused.value.sqlstate in ("42601", "42501")
+
+
+def test_psycopg2_simple_parameters_and_copy(duck) -> None:
+    psycopg2 = pytest.importorskip("psycopg2", reason="psycopg2 is not installed")
+    import io
+
+    connection = psycopg2.connect(duck.dsn())
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT COUNT(*) AS n FROM pums WHERE age > %s", (30,))
+            (count,) = cursor.fetchone()
+            assert isinstance(count, int) and count > 0
+            cursor.execute("SELECT COUNT(*) AS n FROM pums WHERE age > %s", (30,))
+            assert cursor.fetchone() == (count,)  # the same release, free
+            out = io.StringIO()
+            cursor.copy_expert(
+                "COPY (SELECT COUNT(*) AS n FROM pums WHERE age > 30) TO STDOUT WITH CSV", out
+            )
+            assert out.getvalue() == f"{count}\n"
+    finally:
+        connection.close()
+
+
+def test_sqlalchemy_orm_query(duck) -> None:
+    from sqlalchemy.ext.automap import automap_base
+    from sqlalchemy.orm import Session
+
+    engine = sqlalchemy.create_engine(duck.url(scheme="postgresql+psycopg"))
+    try:
+        metadata = sqlalchemy.MetaData()
+        pums = sqlalchemy.Table("pums", metadata, autoload_with=engine)
+        base = automap_base(metadata=metadata)
+
+        class Person(base):  # no key in the policy: the ORM maps it by all its columns
+            __table__ = pums
+            __mapper_args__ = {"primary_key": [pums.c.age, pums.c.sex]}  # noqa: RUF012
+
+        base.prepare()
+        with Session(engine) as session:
+            rows = session.execute(
+                sqlalchemy.select(Person.sex, sqlalchemy.func.count().label("n"))
+                .group_by(Person.sex).order_by(Person.sex)
+            ).all()  # fmt: skip
+        assert [row.sex for row in rows] == [0, 1] and all(row.n > 0 for row in rows)
+    finally:
+        engine.dispose()
