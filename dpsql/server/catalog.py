@@ -119,7 +119,10 @@ def _table_comment(table: Table) -> str:
         return "public: no person's data, answered exactly"
     if table.local is not None:
         return "local differential privacy reports"
-    unit = table.privacy_unit or (table.via and f"{table.via.column} -> {table.via.table}")
+    if table.via is not None:
+        unit = f"that of {table.via.table} referenced by {table.via.column}"
+    else:
+        unit = table.privacy_unit or "each row"
     return f"private, unit {unit}: answers are noisy aggregates"
 
 
@@ -226,9 +229,16 @@ class Catalog:
             # in a transaction rolled back after it, so that nothing a query does (a
             # set_config, a large object) outlives it or reaches another analyst
             connection.pgconn.exec_(b"BEGIN TRANSACTION READ ONLY")
-            result = connection.pgconn.exec_params(
-                sql.encode(), encoded, result_format=1 if binary else 0
-            )
+            # cancelled from here rather than by statement_timeout, which a client's
+            # current_setting('statement_timeout') would read
+            timer = threading.Timer(TIMEOUT_MS / 1000, connection.cancel_safe)
+            timer.start()
+            try:
+                result = connection.pgconn.exec_params(
+                    sql.encode(), encoded, result_format=1 if binary else 0
+                )
+            finally:
+                timer.cancel()
             connection.pgconn.exec_(b"ROLLBACK")
         if result.status == pq.ExecStatus.FATAL_ERROR:
             if connection.closed or connection.pgconn.status != pq.ConnStatus.OK:
@@ -254,7 +264,6 @@ class Catalog:
         self._start()
         self._prepare(role, database)
         connection = self._connect(role, database)
-        connection.execute(f"SET statement_timeout = {TIMEOUT_MS}")
         self._connections[key] = connection
         return connection
 

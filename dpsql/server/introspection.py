@@ -62,6 +62,10 @@ SETTINGS = {
     "default_transaction_read_only": "on",
     "max_identifier_length": "63",
     "is_superuser": "off",
+    "statement_timeout": "0",  # --query-timeout is the server's, not a session setting
+    "lock_timeout": "0",
+    "client_min_messages": "notice",
+    "bytea_output": "hex",
     "lc_collate": "C",
     "lc_ctype": "C",
 }
@@ -210,6 +214,26 @@ async def server_functions(ctx: MiddlewareContext) -> Statement | None:
     return await static_select(MiddlewareContext(ctx.connection, sql, ctx.param_oids))
 
 
+async def named_session_functions(ctx: MiddlewareContext) -> Statement | None:
+    """pg-mimic's session functions (current_user, current_setting('x'), ...) with the
+    column names PostgreSQL gives them: an unaliased call is named after its function
+    (`current_setting`, `current_user`), where pg-mimic named it `_col_0` or after its
+    value."""
+    tree = ctx.select_without_tables()
+    if tree is None:
+        return None
+    named = tree.copy()
+    for item in named.expressions:
+        if isinstance(item, exp.Anonymous):
+            item.replace(exp.alias_(item.copy(), item.name.lower(), quoted=True))
+        elif isinstance(item, exp.Func):
+            item.replace(exp.alias_(item.copy(), item.sql_name().lower(), quoted=True))
+        elif isinstance(item, exp.Column) and not item.table:
+            item.replace(exp.alias_(item.copy(), item.name, quoted=True))
+    sql = named.sql(dialect="postgres")
+    return await session_functions(MiddlewareContext(ctx.connection, sql, ctx.param_oids))
+
+
 _QUERY = re.compile(r"^\s*(\(\s*)*(SELECT|WITH|VALUES|TABLE)\b", re.I)
 _CATALOG_SCHEMAS = {"pg_catalog", "information_schema"}
 _STRING = re.compile(r"'(?:[^']|'')*'")
@@ -331,5 +355,5 @@ MIDDLEWARE: tuple[Any, ...] = (
     dpsql_functions,
     settings,
     asyncpg_typeinfo,
-    _if_named(server_functions, session_functions, catalog_queries),
+    _if_named(server_functions, named_session_functions, catalog_queries),
 )

@@ -414,3 +414,30 @@ def test_sqlalchemy_orm_query(duck) -> None:
         assert [row.sex for row in rows] == [0, 1] and all(row.n > 0 for row in rows)
     finally:
         engine.dispose()
+
+
+def test_session_functions_have_postgresqls_column_names(duck) -> None:
+    with psycopg.connect(duck.dsn() + " dbname=pums", autocommit=True) as connection:
+        cursor = connection.execute(
+            "SELECT current_setting('search_path'), current_user, current_database(), "
+            "session_user, current_schemas(true) IS NOT NULL AS listed"
+        )
+        assert [c.name for c in cursor.description] == [
+            "current_setting", "current_user", "current_database", "session_user", "listed"
+        ]  # fmt: skip
+        assert cursor.fetchone() == ('"$user", public', "alice", "pums", "alice", True)
+        cursor = connection.execute(
+            "SELECT current_schemas(true), current_setting('statement_timeout')"
+        )
+        assert cursor.fetchone() == (["pg_catalog", "public"], "0")
+
+
+def test_a_slow_catalog_query_is_cancelled(duck, monkeypatch) -> None:
+    from dpsql.server import catalog
+
+    monkeypatch.setattr(catalog, "TIMEOUT_MS", 300)
+    with psycopg.connect(duck.dsn(), autocommit=True) as connection:
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            connection.execute("SELECT pg_sleep(5) FROM pg_catalog.pg_class LIMIT 1")
+        count = connection.execute("SELECT COUNT(*) FROM pg_catalog.pg_namespace").fetchone()
+        assert count[0] > 0
