@@ -65,6 +65,7 @@ STATISTICS = re.compile(
 TIMEOUT_MS = 10_000
 SUPERUSER = "postgres"  # the cluster's bootstrap role, which owns the tables
 PORT = 5432  # of its Unix socket, in the cluster's own folder: no TCP port is opened
+FOLDER_PREFIX = "dpsql-catalog-"
 MAX_DATABASES = 16  # the client names its database; more names are refused
 
 
@@ -176,6 +177,30 @@ def mixed_formats(rows: list[tuple], oids: list[int], binary: list[bool]) -> lis
         )
         for row in rows
     ]  # fmt: skip
+
+
+def _stop_command(prefix: list[str], found: Path, folder: Path) -> list[str]:
+    return [*prefix, str(found / "pg_ctl"), "-D", str(folder / "data"), "-m", "immediate", "stop"]
+
+
+def _stop_orphans() -> None:
+    """Stop and remove the clusters of dpsql processes that died without stopping theirs
+    (a SIGKILL): pg_ctl's postmaster outlives the process that started it."""
+    found = binaries()
+    for owner in Path(tempfile.gettempdir()).glob(FOLDER_PREFIX + "*/owner"):
+        try:
+            os.kill(int(owner.read_text()), 0)
+            continue  # its process is alive
+        except ProcessLookupError:
+            pass
+        except (OSError, ValueError):
+            continue
+        prefix = ["runuser", "-u", SUPERUSER, "--"] if os.geteuid() == 0 else []
+        if found is not None:
+            subprocess.run(
+                _stop_command(prefix, found, owner.parent), capture_output=True, timeout=60
+            )
+        shutil.rmtree(owner.parent, ignore_errors=True)
 
 
 def binaries() -> Path | None:
@@ -302,7 +327,9 @@ class Catalog:
                 "binaries (initdb, pg_ctl); install PostgreSQL (e.g. apt-get install "
                 "postgresql) where dpsql serve runs",
             )
-        folder = Path(tempfile.mkdtemp(prefix="dpsql-catalog-"))
+        _stop_orphans()
+        folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
+        (folder / "owner").write_text(str(os.getpid()))
         # initdb and postgres refuse to run as root: the cluster runs as postgres then
         prefix = ["runuser", "-u", SUPERUSER, "--"] if os.geteuid() == 0 else []
         options = (f"-k {folder} -p {PORT} -c listen_addresses='' -c fsync=off "
@@ -323,9 +350,7 @@ class Catalog:
                 f"dpsql could not start the PostgreSQL cluster of its catalog ({exc}); "
                 "catalog queries are unavailable until it can",
             ) from None
-        self._folder, self._stop_command = folder, [
-            *prefix, str(found / "pg_ctl"), "-D", str(folder / "data"), "-m", "immediate", "stop"
-        ]  # fmt: skip
+        self._folder, self._stop_command = folder, _stop_command(prefix, found, folder)
         atexit.register(self.stop)
         for database in ("template1", "postgres"):  # new databases are copies of template1
             with self._connect(SUPERUSER, database) as admin:

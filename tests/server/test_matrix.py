@@ -55,9 +55,10 @@ def test_psql_meta_commands_describe_the_policy(duck) -> None:
     assert duck.spent("alice") == before  # catalog queries are free
 
 
-def test_only_the_policys_tables_and_no_statistics(duck) -> None:
-    before = duck.spent("alice")
-    with psycopg.connect(duck.dsn(), autocommit=True) as connection:
+def test_only_the_policys_tables_and_no_statistics(served) -> None:
+    """Over DuckDB and over PostgreSQL, whose database holds other tables too."""
+    before = served.spent("alice")
+    with psycopg.connect(served.dsn(), autocommit=True) as connection:
         tables = connection.execute(
             "SELECT table_name FROM information_schema.tables WHERE table_schema NOT IN "
             "('pg_catalog', 'information_schema') ORDER BY 1"
@@ -73,7 +74,7 @@ def test_only_the_policys_tables_and_no_statistics(duck) -> None:
                 connection.execute(f"SELECT * FROM {view}")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             connection.execute("SELECT pg_read_file('/etc/passwd')")
-    assert duck.spent("alice") == before
+    assert served.spent("alice") == before
 
 
 def test_a_catalog_query_it_cannot_answer_is_an_error(duck) -> None:
@@ -249,12 +250,12 @@ def test_node_postgres(duck, node_pg: Path) -> None:
 # -- pgcli ---------------------------------------------------------------------------
 
 
-def test_pgcli_completes_tables_and_columns(duck) -> None:
+def test_pgcli_completes_tables_and_columns(duck, tmp_path) -> None:
     pexpect = pytest.importorskip("pexpect", reason="pexpect is not installed")
     if shutil.which("pgcli") is None:
         pytest.skip("pgcli is not installed (pip install -e '.[test]')")
     env = {**os.environ, "PGPASSWORD": "alice-secret", "TERM": "xterm", "COLUMNS": "120",
-           "HOME": os.environ.get("TMPDIR", "/tmp")}  # fmt: skip
+           "HOME": str(tmp_path)}  # fmt: skip
     child = pexpect.spawn(
         "pgcli", ["-h", "127.0.0.1", "-p", str(duck.port), "-U", "alice", "pums",
                   "--less-chatty"], env=env, encoding="utf-8", timeout=30, dimensions=(40, 120),
@@ -441,3 +442,24 @@ def test_a_slow_catalog_query_is_cancelled(duck, monkeypatch) -> None:
             connection.execute("SELECT pg_sleep(5) FROM pg_catalog.pg_class LIMIT 1")
         count = connection.execute("SELECT COUNT(*) FROM pg_catalog.pg_namespace").fetchone()
         assert count[0] > 0
+
+
+def test_a_dead_servers_catalog_is_stopped_by_the_next() -> None:
+    """A server killed with SIGKILL leaves its cluster running: the next one stops it."""
+    from dpsql.policy import load_policy
+    from dpsql.server.catalog import Catalog
+
+    from .conftest import _policy
+
+    policy = load_policy(_policy())
+    killed, following = Catalog(policy), Catalog(policy)
+    try:
+        killed.query("SELECT 1", [], "alice", "pums")
+        folder = killed._folder
+        dead = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True)
+        (folder / "owner").write_text(dead.stdout.strip())  # a process that has exited
+        following.query("SELECT 1", [], "alice", "pums")
+        assert not folder.exists()
+    finally:
+        following.stop()
+        killed.stop()
