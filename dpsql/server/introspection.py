@@ -79,19 +79,6 @@ _NO_OP = re.compile(r"^\s*(DISCARD|DEALLOCATE|RESET|UNLISTEN|LISTEN|CLOSE)\b", r
 _SET = re.compile(r"^\s*SET\b", re.IGNORECASE)
 _SHOW = re.compile(r"^\s*SHOW\s+(.+?)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
 
-_POLICY_TYPES = {
-    "int": "bigint", "float": "double precision", "string": "text", "bool": "boolean",
-    "date": "date", "timestamp": "timestamp",
-}  # fmt: skip
-
-
-def catalog_schema(policy: Policy) -> dict[str, dict[str, str]]:
-    """The policy's tables and column types, as pg-mimic's catalog emulation reads them."""
-    return {
-        table.name: {c.name: _POLICY_TYPES.get(c.type, "text") for c in table.columns.values()}
-        for table in policy.tables.values()
-    }
-
 
 async def savepoints(ctx: MiddlewareContext) -> Statement | None:
     """SAVEPOINT, RELEASE and ROLLBACK TO are no-ops: dpsql never writes. Rolling back

@@ -28,6 +28,9 @@ lacks is added here, by subclassing rather than forking:
   the parent accepted and handed over (`dpsql.server.dispatch`), and backend
   pids that name their process, so a cancel request reaching another process
   is forwarded to it (`dpsql.server.cancels`);
+- catalog rows (`dpsql.server.catalog`) sent as PostgreSQL encoded them, in
+  the formats the Bind asked for, rather than re-encoded by pg-mimic (which
+  has no binary form of regclass, aclitem and the other catalog types);
 - the limits of `dpsql.server.limits`: a deadline for the whole login, a
   per-address back-off before each login after failures, TLS required when
   configured, connections per analyst, and statements and parameters per

@@ -118,7 +118,6 @@ class Backend:
         self.max_groups = max_groups
         self.template = template
         self.adapter, self.policy, self.ledger = template.adapter, template.policy, template.ledger
-        self.schema = introspection.catalog_schema(self.policy)
         self.catalog = Catalog(self.policy)
         self.memo = ReleaseMemo()
         self.shapes = WeightedLru(SHAPE_BYTES, largest=SHAPE_BYTES // 16)
@@ -251,9 +250,6 @@ class WireSession(MimicSession):
         except Error as exc:
             error = pg_error(exc)
             await connection.stream.fatal(error.sqlstate, error.message)
-
-    async def schema(self) -> dict:
-        return self.backend.schema
 
     async def prepare(self, sql: str, param_oids: list[int | None]) -> Statement:
         if copy.is_copy(sql):  # the simple-query path answers COPY before it prepares
