@@ -42,6 +42,8 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,22 +71,51 @@ FOLDER_PREFIX = "dpsql-catalog-"
 MAX_DATABASES = 16  # the client names its database; more names are refused
 
 
-def create_statements(policy: Policy) -> list[str]:
-    """The DDL of the policy's tables: columns, types, keys and comments, no rows."""
-    keys = _unique_columns(policy)
+@dataclass(frozen=True)
+class Keys:
+    """The keys the database keeps on the policy's tables (schema, not data): columns it
+    keeps unique and single-column foreign keys, by policy key, lower case."""
+
+    unique: Mapping[str, set[str]] = field(default_factory=dict)
+    foreign: Mapping[str, Mapping[str, tuple[str, str]]] = field(default_factory=dict)
+
+
+def database_keys(policy: Policy, adapter: Any) -> Keys:
+    """The keys `adapter`'s database keeps on the policy's stored tables."""
+    unique, foreign = {}, {}
+    for key, table in policy.tables.items():
+        if table.source is None and table.relation is None and table.local is None:
+            unique[key] = adapter.unique_columns(table.name)
+            foreign[key] = adapter.foreign_keys(table.name)
+    return Keys(unique, foreign)
+
+
+def create_statements(policy: Policy, keys: Keys | None = None) -> list[str]:
+    """The DDL of the policy's tables: columns, types, keys and comments, no rows. A
+    table's privacy unit, when kept unique, is its PRIMARY KEY (else its first unique
+    column); other unique columns and every column a `via` references are UNIQUE; a
+    `via` and the database's foreign keys between policy columns are FOREIGN KEYs."""
+    keys = keys or Keys()
+    unique = {k: {c.lower() for c in v} for k, v in keys.unique.items()}
+    links = {k: dict(v) for k, v in keys.foreign.items()}
+    for key, table in policy.tables.items():
+        if table.via is not None:
+            unique.setdefault(table.via.table, set()).add(table.via.target.lower())
+            links.setdefault(key, {})[table.via.column] = (table.via.table, table.via.target)
     statements, references = [], []
-    for table in policy.tables.values():
+    for key, table in policy.tables.items():
         name = _qualified(table.name)
         schema = name.rpartition(".")[0]
         if schema != '"public"':
             statements.append(f"CREATE SCHEMA IF NOT EXISTS {schema}")
             statements.append(f"GRANT USAGE ON SCHEMA {schema} TO PUBLIC")
         columns = [f"{_ident(c.name)} {_TYPES.get(c.type, 'text')}" for c in table.columns.values()]
-        primary = table.privacy_unit if table.unique_unit and table.privacy_unit else None
-        if primary:
-            columns.append(f"PRIMARY KEY ({_ident(primary)})")
+        kept = sorted(c for c in unique.get(key, set()) if table.column(c) is not None)
+        unit = (table.privacy_unit or "").lower()
+        primary = unit if unit in kept else (kept[0] if kept else None)
         columns += [
-            f"UNIQUE ({_ident(c)})" for c in sorted(keys.get(table.name, set()) - {primary})
+            f"{'PRIMARY KEY' if c == primary else 'UNIQUE'} ({_ident(table.column(c).name)})"
+            for c in kept
         ]
         statements.append(f"CREATE TABLE {name} ({', '.join(columns)})")
         # REFERENCES too: information_schema shows a table's constraints only to a role
@@ -97,22 +128,32 @@ def create_statements(policy: Policy) -> list[str]:
                 statements.append(
                     f"COMMENT ON COLUMN {name}.{_ident(column.name)} IS {_literal(comment)}"
                 )
-        if table.via is not None:
-            target = policy.tables[table.via.table]
-            references.append(
-                f"ALTER TABLE {name} ADD FOREIGN KEY ({_ident(table.via.column)}) "
-                f"REFERENCES {_qualified(target.name)} ({_ident(table.via.target)})"
-            )
+        references += _foreign_keys(policy, table, links.get(key, {}), unique)
     return statements + references
 
 
-def _unique_columns(policy: Policy) -> dict[str, set[str]]:
-    """Columns another table's `via` references: the database keeps them unique."""
-    keys: dict[str, set[str]] = {}
-    for table in policy.tables.values():
-        if table.via is not None:
-            keys.setdefault(policy.tables[table.via.table].name, set()).add(table.via.target)
-    return keys
+def _foreign_keys(
+    policy: Policy, table: Table, links: Mapping[str, tuple[str, str]],
+    unique: Mapping[str, set[str]],
+) -> list[str]:  # fmt: skip
+    """ALTER TABLE ... FOREIGN KEY for each link between columns of the policy whose
+    target is kept unique (PostgreSQL requires it); links to other tables are not shown."""
+    statements = []
+    for column, (target_name, target_column) in sorted(links.items()):
+        target_key = policy.spellings.get(target_name.lower(), target_name.lower())
+        target = policy.tables.get(target_key)
+        if (
+            target is None or table.column(column) is None
+            or target.column(target_column) is None
+            or target_column.lower() not in unique.get(target_key, set())
+        ):  # fmt: skip
+            continue
+        statements.append(
+            f"ALTER TABLE {_qualified(table.name)} ADD FOREIGN KEY "
+            f"({_ident(table.column(column).name)}) REFERENCES {_qualified(target.name)} "
+            f"({_ident(target.column(target_column).name)})"
+        )
+    return statements
 
 
 def _table_comment(table: Table) -> str:
@@ -179,6 +220,29 @@ def mixed_formats(rows: list[tuple], oids: list[int], binary: list[bool]) -> lis
     ]  # fmt: skip
 
 
+_PRISTINE: dict[Path, Path] = {}  # the binaries' folder: a data folder initdb wrote
+_PRISTINE_LOCK = threading.Lock()
+
+
+def _pristine(prefix: list[str], found: Path) -> Path:
+    """A data folder fresh from initdb, written once per process and copied for each
+    cluster: initdb takes seconds, a copy a fraction of one (a test run starts many)."""
+    with _PRISTINE_LOCK:
+        data = _PRISTINE.get(found)
+        if data is None or not data.exists():
+            folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
+            (folder / "owner").write_text(str(os.getpid()))
+            if prefix:
+                shutil.chown(folder, SUPERUSER, SUPERUSER)
+            data = folder / "data"
+            subprocess.run([*prefix, str(found / "initdb"), "-D", str(data), "-U", SUPERUSER,
+                            "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"],
+                           check=True, capture_output=True, timeout=120)  # fmt: skip
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+            _PRISTINE[found] = data
+        return data
+
+
 def _stop_command(prefix: list[str], found: Path, folder: Path) -> list[str]:
     return [*prefix, str(found / "pg_ctl"), "-D", str(folder / "data"), "-m", "immediate", "stop"]
 
@@ -224,8 +288,11 @@ class Catalog:
     """A throwaway PostgreSQL cluster with the policy's tables, started on first use
     and stopped at exit; `query` answers one catalog statement in it."""
 
-    def __init__(self, policy: Policy):
-        self.ddl = create_statements(policy)
+    def __init__(self, policy: Policy, keys: Any = None):
+        """`keys`: a function giving the database's Keys, called once, when the cluster
+        starts (it reads the database's constraints, not its rows)."""
+        self.policy = policy
+        self.keys = keys
         self._lock = threading.Lock()
         self._folder: Path | None = None
         self._stop_command: list[str] = []
@@ -337,9 +404,8 @@ class Catalog:
         try:
             if prefix:
                 shutil.chown(folder, SUPERUSER, SUPERUSER)
-            subprocess.run([*prefix, str(found / "initdb"), "-D", str(folder / "data"),
-                            "-U", SUPERUSER, "-A", "trust", "-E", "UTF8", "--locale=C",
-                            "--no-sync"], check=True, capture_output=True, timeout=120)  # fmt: skip
+            subprocess.run([*prefix, "cp", "-a", str(_pristine(prefix, found)),
+                            str(folder / "data")], check=True, capture_output=True)  # fmt: skip
             subprocess.run([*prefix, str(found / "pg_ctl"), "-D", str(folder / "data"), "-l",
                             str(folder / "log"), "-o", options, "-w", "-t", "60", "start"],
                            check=True, capture_output=True, timeout=120)  # fmt: skip
@@ -352,9 +418,10 @@ class Catalog:
             ) from None
         self._folder, self._stop_command = folder, _stop_command(prefix, found, folder)
         atexit.register(self.stop)
+        ddl = create_statements(self.policy, self.keys() if self.keys else None)
         for database in ("template1", "postgres"):  # new databases are copies of template1
             with self._connect(SUPERUSER, database) as admin:
-                for statement in self.ddl:
+                for statement in ddl:
                     admin.execute(statement)
 
     def stop(self) -> None:

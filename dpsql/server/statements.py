@@ -42,7 +42,7 @@ from dpsql.errors import Error, InterfaceError, ProgrammingError
 from dpsql.lru import WeightedLru
 from dpsql.results import MAX_GROUPS, Release, half_width_text, noisy_text
 from dpsql.server import copy, introspection
-from dpsql.server.catalog import Catalog
+from dpsql.server.catalog import Catalog, database_keys
 from dpsql.server.memo import (
     ENTRY_BYTES,
     VALUE_BYTES,
@@ -118,7 +118,7 @@ class Backend:
         self.max_groups = max_groups
         self.template = template
         self.adapter, self.policy, self.ledger = template.adapter, template.policy, template.ledger
-        self.catalog = Catalog(self.policy)
+        self.catalog = Catalog(self.policy, lambda: database_keys(self.policy, self.adapter))
         self.memo = ReleaseMemo()
         self.shapes = WeightedLru(SHAPE_BYTES, largest=SHAPE_BYTES // 16)
         self.pool = WorkerPool(workers)

@@ -167,12 +167,25 @@ public class Meta {
         }
       }
     }
+    try (Connection c = DriverManager.getConnection(a[1], "default", "")) {
+      DatabaseMetaData m = c.getMetaData();
+      for (String t : new String[] {"customer", "orders", "lineitem"}) {
+        try (ResultSet r = m.getPrimaryKeys(null, "public", t)) {
+          while (r.next()) System.out.println("primary " + t + " " + r.getString("COLUMN_NAME"));
+        }
+        try (ResultSet r = m.getImportedKeys(null, "public", t)) {
+          while (r.next()) System.out.println("imported " + t + " " + r.getString("FKCOLUMN_NAME")
+              + " " + r.getString("PKTABLE_NAME") + " " + r.getString("PKCOLUMN_NAME"));
+        }
+      }
+    }
   }
 }
 """
 
 
-def test_jdbc_database_metadata(duck, tmp_path) -> None:
+def test_jdbc_database_metadata(duck, tpch, tmp_path) -> None:
+    """Over pums (tables, columns, queries) and TPC-H (primary and foreign keys)."""
     if not os.path.exists(JDBC_JAR) or shutil.which("java") is None:
         pytest.skip(f"pgJDBC ({JDBC_JAR}: apt-get install libpostgresql-jdbc-java) or java absent")
     source = tmp_path / "Meta.java"
@@ -180,9 +193,11 @@ def test_jdbc_database_metadata(duck, tmp_path) -> None:
     # prepareThreshold=1: the metadata queries are prepared at once, and pgJDBC then asks
     # for its binary types in binary next to text columns
     url = f"jdbc:postgresql://127.0.0.1:{duck.port}/pums?prepareThreshold=1"
+    keys_url = f"jdbc:postgresql://127.0.0.1:{tpch}/tpch"
     result = subprocess.run(
-        ["java", "-cp", JDBC_JAR, str(source), url], capture_output=True, text=True, timeout=180
-    )
+        ["java", "-cp", JDBC_JAR, str(source), url, keys_url],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert [line.split()[1] for line in lines if line.startswith("table ")] == TABLES
@@ -190,6 +205,8 @@ def test_jdbc_database_metadata(duck, tmp_path) -> None:
     assert [c[1] for c in columns] == COLUMNS and columns[0][2] == "int8"
     assert "schema public" in lines and "imported done" in lines
     assert "count n int8 true" in lines and "prepared true" in lines
+    assert {"primary customer c_custkey", "primary orders o_orderkey",
+            "imported lineitem l_orderkey orders o_orderkey"} <= set(lines)  # fmt: skip
 
 
 # -- node-postgres -------------------------------------------------------------------
@@ -276,31 +293,46 @@ def test_pgcli_completes_tables_and_columns(duck, tmp_path) -> None:
 # -- keys, formats, neighbouring data ----------------------------------------------
 
 
-def test_keys_and_comments_come_from_the_policy() -> None:
-    """lineitem reads its unit through orders: a FOREIGN KEY to orders.o_orderkey,
-    which is UNIQUE; comments say what the policy says of each table."""
+@pytest.fixture(scope="module")
+def tpch(tmp_path_factory: pytest.TempPathFactory):
+    """A trusted server over a TPC-H database (primary keys) and policy (a `via`): its port."""
+    import duckdb
+    from tpch import generate
     from tpch import policy as tpch_policy
 
-    from dpsql.policy import load_policy
-    from dpsql.server.catalog import Catalog
+    import dpsql
+    from dpsql.server import BackgroundServer, build
 
-    catalog = Catalog(load_policy(tpch_policy()))
-    try:
-        _, rows = catalog.query(
+    folder = tmp_path_factory.mktemp("tpch")
+    with duckdb.connect(str(folder / "tpch.duckdb")) as connection:
+        generate(connection)
+    connection = dpsql.connect(
+        str(folder / "tpch.duckdb"), policy=tpch_policy(), analyst="default",
+        ledger=str(folder / "ledger.sqlite"),
+    )  # fmt: skip
+    with BackgroundServer(build(connection, trust=True, workers=1)) as server:
+        yield server.port
+
+
+def test_keys_come_from_the_database_and_the_policy(tpch) -> None:
+    """The database's primary keys are the catalog's (a unit kept unique is the PRIMARY
+    KEY); lineitem reads its unit through orders: a FOREIGN KEY; comments say what the
+    policy says of each table."""
+    dsn = f"host=127.0.0.1 port={tpch} user=default dbname=tpch"
+    with psycopg.connect(dsn, autocommit=True) as client:
+        keys = client.execute(
             "SELECT tc.table_name, tc.constraint_type, kcu.column_name "
             "FROM information_schema.table_constraints tc JOIN "
             "information_schema.key_column_usage kcu USING (constraint_name) "
-            "WHERE tc.table_schema = 'public' ORDER BY 1, 2, 3", [], "alice", "tpch",
-        )  # fmt: skip
-        keys = {tuple(v.decode() for v in row) for row in rows}
-        assert ("lineitem", "FOREIGN KEY", "l_orderkey") in keys
-        assert ("orders", "UNIQUE", "o_orderkey") in keys
-        _, comments = catalog.query(
-            "SELECT obj_description('public.orders'::regclass, 'pg_class')", [], "alice", "tpch"
-        )
-        assert comments[0][0].decode().startswith("private, unit o_custkey")
-    finally:
-        catalog.stop()
+            "WHERE tc.table_schema = 'public' ORDER BY 1, 2, 3"
+        ).fetchall()
+        comment = client.execute(
+            "SELECT obj_description('public.orders'::regclass, 'pg_class')"
+        ).fetchone()[0]
+    assert ("customer", "PRIMARY KEY", "c_custkey") in keys
+    assert ("orders", "PRIMARY KEY", "o_orderkey") in keys
+    assert ("lineitem", "FOREIGN KEY", "l_orderkey") in keys
+    assert comment == "private, unit o_custkey: answers are noisy aggregates"
 
 
 def test_asyncpg_reads_the_catalog_in_binary(duck) -> None:
