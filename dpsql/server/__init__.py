@@ -4,7 +4,9 @@ SQLAlchemy and pandas get private answers by changing only the connection string
 protocol.py speaks the protocol (on pg-mimic), auth.py decides who gets in,
 statements.py runs each statement through the analyst's Session, memo.py
 answers repeats from memory, values.py maps values to PostgreSQL types,
-introspection.py answers what clients ask about the server, sqlstate.py maps
+introspection.py answers what clients ask about the server and sends catalog
+queries to catalog.py (a private PostgreSQL of empty copies of the policy's
+tables), sqlstate.py maps
 errors, runner.py starts it, processes.py supervises `--processes N` server
 processes, dispatch.py hands them the connections the parent accepts, and
 cancels.py routes cancel requests between them. The server runs over one

@@ -1,39 +1,39 @@
 """What clients ask a PostgreSQL server about itself, answered without reading data.
 
-pg-mimic's middleware answers `current_setting()`, `current_user`,
-information_schema, pg_catalog (psql's `\\dt`, `\\d pums`), asyncpg's type
-introspection and BEGIN/COMMIT/ROLLBACK; the links here add what it lacks
-for real clients: `version()` (SQLAlchemy reads it on connect), multi-word
-SHOW (`SHOW transaction isolation level`), savepoints, ordinary client SETs
-accepted and ignored, and the catalog of the policy's tables. `SET dpsql.*`
-and `SHOW dpsql.*` pass through to the Session. The schema is public; the
-data is not, and nothing here touches the database.
+pg-mimic's middleware answers `current_setting()`, `current_user`, asyncpg's type
+introspection and BEGIN/COMMIT/ROLLBACK; the links here add `version()`
+(SQLAlchemy reads it on connect), multi-word SHOW (`SHOW transaction isolation
+level`), savepoints, ordinary client SETs accepted and ignored, and send every
+other query that names a catalog or a server function and reads no policy table
+(pg_catalog, information_schema, `current_schemas(true)`, `format_type`, ...) to
+the catalog (catalog.py: a PostgreSQL of dpsql's own holding empty copies of the
+policy's tables). `SET dpsql.*` and `SHOW dpsql.*` pass through to the Session.
+The schema is public; the data is not, and nothing here touches the database.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import TYPE_CHECKING, Any
 
-import sqlglot
 from pg_mimic import PgError, ResultColumn, StaticStatement
 from pg_mimic.middleware import (
     MiddlewareContext,
     asyncpg_typeinfo,
-    information_schema,
-    pg_catalog,
-    resolve,
     session_functions,
     set_show,
     static_select,
     transaction_control,
 )
+from pg_mimic.results import format_code_for
 from pg_mimic.session import Portal, Statement
 from pg_mimic.types import TEXT
 from sqlglot import exp
 
 from dpsql import __version__
 from dpsql.server.batches import advisory_unlocks
+from dpsql.server.catalog import Catalog, mixed_formats
 from dpsql.server.sqlstate import FEATURE_NOT_SUPPORTED, INVALID_PARAMETER_VALUE
 from dpsql.server.values import parameter_count
 from dpsql.session import sets_options
@@ -62,6 +62,10 @@ SETTINGS = {
     "default_transaction_read_only": "on",
     "max_identifier_length": "63",
     "is_superuser": "off",
+    "statement_timeout": "0",  # --query-timeout is the server's, not a session setting
+    "lock_timeout": "0",
+    "client_min_messages": "notice",
+    "bytea_output": "hex",
     "lc_collate": "C",
     "lc_ctype": "C",
 }
@@ -74,19 +78,6 @@ _SAVEPOINT = re.compile(r"^\s*(SAVEPOINT|RELEASE|ROLLBACK\s+(?:WORK\s+|TRANSACTI
 _NO_OP = re.compile(r"^\s*(DISCARD|DEALLOCATE|RESET|UNLISTEN|LISTEN|CLOSE)\b", re.IGNORECASE)
 _SET = re.compile(r"^\s*SET\b", re.IGNORECASE)
 _SHOW = re.compile(r"^\s*SHOW\s+(.+?)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
-
-_POLICY_TYPES = {
-    "int": "bigint", "float": "double precision", "string": "text", "bool": "boolean",
-    "date": "date", "timestamp": "timestamp",
-}  # fmt: skip
-
-
-def catalog_schema(policy: Policy) -> dict[str, dict[str, str]]:
-    """The policy's tables and column types, as pg-mimic's catalog emulation reads them."""
-    return {
-        table.name: {c.name: _POLICY_TYPES.get(c.type, "text") for c in table.columns.values()}
-        for table in policy.tables.values()
-    }
 
 
 async def savepoints(ctx: MiddlewareContext) -> Statement | None:
@@ -210,26 +201,70 @@ async def server_functions(ctx: MiddlewareContext) -> Statement | None:
     return await static_select(MiddlewareContext(ctx.connection, sql, ctx.param_oids))
 
 
-_CATALOG_NAMES = re.compile(r"\b(pg_\w+|information_schema)\b", re.I)
-_PARAMETER = re.compile(r"\$\d+")
-
-
-async def catalog_with_parameters(ctx: MiddlewareContext) -> Statement | None:
-    """Catalog queries with `$n` parameters (SQLAlchemy's get_table_names, pandas' has_table):
-    pg-mimic evaluates catalog SQL when it is parsed, so these wait for their values."""
-    if not (_CATALOG_NAMES.search(ctx.sql) and _PARAMETER.search(ctx.sql)):
+async def named_session_functions(ctx: MiddlewareContext) -> Statement | None:
+    """pg-mimic's session functions (current_user, current_setting('x'), ...) with the
+    column names PostgreSQL gives them: an unaliased call is named after its function
+    (`current_setting`, `current_user`), where pg-mimic named it `_col_0` or after its
+    value."""
+    tree = ctx.select_without_tables()
+    if tree is None:
         return None
-    return CatalogStatement(ctx.connection, ctx.sql, ctx.param_oids)
+    named = tree.copy()
+    for item in named.expressions:
+        if isinstance(item, exp.Anonymous):
+            item.replace(exp.alias_(item.copy(), item.name.lower(), quoted=True))
+        elif isinstance(item, exp.Func):
+            item.replace(exp.alias_(item.copy(), item.sql_name().lower(), quoted=True))
+        elif isinstance(item, exp.Column) and not item.table:
+            item.replace(exp.alias_(item.copy(), item.name, quoted=True))
+    sql = named.sql(dialect="postgres")
+    return await session_functions(MiddlewareContext(ctx.connection, sql, ctx.param_oids))
+
+
+_QUERY = re.compile(r"^\s*(\(\s*)*(SELECT|WITH|VALUES|TABLE)\b", re.I)
+_CATALOG_SCHEMAS = {"pg_catalog", "information_schema"}
+_STRING = re.compile(r"'(?:[^']|'')*'")
+
+
+def reads_only_the_catalog(ctx: MiddlewareContext, policy: Policy) -> bool:
+    """A query that names a catalog or a server function and reads no policy table (a
+    table of pg_catalog or information_schema, or a pg_* name, or none at all). A
+    statement sqlglot cannot parse (psql's `OPERATOR(pg_catalog.~)`) goes to the
+    catalog when no policy table's name appears in it outside string literals: the
+    catalog holds no row, so a private table read there would answer an empty copy
+    (not the data, but a wrong answer); the Session refuses it instead."""
+    if not _QUERY.match(ctx.sql):
+        return False
+    tree = ctx.expression
+    if tree is None:
+        words = set(re.findall(r"\w+", _STRING.sub("''", ctx.sql).lower()))
+        return not any(key.rpartition(".")[2] in words for key in policy.tables)
+    ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
+    for table in tree.find_all(exp.Table):
+        schema, name = table.db.lower(), table.name.lower()
+        if schema in _CATALOG_SCHEMAS or (not schema and name in ctes):
+            continue
+        if schema or not name.startswith("pg_") or policy.table(name) is not None:
+            return False
+    return True
+
+
+async def catalog_queries(ctx: MiddlewareContext) -> Statement | None:
+    """Catalog and server-function queries: answered by the catalog's PostgreSQL."""
+    backend = ctx.connection.session.backend
+    if not reads_only_the_catalog(ctx, backend.policy):
+        return None
+    return CatalogStatement(ctx.connection, backend.catalog, ctx.sql, ctx.param_oids)
 
 
 class CatalogStatement(Statement):
-    """A catalog query answered once its parameters are bound."""
+    """A catalog query, run in the catalog once its parameters are bound."""
 
-    def __init__(self, connection: Any, sql: str, declared: list[int | None]):
+    def __init__(self, connection: Any, catalog: Catalog, sql: str, declared: list[int | None]):
         self.connection = connection
+        self.catalog = catalog
         self.sql = sql
-        self.tree = sqlglot.parse_one(sql, dialect="postgres")
-        count = parameter_count(sql)
+        count = parameter_count(sql) if "$" in sql else 0
         self.param_oids = [oid or TEXT for oid in declared] + [TEXT] * (count - len(declared))
 
     async def describe(self) -> list[ResultColumn] | None:
@@ -240,48 +275,39 @@ class CatalogStatement(Statement):
 
 
 class CatalogPortal(Portal):
+    """A bound catalog query; its rows hold each value as PostgreSQL encoded it, in the
+    formats the client asked for (`formats`, set from Bind before `run`)."""
+
     def __init__(self, statement: CatalogStatement, params: list[Any]):
         self.statement = statement
         self.params = params
-        self.portal: Portal | None = None
+        self.formats: list[int] = []
+        self.rows: list[tuple] | None = None
 
     async def run(self) -> list[ResultColumn] | None:
-        """Evaluate the catalog query with the values in place; return its columns."""
-        tree = _in_lists(_bind(self.statement.tree.copy(), self.params))
-        answered = await resolve(
-            self.statement.connection, tree.sql(dialect="postgres"), [], _CATALOG_LINKS
-        )
-        if answered is None:
-            answered = StaticStatement(self.statement.sql, None, [])
-        self.portal = answered.bind([])
-        return await answered.describe()
+        """Run the query in the catalog (free: the answer does not depend on the data)."""
+        statement, connection = self.statement, self.statement.connection
+        binary = bool(self.formats) and all(self.formats)
+        columns, rows = await asyncio.to_thread(
+            statement.catalog.query, statement.sql, self.params, connection.username,
+            connection.database, binary,
+        )  # fmt: skip
+        if not binary and any(self.formats):
+            wanted = [bool(format_code_for(self.formats, i)) for i in range(len(columns))]
+            rows = mixed_formats(rows, [c.oid for c in columns], wanted)
+        self.rows = rows
+        return columns or None
 
     async def execute(self, max_rows: int) -> tuple[list[tuple], bool]:
-        if self.portal is None:
+        if self.rows is None:
             await self.run()
-        return await self.portal.execute(max_rows)
+        rows = self.rows or []
+        if max_rows and len(rows) > max_rows:
+            self.rows = rows[max_rows:]
+            return rows[:max_rows], True
+        self.rows = []
+        return rows, False
 
-
-def _bind(tree: exp.Expression, params: list[Any]) -> exp.Expression:
-    for node in list(tree.find_all(exp.Parameter, exp.Placeholder)):
-        text = node.this.name if isinstance(node.this, exp.Expression) else str(node.this or "")
-        if text.isdigit() and int(text) <= len(params):
-            value = params[int(text) - 1]
-            node.replace(exp.null() if value is None else exp.Literal.string(str(value)))
-    return tree
-
-
-def _in_lists(tree: exp.Expression) -> exp.Expression:
-    """`x = ANY (ARRAY[...])` as `x IN (...)`: sqlglot's executor cannot run ANY."""
-    for node in list(tree.find_all(exp.EQ)):
-        right = node.expression
-        array = right.this.this if isinstance(right, exp.Any) else None
-        if isinstance(array, exp.Array):
-            node.replace(exp.In(this=node.this, expressions=array.expressions))
-    return tree
-
-
-_CATALOG_LINKS = (information_schema, pg_catalog)
 
 # Every link below that parses the statement answers only statements that name a
 # catalog (pg_*, information_schema) or a session function (version(), current_*,
@@ -315,7 +341,6 @@ MIDDLEWARE: tuple[Any, ...] = (
     no_ops,
     dpsql_functions,
     settings,
-    _if_named(server_functions, catalog_with_parameters, session_functions, information_schema),
     asyncpg_typeinfo,
-    _if_named(pg_catalog),
+    _if_named(server_functions, named_session_functions, catalog_queries),
 )

@@ -28,6 +28,9 @@ lacks is added here, by subclassing rather than forking:
   the parent accepted and handed over (`dpsql.server.dispatch`), and backend
   pids that name their process, so a cancel request reaching another process
   is forwarded to it (`dpsql.server.cancels`);
+- catalog rows (`dpsql.server.catalog`) sent as PostgreSQL encoded them, in
+  the formats the Bind asked for, rather than re-encoded by pg-mimic (which
+  has no binary form of regclass, aclitem and the other catalog types);
 - the limits of `dpsql.server.limits`: a deadline for the whole login, a
   per-address back-off before each login after failures, TLS required when
   configured, connections per analyst, and statements and parameters per
@@ -330,14 +333,18 @@ class WireConnection(Connection):
         else:
             columns = await statement.describe()
         rows, _ = await portal.execute(0)
+        encoded = isinstance(portal, CatalogPortal)  # PostgreSQL's own text of each value
         if request is not None:
+            if encoded:
+                rows = [tuple(v if v is None else v.decode() for v in row) for row in rows]
             self.stream.write(copy.copy_messages(request, columns or [], rows))
             self.stream.write(messages.make_command_complete(f"COPY {len(rows)}"))
             return
         if columns is not None:
             self.stream.write(messages.make_row_description(_field_specs(columns)))
             for row in rows:
-                self.stream.write(messages.make_data_row(encode_row(row, columns)))
+                values = list(row) if encoded else encode_row(row, columns)
+                self.stream.write(messages.make_data_row(values))
         self.stream.write(messages.make_command_complete(batches.command_tag(sql, len(rows))))
 
     def _check_room(self, kept: dict, name: str, what: str) -> None:
@@ -395,6 +402,7 @@ class WireConnection(Connection):
             ) from None
         portal = statement.bind(texts)
         if isinstance(portal, CatalogPortal):
+            portal.formats = parsed.result_format_codes
             columns = await portal.run()
         elif isinstance(portal, PrivatePortal):
             columns = portal.columns  # known if the statement was described; it runs at Execute
@@ -439,7 +447,11 @@ class WireConnection(Connection):
         if entry.columns is not None:
             for row in rows:
                 try:
-                    values = encode_row(row, entry.columns, entry.result_format_codes)
+                    values = (
+                        list(row)  # encoded by PostgreSQL in the formats Bind asked for
+                        if isinstance(entry.portal, CatalogPortal)
+                        else encode_row(row, entry.columns, entry.result_format_codes)
+                    )
                 except ValueError as exc:
                     raise PgError(FEATURE_NOT_SUPPORTED, str(exc)) from None
                 self.stream.write(messages.make_data_row(values))

@@ -42,6 +42,7 @@ from dpsql.errors import Error, InterfaceError, ProgrammingError
 from dpsql.lru import WeightedLru
 from dpsql.results import MAX_GROUPS, Release, half_width_text, noisy_text
 from dpsql.server import copy, introspection
+from dpsql.server.catalog import Catalog, database_keys
 from dpsql.server.memo import (
     ENTRY_BYTES,
     VALUE_BYTES,
@@ -117,7 +118,7 @@ class Backend:
         self.max_groups = max_groups
         self.template = template
         self.adapter, self.policy, self.ledger = template.adapter, template.policy, template.ledger
-        self.schema = introspection.catalog_schema(self.policy)
+        self.catalog = Catalog(self.policy, lambda: database_keys(self.policy, self.adapter))
         self.memo = ReleaseMemo()
         self.shapes = WeightedLru(SHAPE_BYTES, largest=SHAPE_BYTES // 16)
         self.pool = WorkerPool(workers)
@@ -218,6 +219,7 @@ class Backend:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)  # its threads hold DuckDB cursors
+        self.catalog.stop()
         self.connection.close()
 
 
@@ -248,9 +250,6 @@ class WireSession(MimicSession):
         except Error as exc:
             error = pg_error(exc)
             await connection.stream.fatal(error.sqlstate, error.message)
-
-    async def schema(self) -> dict:
-        return self.backend.schema
 
     async def prepare(self, sql: str, param_oids: list[int | None]) -> Statement:
         if copy.is_copy(sql):  # the simple-query path answers COPY before it prepares
