@@ -22,7 +22,7 @@ RESERVED_PREFIX = "__dpsql"
 class Measurement:
     """One exact aggregate to measure with noise: a COUNT or a clamped SUM."""
 
-    kind: str  # "count", "count_units" or "sum"
+    kind: str  # "count", "count_units", "count_distinct" (of a value, not the unit) or "sum"
     argument: exp.Expression | None = None  # row expression as written; None for COUNT(*)
     bounds: Interval | None = None  # clamp interval of a SUM's argument
     clamped: exp.Expression | None = None  # a SUM's argument with its columns clamped

@@ -456,6 +456,8 @@ def _measure_sql(
     if measurement.kind == "count":
         argument = measurement.argument.copy() if measurement.argument is not None else exp.Star()
         return exp.Count(this=argument)
+    if measurement.kind == "count_distinct":  # over each unit's bounded rows (_bounded)
+        return exp.Count(this=exp.Distinct(expressions=[measurement.argument.copy()]))
     return exp.Coalesce(this=exp.Sum(this=_grid_steps(measurement, grid, analysis, dialect)),
                         expressions=[exp.convert(0)])  # fmt: skip
 
