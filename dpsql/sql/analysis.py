@@ -27,6 +27,9 @@ class Measurement:
     bounds: Interval | None = None  # clamp interval of a SUM's argument
     clamped: exp.Expression | None = None  # a SUM's argument with its columns clamped
     note: str = ""  # how the bounds were obtained, for EXPLAIN
+    # `clamped` provably lies within `bounds` as the rewrite reads its columns (clamped
+    # and filtered by WHERE already), so the rewrite need not clamp it again
+    within: bool = False
 
     @property
     def key(self) -> str:

@@ -105,6 +105,10 @@ def decompose(
         this=exp.paren(centred.copy(), copy=False), expression=exp.paren(centred.copy(), copy=False)
     )
     indexes = [measure(Measurement("count", argument))]
+    # A bare column reaches the aggregate clamped to its declared bounds and filtered by
+    # the WHERE that tightened them (rewrite._clamped_source), so its centred values lie
+    # within the bounds the interval arithmetic finds for them: no clamp is needed.
+    bare = isinstance(argument, exp.Column)
     for value, what in ((centred, "centred on"), (squared, "squared about")):
         value_bounds = interval(value)
         if value_bounds is None:  # cannot happen for bounds derived from the same argument
@@ -114,7 +118,10 @@ def decompose(
                 "take it of a bounded column",
             )
         detail = f"{note}; {what} {m:g}, each row within +/-{value_bounds.magnitude:g}"
-        indexes.append(measure(Measurement("sum", value, value_bounds, clamped(value), detail)))
+        computed = value.copy() if bare else clamped(value)
+        indexes.append(
+            measure(Measurement("sum", value, value_bounds, computed, detail, within=bare))
+        )
     return Aggregate(FUNCTIONS[type(node)], tuple(indexes), bounds)
 
 

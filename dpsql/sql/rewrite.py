@@ -490,7 +490,13 @@ def _grid_steps(
     """
     column = _bare_column(measurement, analysis.table)
     zero_below = _scaled_to_zero(grid, column, dialect)
-    if column is None:
+    if measurement.within and zero_below is None:
+        # a VAR/STDDEV's centred value of a bare column (sql/dispersion.py): three CASEs
+        # per row fewer, which were most of its cost
+        value = measurement.clamped.copy()
+        if grid.bounds.integer and grid.step == 1.0:
+            return value
+    elif column is None:
         value = clamp(measurement.clamped, grid.bounds, zero_below=zero_below)
     else:
         low, high = where_range(analysis.where, column)
