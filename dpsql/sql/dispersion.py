@@ -94,10 +94,14 @@ def decompose(
     measure: Callable[[Measurement], int],
     clamped: Callable[[exp.Expression], exp.Expression],
     interval: Callable[[exp.Expression], Interval | None],
+    total: Callable[[exp.Expression], None],
 ) -> Aggregate:
     """The aggregate of a VAR/STDDEV `node` over `argument`, clamped to `bounds`: its three
     measurements (COUNT, centred SUM, centred SUM of squares), found or added by `measure`;
-    `clamped` and `interval` are the analysis's clamp of columns and interval arithmetic."""
+    `clamped` and `interval` are the analysis's clamp of columns and interval arithmetic,
+    `total` its refusal of a row expression that could fail for some row (a square of
+    a large value overflows BIGINT or a double, of a tiny one underflows in PostgreSQL):
+    the centred values and squares are row expressions the database computes too."""
     m = centre(bounds)
     literal = exp.convert(int(m) if bounds.integer else m)
     centred = exp.Sub(this=exp.paren(argument.copy(), copy=False), expression=literal)
@@ -110,19 +114,34 @@ def decompose(
     # within the bounds the interval arithmetic finds for them: no clamp is needed.
     bare = isinstance(argument, exp.Column)
     for value, what in ((centred, "centred on"), (squared, "squared about")):
+        try:
+            total(value)
+        except QueryRefused as refused:
+            raise _out_of_reach(node, argument, refused.reason) from None
         value_bounds = interval(value)
-        if value_bounds is None:  # cannot happen for bounds derived from the same argument
-            raise QueryRefused(
-                f"{written(node)} of {argument.sql()[:60]}",
-                "dpsql cannot bound its centred values",
-                "take it of a bounded column",
-            )
+        if value_bounds is None:
+            raise _out_of_reach(node, argument, "its squares are beyond what dpsql can bound")
         detail = f"{note}; {what} {m:g}, each row within +/-{value_bounds.magnitude:g}"
         computed = value.copy() if bare else clamped(value)
         indexes.append(
             measure(Measurement("sum", value, value_bounds, computed, detail, within=bare))
         )
     return Aggregate(FUNCTIONS[type(node)], tuple(indexes), bounds)
+
+
+def _out_of_reach(node: exp.Expression, argument: exp.Expression, reason: str) -> QueryRefused:
+    """The refusal of a VAR/STDDEV whose centred squares the database could not compute
+    for every row."""
+    name, text = written(node), argument.sql()[:60]
+    tiny = "underflow" in reason  # too near zero, rather than too large
+    scaled = f"{text} * 1000" if tiny else f"{text} / 1000"
+    back = "divide" if tiny else "multiply"
+    return QueryRefused(
+        f"{name}({text})",
+        f"its values' squares about the bounds' midpoint cannot be computed safely: {reason}",
+        f"take {name} of a scaled value, e.g. {name}({scaled}), and {back} the result by 1000 "
+        "(1e6 for a variance); or ask the data owner for tighter bounds",
+    )
 
 
 def refuse_text(node: exp.Expression, argument: exp.Expression) -> QueryRefused:

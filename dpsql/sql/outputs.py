@@ -131,6 +131,7 @@ class Builder:
             self._measure,
             lambda value: clamp_columns(value, table, self.ranges),
             lambda value: interval_with(value, table, self.ranges),
+            lambda value: require_total(value, table, node.sql_name()),
         )
 
     def _require_safe(self, argument: exp.Expression, clause: str) -> None:
