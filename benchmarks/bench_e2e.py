@@ -74,14 +74,20 @@ def paired(runs: list, repeat: int) -> list[tuple[float, float]]:
     return [(statistics.median(walls), statistics.median(cpus)) for walls, cpus in samples]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def census(doc: str) -> tuple[argparse.Namespace, Path, duckdb.DuckDBPyConnection]:
+    """The command line (--rows, --repeat) of a benchmark described by `doc`, after printing
+    the machine; the census table's file, and a raw read-only connection to it."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     print(describe())
     path = build(args.rows)
-    raw = duckdb.connect(str(path), read_only=True, config=LOCKED)
+    return args, path, duckdb.connect(str(path), read_only=True, config=LOCKED)
+
+
+def main() -> None:
+    args, path, raw = census(__doc__)
     compare(lambda sql: raw.execute(sql).fetchall(), DuckDBAdapter(str(path)), args, cpu=True)
 
 

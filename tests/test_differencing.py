@@ -40,6 +40,9 @@ ANSWERED = [
     "SELECT SUM(income / (age + 1)) FROM {t}",
     "SELECT SUM(income) / COUNT(*) FROM {t} WHERE income >= {income}",  # division by a noisy count
     "SELECT AVG(income) FROM {t} WHERE income >= {income}",
+    "SELECT COUNT(DISTINCT income) FROM {t}",  # the target's income may be the only one
+    f"SELECT STDDEV(income), VAR_POP(age) FROM {{t}} WHERE {NARROW}",
+    "SELECT VAR_SAMP(income) FROM {t} WHERE income >= {income}",
     "SELECT SUM(COALESCE(income, 1e15)) FROM {t}",  # NULL replaced by a huge value
     "SELECT SUM(income) FROM {t} WHERE income = CAST('NaN' AS DOUBLE)",
     "SELECT COUNT(*) FROM {t} WHERE income > 1e300 OR age = 99999999999999999999",
@@ -54,7 +57,6 @@ REFUSED = [
     "SELECT income, COUNT(*) FROM {t} WHERE " + NARROW,
     "SELECT COUNT(*) FROM pums_pid WHERE pid = 17",
     "SELECT MAX(income) FROM {t}",
-    "SELECT COUNT(DISTINCT income) FROM {t}",
     "SELECT SUM(DISTINCT income) FROM {t}",
     # sensitivity that cannot be bounded, or would not fit in a row's arithmetic
     "SELECT SUM(1 / (age - 40)) FROM {t}",

@@ -67,8 +67,8 @@ HOSTILE = [
     "SELECT quantile_cont(income, 0.5) FROM pums",
     "SELECT STRING_AGG(CAST(age AS VARCHAR), ',') FROM pums",
     "SELECT LIST(income) FROM pums",
-    "SELECT STDDEV(income) FROM pums",
-    "SELECT COUNT(DISTINCT income) FROM pums",
+    "SELECT COVAR_POP(income, age) FROM pums",
+    "SELECT COUNT(DISTINCT age, sex) FROM pums",
     "SELECT SUM(DISTINCT income) FROM pums",
     "SELECT SUM(COUNT(*)) FROM pums",
     # unbounded sums

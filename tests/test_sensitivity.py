@@ -38,6 +38,11 @@ SHAPES = [
     "SELECT age, COUNT(DISTINCT pid) FROM {t} GROUP BY age",
     "SELECT COUNT(*) FILTER (WHERE age > 30), SUM(income) FILTER (WHERE sex = 1) FROM {t}",
     "SELECT sex, married, AVG(income) FILTER (WHERE educ > 12) FROM {t} GROUP BY ALL",
+    # sums of squares centred on the bounds' midpoint, and bounded distinct counts
+    "SELECT STDDEV(income), VAR_POP(age) FROM {t}",
+    "SELECT sex, VAR_SAMP(income) FROM {t} WHERE income < 50000 GROUP BY sex",
+    "SELECT COUNT(DISTINCT income), COUNT(DISTINCT age) FROM {t}",
+    "SELECT educ, COUNT(DISTINCT age) FROM {t} GROUP BY educ",
 ]
 
 

@@ -36,6 +36,7 @@ QUERIES = {
     "count": f"SELECT COUNT(*) AS n FROM {TABLE}",
     "sum": f"SELECT SUM(income) AS total FROM {TABLE}",
     "avg": f"SELECT AVG(income) AS mean FROM {TABLE}",
+    "stddev": f"SELECT STDDEV(income) AS sd FROM {TABLE}",  # three measurements
     "group_by": f"SELECT grp, COUNT(*) AS n FROM {TABLE} GROUP BY grp",
 }
 UPPER = 100.0

@@ -22,11 +22,14 @@ RESERVED_PREFIX = "__dpsql"
 class Measurement:
     """One exact aggregate to measure with noise: a COUNT or a clamped SUM."""
 
-    kind: str  # "count", "count_units" or "sum"
+    kind: str  # "count", "count_units", "count_distinct" (of a value, not the unit) or "sum"
     argument: exp.Expression | None = None  # row expression as written; None for COUNT(*)
     bounds: Interval | None = None  # clamp interval of a SUM's argument
     clamped: exp.Expression | None = None  # a SUM's argument with its columns clamped
     note: str = ""  # how the bounds were obtained, for EXPLAIN
+    # `clamped` provably lies within `bounds` as the rewrite reads its columns (clamped
+    # and filtered by WHERE already), so the rewrite need not clamp it again
+    within: bool = False
 
     @property
     def key(self) -> str:

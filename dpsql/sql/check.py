@@ -17,8 +17,9 @@ from sqlglot import exp
 
 from dpsql.errors import QueryRefused
 from dpsql.policy import Policy, Table
+from dpsql.sql.dispersion import DISPERSION
 
-AGGREGATES: tuple[type[exp.Expression], ...] = (exp.Count, exp.Sum, exp.Avg)
+AGGREGATES: tuple[type[exp.Expression], ...] = (exp.Count, exp.Sum, exp.Avg, *DISPERSION)
 
 # Scalar functions allowed in WHERE, GROUP BY, inside aggregates and in
 # post-processing: deterministic, side-effect free, no access outside the row.

@@ -25,6 +25,7 @@ from dpsql.accounting import Cost
 from dpsql.errors import QueryRefused
 from dpsql.policy import Column, LocalSpec, Table
 from dpsql.results import Accuracy, Release
+from dpsql.sql import dispersion
 from dpsql.sql.analysis import KEY_PREFIX, Aggregate, Analysis, Measurement
 from dpsql.sql.analyze import analyze
 from dpsql.sql.plan import key_order, released_aggregates
@@ -66,8 +67,17 @@ class LocalPlan:
         self.spec: LocalSpec = table.local
         self.analysis = analysis
         self.method = context.options.ldp_postprocess
+        for aggregate in analysis.aggregates:
+            if aggregate.function in dispersion.NAMES:
+                raise QueryRefused(
+                    f"{aggregate.function.upper()} over local reports",
+                    "each report is randomized on the device: dpsql estimates counts, sums and "
+                    "means from them, not a spread",
+                    "estimate the value's distribution, COUNT(*) ... GROUP BY value, and "
+                    "compute the spread from it",
+                )
         for measurement in analysis.measurements:
-            if measurement.kind == "count_units":
+            if measurement.kind in ("count_units", "count_distinct"):
                 raise QueryRefused(
                     "COUNT(DISTINCT ...) over local reports",
                     "the reports carry no identity to count",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.sql.check import AGGREGATES
+from dpsql.sql.dispersion import is_var_spelling, var_spellings
 
 
 def aggregate_filters(select: exp.Select) -> exp.Select:
@@ -118,14 +119,18 @@ def distinct_keys(select: exp.Select) -> exp.Select:
 def normalize(select: exp.Select) -> exp.Select:
     """`select` after each pass above that applies to it, found in one walk (most queries
     need none, and then this is the query itself, not a copy)."""
-    filters = date_part = implicit = False
+    filters = date_part = implicit = var = False
     for node in select.walk():
         if isinstance(node, exp.Filter):
             filters = True
+        elif is_var_spelling(node):
+            var = True
         elif isinstance(node, exp.Anonymous) and _is_date_part(node):
             date_part = True
         elif _is_implicit_date(node):
             implicit = True
+    if var:  # first: a FILTER on VAR(x) is then one on VARIANCE(x)
+        select = var_spellings(select)
     if filters:
         select = aggregate_filters(select)
     if date_part:

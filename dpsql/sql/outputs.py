@@ -8,6 +8,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.errors import QueryRefused
+from dpsql.policy import NUMERIC_TYPES
 from dpsql.sql.analysis import (
     KEY_PREFIX,
     RESERVED_PREFIX,
@@ -18,6 +19,7 @@ from dpsql.sql.analysis import (
 )
 from dpsql.sql.check import AGGREGATES
 from dpsql.sql.clamps import clamp_columns
+from dpsql.sql.dispersion import DISPERSION, decompose, refuse_text, unbounded
 from dpsql.sql.intervals import Interval, interval_with
 from dpsql.sql.resolve import Resolver, resolve_reference
 from dpsql.sql.total import require_total
@@ -101,6 +103,8 @@ class Builder:
             # aggregate was a tenth of analysing a query.
             self._require_safe(argument, f"the aggregate {node.sql()}")
             raise
+        if isinstance(node, DISPERSION):
+            return self._dispersion(node, argument)
         bounds, note = self._bounds(argument)
         clamped = clamp_columns(argument, self.resolver.table, self.ranges)
         total = self._measure(Measurement("sum", argument, bounds, clamped, note))
@@ -108,6 +112,27 @@ class Builder:
             return Aggregate("sum", (total,))
         count = self._measure(Measurement("count", argument))
         return Aggregate("avg", (total, count), bounds)
+
+    def _dispersion(self, node: exp.Expression, argument: exp.Expression) -> Aggregate:
+        """VAR/STDDEV from three measurements (sql/dispersion.py)."""
+        table = self.resolver.table
+        if isinstance(argument, exp.Column) and interval_with(argument, table, {}) is None:
+            column = table.column(argument.name)
+            if column is not None and column.type not in NUMERIC_TYPES:
+                raise refuse_text(node, argument)
+        if interval_with(argument, table, self.ranges) is None:
+            raise unbounded(node, argument)
+        bounds, note = self._bounds(argument)
+        return decompose(
+            node,
+            argument,
+            bounds,
+            note,
+            self._measure,
+            lambda value: clamp_columns(value, table, self.ranges),
+            lambda value: interval_with(value, table, self.ranges),
+            lambda value: require_total(value, table, node.sql_name()),
+        )
 
     def _require_safe(self, argument: exp.Expression, clause: str) -> None:
         """An aggregate's argument reads only public columns and cannot fail for any row."""
@@ -127,13 +152,14 @@ class Builder:
                 and inner[0].name.lower() == unit
             ):
                 return Measurement("count_units")
-            raise QueryRefused(
-                f"COUNT(DISTINCT {', '.join(e.sql() for e in inner)})",
-                "only the privacy unit can be counted distinctly (its sensitivity is 1)",
-                f"write COUNT(DISTINCT {unit})"
-                if unit
-                else "write COUNT(*) (each row is a person)",
-            )
+            if len(inner) != 1:
+                raise QueryRefused(
+                    f"COUNT(DISTINCT {', '.join(e.sql() for e in inner)})",
+                    "dpsql counts the distinct values of one expression at a time",
+                    "count one: COUNT(DISTINCT a), or GROUP BY the others",
+                )
+            self._require_safe(inner[0], "COUNT(DISTINCT ...)")
+            return Measurement("count_distinct", inner[0])
         self._require_safe(argument, "COUNT")
         return Measurement("count", argument)
 

@@ -33,6 +33,7 @@ from dpsql.mechanisms.staircase import Staircase
 from dpsql.mechanisms.tree import l2_sensitivity
 from dpsql.policy import MAX_PUBLIC_KEYS
 from dpsql.results import Accuracy, Release
+from dpsql.sql import dispersion
 from dpsql.sql.analysis import KEY_PREFIX, VALUE_PREFIX, Aggregate, Analysis
 from dpsql.sql.avg_interval import AvgWidths, avg_intervals, avg_widths
 from dpsql.sql.intervals import Interval
@@ -263,6 +264,11 @@ class DirectPlan(_Batched):
             for aggregate in analysis.aggregates
             if aggregate.function == "avg"
         }
+        self._spread_widths = {
+            aggregate.measurements: self._spread_widths_of(aggregate)
+            for aggregate in analysis.aggregates
+            if aggregate.function in dispersion.NAMES
+        }
         pure = sum((m.noise.cost for m in self.measures), Cost())
         if self.selection is not None:
             pure = pure + self.selection.cost
@@ -292,6 +298,17 @@ class DirectPlan(_Batched):
         try:
             with drawable(f"the 95% interval of {total.noise.name} noise"):
                 return avg_widths(total.noise, total.step, count.noise)
+        except OutOfRange as exc:
+            raise beyond_the_sampler(total.noise.name, self.share, exc) from None
+
+    def _spread_widths_of(self, aggregate: Aggregate) -> dispersion.Widths:
+        """The half-widths a VAR/STDDEV's intervals need, found before the charge."""
+        count, total, squares = (self.measures[i] for i in aggregate.measurements)
+        try:
+            with drawable(f"the 95% interval of {total.noise.name} noise"):
+                return dispersion.widths(
+                    count.noise, (total.noise, total.step), (squares.noise, squares.step)
+                )
         except OutOfRange as exc:
             raise beyond_the_sampler(total.noise.name, self.share, exc) from None
 
@@ -400,10 +417,20 @@ class DirectPlan(_Batched):
         total = values * first.step if first.step != 1.0 else values.astype(np.float64)
         if aggregate.function == "sum":
             return total
+        if aggregate.function in dispersion.NAMES:
+            return dispersion.estimate(aggregate.function, *self._spread(aggregate, noisy))
         count = noisy[aggregate.measurements[1]]
         mean = total / np.maximum(count, 1)
         # dividing noisy values is post-processing; clamping to the bounds too
         return np.clip(mean, aggregate.bounds.lower, aggregate.bounds.upper)
+
+    def _spread(
+        self, aggregate: Aggregate, noisy: list[np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, Interval]:
+        """A VAR/STDDEV's noisy COUNT, centred SUM and SUM of squares (in the column's
+        units), and the argument's bounds."""
+        count, total, squares = (noisy[i] * self.measures[i].step for i in aggregate.measurements)
+        return count, total, squares, aggregate.bounds
 
     def _accuracy(self, noisy: list[np.ndarray], source: np.ndarray) -> dict[str, Accuracy]:
         """Each released aggregate's accuracy; `source` is each final row's index in `noisy`."""
@@ -418,6 +445,22 @@ class DirectPlan(_Batched):
         measure = self.measures[aggregate.measurements[0]]
         noise = measure.noise
         scale = float(noise.scale) * measure.step
+        if aggregate.function in dispersion.NAMES:
+            low, high = dispersion.intervals(
+                aggregate.function,
+                *self._spread(aggregate, noisy)[:3],
+                self._spread_widths[aggregate.measurements],
+                aggregate.bounds,
+            )
+            squares = self.measures[aggregate.measurements[2]]
+            return Accuracy(
+                squares.noise.name,
+                float(squares.noise.scale) * squares.step,
+                None,
+                squares.noise.sensitivity * squares.step,
+                dispersion.NOTE,
+                tuple(zip(low[source].tolist(), high[source].tolist(), strict=True)),
+            )
         if aggregate.function == "avg":
             total, count = (noisy[i] for i in aggregate.measurements)
             bounds = (aggregate.bounds.lower, aggregate.bounds.upper)
@@ -483,6 +526,8 @@ class DirectPlan(_Batched):
                 f"per row, conservative: the SUM's 97.5% half-width {widths.total:.6g} and the "
                 f"COUNT's {widths.count:g} combined, within the column's bounds",
             ))  # fmt: skip
+        for spread in self._spread_widths.values():
+            lines.append(("VAR/STDDEV interval", dispersion.explanation(spread)))
         if analysis.grouped:
             lines.append(("group keys", self._keys_explanation()))
         return lines + [("note", note) for note in self.notes]

@@ -208,7 +208,7 @@ def _shape(select: exp.Select, windows: list[exp.Window]) -> _Shape:
             "only running COUNTs and SUMs are answered",
             "write SUM(COUNT(*)) OVER (ORDER BY day) with GROUP BY day",
         )
-    if isinstance(aggregate, exp.Avg) or aggregate.find(exp.Distinct):
+    if not isinstance(aggregate, exp.Count | exp.Sum) or aggregate.find(exp.Distinct):
         raise _refuse(
             f"a running {aggregate.sql()}",
             "only running COUNT(*), COUNT(col) and SUM(col) are answered",
