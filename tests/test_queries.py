@@ -366,3 +366,35 @@ def test_a_test_of_a_predicate_runs_on_every_backend(connect):
                       "CAST(age AS TEXT) LIKE '3!%' ESCAPE '!' IS NOT NULL"):  # fmt: skip
         (count,) = connection.execute(f"SELECT COUNT(*) FROM pums WHERE {condition}").fetchone()
         assert count > 900  # every row: the test is never NULL
+
+
+def test_each_unit_keeps_groups_of_its_own(tmp_path):
+    """max_groups_per_unit keeps, for each unit, groups chosen by a hash keyed by the unit
+    too: every person has a row in each of five groups and keeps one, so each group
+    keeps about a fifth of the people (keyed by the group alone, one group kept all)."""
+    people = 400
+    connection = duckdb.connect()
+    connection.execute(
+        f"CREATE TABLE visits AS SELECT p AS pid, g FROM range({people}) a(p), range(5) b(g)"
+    )
+    policy = {
+        "version": 1,
+        "defaults": {"epsilon_per_query": 1000.0, "delta": 1e-6},
+        "analysts": {"default": {"epsilon": 1e6, "delta": 0.5}},
+        "tables": {
+            "visits": {
+                "privacy_unit": "pid",
+                "max_groups_per_unit": 1,
+                "max_rows_per_unit": 2,  # 1 and 1: one window keeps one row
+                "columns": {
+                    "pid": {"type": "int", "private": True},
+                    "g": {"type": "int", "lower": 0, "upper": 4, "public": True},
+                },
+            }
+        },
+    }
+    with dpsql.connect(connection, policy=policy, ledger=tmp_path / "l.sqlite", seed=5) as con:
+        counts = dict(con.execute("SELECT g, COUNT(*) FROM visits GROUP BY g").fetchall())
+    # binomial(400, 1/5): mean 80, sd 8; six sd either way
+    assert all(32 <= counts[g] <= 128 for g in range(5)), counts
+    assert sum(counts.values()) == pytest.approx(people, abs=5)

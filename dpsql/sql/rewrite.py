@@ -593,7 +593,12 @@ def _bounded(
     items: list[exp.Expression] = [exp.Star(), row_rank]
     if keys and not single:
         group_hash = (
-            [] if earliest_groups else [exp.Ordered(this=keyed_hash(dialect, seed + 1, keys))]
+            # the unit in the hash: each unit keeps its own random groups (over the keys
+            # alone, every unit would keep the groups of the lowest hashes, and one
+            # group could lose every unit with more than max_groups_per_unit groups)
+            []
+            if earliest_groups
+            else [exp.Ordered(this=keyed_hash(dialect, seed + 1, [unit, *keys]))]
         )
         items.append(
             exp.Window(
