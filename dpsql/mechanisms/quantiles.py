@@ -55,9 +55,9 @@ that varies with the size of x's numerator and denominator.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from fractions import Fraction
-import math
 
 import numpy as np
 

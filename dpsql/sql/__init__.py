@@ -17,8 +17,8 @@ from dpsql.sql.normalize import normalize
 from dpsql.sql.parse import nested_too_deeply
 from dpsql.sql.plan import ConstantPlan, DirectPlan, DomainPlan, Options, Plan
 from dpsql.sql.public import plan_public
-from dpsql.sql.quantiles import plan_quantiles
 from dpsql.sql.qualify import by_policy_names, tables_read
+from dpsql.sql.quantiles import plan_quantiles
 from dpsql.sql.relations import reads_relation, relation
 from dpsql.sql.running import plan_running
 from dpsql.sql.synopsis import plan_synopsis
