@@ -190,6 +190,7 @@ def test_the_charge_is_the_epsilon_and_repeats_are_free(cursor: dpsql.Cursor) ->
     ("query", "words"),
     [
         ("SELECT MEDIAN(free) FROM t", "lower and upper"),
+        ("SELECT MEDIAN(uid) FROM t", "private"),
         ("SELECT MEDIAN(s) FROM t", "string column"),
         ("SELECT quantile_cont(x, 1.5) FROM t", "outside (0, 1)"),
         ("SELECT quantile_cont(x, 0) FROM t", "outside (0, 1)"),

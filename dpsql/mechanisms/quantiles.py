@@ -38,23 +38,25 @@ Timing. It serves `dpsql policy init` and analysts' quantiles (sql/quantiles.py)
 The number of proposals is geometric with success probability sum_i e^-x(i) / B,
 which depends on the data: left alone, the sampler's running time would be a
 side channel to an analyst timing answers over a network. So the sampler always
-draws `rounds(B)` proposals, deciding every one of them (each decision's exact
+draws ROUNDS_PER_CANDIDATE * B proposals, deciding every one of them (each decision's exact
 Bernoulli is made, and its cost depends only on x, not on whether an earlier
 proposal was accepted), and returns the first accepted. Since the likeliest
 candidate has x = 0, the success probability is at least 1 / B, so all rounds
-fail with probability at most (1 - 1/B)^rounds(B) <= e^-ROUNDS_PER_CANDIDATE,
+fail with probability at most (1 - 1/B)^(ROUNDS_PER_CANDIDATE B) <= e^-ROUNDS_PER_CANDIDATE,
 below 2^-40; only then does it draw a further block. The count of blocks (and so
 of proposals) is then data dependent only with that probability. What remains
-data dependent is the cost of each Bernoulli of e^-x, which grows with x; the
-decisions are cached per candidate, so it is paid at most once per candidate,
-and the candidates proposed are data independent (uniform), so the set whose
-x is evaluated is too. This is an argument about counts of operations, not a
-constant-time implementation: Python's Fraction arithmetic still takes time
-that varies with the size of x's numerator and denominator.
+data dependent is the cost of each candidate's decisions, which grows with x
+(the AND of floor(x) exact Bernoullis of e^-1, stopped once every one of that
+candidate's proposals is rejected); the candidates proposed are data
+independent (uniform), so the set whose x is evaluated is too. This is an
+argument about counts of operations, not a constant-time implementation:
+Python's Fraction arithmetic still takes time that varies with the size of
+x's numerator and denominator.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from fractions import Fraction
@@ -139,7 +141,20 @@ def exponential_quantile(
 
 
 def _decisions(x: Fraction, size: int, rng: np.random.Generator) -> np.ndarray:
-    """`size` exact Bernoulli(e^-x) decisions."""
-    if x == 0:
-        return np.ones(size, dtype=bool)
-    return bernoulli(ExactReal.exp_neg(x), size, rng)
+    """`size` exact Bernoulli(e^-x) decisions: e^-x = (e^-1)^floor(x) e^-frac(x), so each is
+    the AND of independent exact Bernoullis of e^-frac(x) and floor(x) times e^-1 (an
+    e^-x far below 2^-64 would take a slow high-precision exponential to threshold)."""
+    alive = np.ones(size, dtype=bool)
+    whole = math.floor(x)
+    if x != whole:
+        alive &= bernoulli(ExactReal.exp_neg(x - whole), size, rng)
+    for _ in range(whole):
+        if not alive.any():
+            break
+        alive[alive] = bernoulli(_exp_minus_one(), int(alive.sum()), rng)
+    return alive
+
+
+@functools.cache
+def _exp_minus_one() -> ExactReal:
+    return ExactReal.exp_neg(Fraction(1))
