@@ -46,6 +46,9 @@ class Accuracy:
     sensitivity: float
     note: str = ""
     intervals: tuple[tuple[float, float], ...] | None = None
+    # a quantile's 95% rank interval: the released value's rank lies within this many
+    # ranks of q n, beyond the best candidate's (the value interval needs the data)
+    rank_interval95: float | None = None
 
     def __post_init__(self) -> None:
         # the release cache and the wire notice carry intervals as JSON lists of pairs

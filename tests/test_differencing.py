@@ -56,7 +56,7 @@ REFUSED = [
     "SELECT income FROM {t} WHERE " + NARROW,
     "SELECT income, COUNT(*) FROM {t} WHERE " + NARROW,
     "SELECT COUNT(*) FROM pums_pid WHERE pid = 17",
-    "SELECT MAX(income) FROM {t}",
+    "SELECT MAX(pid) FROM pums_pid",
     "SELECT SUM(DISTINCT income) FROM {t}",
     # sensitivity that cannot be bounded, or would not fit in a row's arithmetic
     "SELECT SUM(1 / (age - 40)) FROM {t}",

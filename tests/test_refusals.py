@@ -61,10 +61,9 @@ HOSTILE = [
     "SELECT sex AS s, SUM(s) FROM pums GROUP BY sex",
     "SELECT COUNT(*) AS n FROM pums_pid WHERE CASE WHEN n > 1 THEN true END",
     # unsupported aggregates
-    "SELECT MAX(income) FROM pums",
-    "SELECT MIN(age) FROM pums",
-    "SELECT MEDIAN(income) FROM pums",
-    "SELECT quantile_cont(income, 0.5) FROM pums",
+    "SELECT MAX(income), COUNT(*) FROM pums",
+    "SELECT quantile_cont(income, 1.5) FROM pums",
+    "SELECT MEDIAN(income) + 1 FROM pums",
     "SELECT STRING_AGG(CAST(age AS VARCHAR), ',') FROM pums",
     "SELECT LIST(income) FROM pums",
     "SELECT COVAR_POP(income, age) FROM pums",
@@ -341,8 +340,8 @@ def test_functions_of_the_wrong_kind_are_refused_before_the_charge(visits):
 def test_refusal_names_construct_and_alternative(recorded):
     connection, _ = recorded
     with pytest.raises(dpsql.QueryRefused) as raised:
-        connection.cursor().execute("SELECT MAX(income) FROM pums")
-    assert "MAX" in raised.value.construct
+        connection.cursor().execute("SELECT STRING_AGG(CAST(age AS VARCHAR), ',') FROM pums")
+    assert "GROUP_CONCAT" in raised.value.construct or "STRING_AGG" in raised.value.construct
     assert "COUNT" in raised.value.hint
 
 

@@ -231,6 +231,8 @@ REFUSED = [
     "SELECT COUNT(*) FROM orders WHERE o_totalprice > (SELECT AVG(o_totalprice) FROM orders "
     "WHERE o_custkey IN (SELECT c_custkey FROM customer))",
     "SELECT COUNT(*) FROM orders WHERE o_totalprice > (SELECT AVG(x) FROM read_csv('/etc/passwd'))",
+    "SELECT COUNT(*) FROM orders WHERE o_totalprice > (SELECT quantile_cont(o_totalprice, "
+    "[0.25, 0.5]) FROM orders)",
     "SELECT COUNT(*) FROM orders WHERE o_totalprice > (SELECT AVG(o_totalprice) FROM orders a "
     "JOIN orders b ON a.o_totalprice = b.o_totalprice)",
     # private with private on anything but the unit
@@ -321,6 +323,7 @@ SCALAR = [
     "GROUP BY c.c_mktsegment",
     "SELECT o_orderstatus, COUNT(*) FROM orders GROUP BY o_orderstatus "
     "HAVING COUNT(*) > (SELECT COUNT(*) FROM orders) / 10",
+    "SELECT COUNT(*) FROM orders WHERE o_orderdate > (SELECT MEDIAN(o_orderdate) FROM orders)",
     "SELECT SUM(l_quantity) FROM lineitem WHERE l_quantity > (SELECT AVG(l_quantity) "
     "FROM lineitem WHERE l_discount > (SELECT AVG(l_discount) FROM lineitem))",
 ]

@@ -18,6 +18,7 @@ from dpsql.sql.parse import nested_too_deeply
 from dpsql.sql.plan import ConstantPlan, DirectPlan, DomainPlan, Options, Plan
 from dpsql.sql.public import plan_public
 from dpsql.sql.qualify import by_policy_names, tables_read
+from dpsql.sql.quantiles import plan_quantiles
 from dpsql.sql.relations import reads_relation, relation
 from dpsql.sql.running import plan_running
 from dpsql.sql.scalars import StagedPlan, plan_staged, value_subqueries
@@ -88,6 +89,7 @@ def plan_domain(select: exp.Select, table: Table, context: PlanContext) -> Plan 
 # totals are planned before the check, which refuses their window function.
 SPECIAL_PLANNERS: tuple[Callable[[exp.Select, Table, PlanContext], Plan | None], ...] = (
     plan_local,
+    plan_quantiles,
     plan_domain,
     plan_synopsis,  # last: on a table with synopses it returns the direct plan for any other query
 )

@@ -20,6 +20,10 @@ from dpsql.policy import Policy, Table
 from dpsql.sql.dispersion import DISPERSION
 
 AGGREGATES: tuple[type[exp.Expression], ...] = (exp.Count, exp.Sum, exp.Avg, *DISPERSION)
+# Order statistics, let through here and planned (or refused) by sql/quantiles.py.
+ORDER_STATISTICS: tuple[type[exp.Expression], ...] = (
+    exp.Min, exp.Max, exp.Median, exp.PercentileCont, exp.PercentileDisc, exp.WithinGroup,
+)  # fmt: skip
 
 # Scalar functions allowed in WHERE, GROUP BY, inside aggregates and in
 # post-processing: deterministic, side-effect free, no access outside the row.
@@ -172,7 +176,7 @@ def _allowed_kind(kind: type, extra: tuple[type[exp.Expression], ...]) -> bool:
     """Whether every node of this (uninspected) kind passes _check_nodes."""
     if issubclass(kind, _INSPECTED):
         return False
-    if not extra and issubclass(kind, AGGREGATES):
+    if not extra and issubclass(kind, AGGREGATES + ORDER_STATISTICS):
         return True
     return issubclass(kind, SCALAR_FUNCTIONS + STRUCTURE + extra)
 
@@ -187,6 +191,10 @@ def _check_nodes(select: exp.Select, extra: tuple[type[exp.Expression], ...]) ->
                 "dpsql cannot bound the sensitivity of nested queries yet",
                 "write one aggregate query over one table",
             )
+        if isinstance(node, exp.Array) and isinstance(
+            node.parent, exp.PercentileCont | exp.PercentileDisc
+        ):
+            continue  # a list of quantiles at once: its elements are checked as numbers
         if isinstance(node, exp.Window) and over_the_release(node):
             continue  # its function and argument are checked as the walk goes on
         if isinstance(node, exp.Window):
@@ -203,7 +211,7 @@ def _check_nodes(select: exp.Select, extra: tuple[type[exp.Expression], ...]) ->
             )
         if isinstance(node, exp.Literal) and node.is_number and not _finite(node.this):
             raise _refuse_number(node.this)
-        if not extra and isinstance(node, AGGREGATES):
+        if not extra and isinstance(node, AGGREGATES + ORDER_STATISTICS):
             continue
         if isinstance(node, SCALAR_FUNCTIONS + STRUCTURE + extra):
             continue

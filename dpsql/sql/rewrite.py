@@ -30,6 +30,7 @@ from dpsql.sql.temporal import YEARS_PYTHON_HOLDS, held_by, prefilter, temporal_
 MEASURE_PREFIX = "__dpsql_m"
 UNITS_COLUMN = "__dpsql_units"
 UNIT_KEY = "__dpsql_unit"  # the unit, a last group key, for per_unit
+BUCKET_KEY = "__dpsql_bucket"  # a histogram's bucket, a last group key
 DIGEST_COLUMN = "__dpsql_digest"
 # Dialects whose keyed hash is an integer, which a digest sums (elsewhere it is MD5 text)
 DIGEST_DIALECTS = frozenset({"duckdb", "spark", "postgres"})
@@ -72,6 +73,7 @@ def rewrite(
     earliest_groups: bool = False,
     per_unit: bool = False,
     digest_seed: int | None = None,
+    bucket: exp.Expression | None = None,
 ) -> str:
     """The bounded exact SQL for `analysis`; `grids` gives each SUM measurement its grid.
 
@@ -88,6 +90,8 @@ def rewrite(
     chance of about 2^-31, whenever which unit adds what to the group changes (a row
     moved between units, which leaves the group's total as it was), and tells nothing
     without the seed.
+    `bucket` (a row expression) groups by it too, after the bounding, as the last key
+    (BUCKET_KEY): one row per group and bucket, a bounded histogram (sql/quantiles.py).
     """
     table = analysis.table
     keys = _canonical_keys(analysis, dialect)
@@ -123,6 +127,9 @@ def rewrite(
     if per_unit:
         key_items.append(unit.copy().as_(UNIT_KEY, copy=False))
         grouped.append(unit.copy())
+    if bucket is not None:
+        key_items.append(bucket.copy().as_(BUCKET_KEY, copy=False))
+        grouped.append(bucket.copy())
     if one_row_per_unit:
         # one row per unit (row-level, or a unit the database keeps unique): nothing to bound
         relation: exp.Expression = source

@@ -194,6 +194,12 @@ def _part_plan(
             "it does not aggregate, so it may give a value per row",
             "select one aggregate in it: (SELECT AVG(x) FROM ...)",
         )
+    if inner.expressions[0].find(exp.Array) is not None:
+        raise _refused(
+            text,
+            "it releases a list (quantiles at several fractions)",
+            "ask for one fraction in it: quantile_cont(x, 0.5)",
+        )
     if inner.args.get("group") is not None:
         raise _refused(
             text,
@@ -269,7 +275,11 @@ def _literal(value: Any) -> exp.Expression:
     if isinstance(value, int | float | Decimal):
         number = exp.Literal.number(repr(abs(value)) if isinstance(value, float) else abs(value))
         return exp.paren(exp.Neg(this=number)) if value < 0 else number
-    raise TypeError(f"a scalar subquery released a {type(value).__name__}")
+    raise QueryRefused(
+        "a scalar subquery's value",
+        f"it released a {type(value).__name__}, which cannot stand as a constant",
+        "make the subquery release one number, date or text",
+    )
 
 
 def scalar_value(release: Release, text: str) -> Any:

@@ -1,0 +1,229 @@
+"""Order statistics (sql/quantiles.py, mechanisms/quantiles.py): the exact sampler's
+distribution against the exponential mechanism's closed form, its rank error against the
+stated bound, the bounded histogram on neighbouring databases, end to end on DuckDB and
+PostgreSQL (per group, dates, lists), and the refusals."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections import Counter
+from fractions import Fraction
+
+import duckdb
+import numpy as np
+import pytest
+from conftest import postgres_tables
+from scipy import stats
+
+import dpsql
+from dpsql.errors import QueryRefused
+from dpsql.mechanisms.quantiles import exponential_quantile, quantile_weights, rank_error_bound
+
+POLICY = {
+    "analysts": {"default": {"epsilon": 1000.0, "delta": 1e-6}},
+    "tables": {
+        "t": {
+            "privacy_unit": "uid",
+            "max_rows_per_unit": 3,
+            "max_groups_per_unit": 3,
+            "columns": {
+                "uid": {"type": "int", "private": True},
+                "x": {"type": "float", "lower": 0, "upper": 1000},
+                "n": {"type": "int", "lower": 0, "upper": 499},
+                "g": {"type": "int", "lower": 0, "upper": 2, "public": True},
+                "h": {"type": "int", "lower": 0, "upper": 5},
+                "d": {"type": "date", "lower": "2020-01-01", "upper": "2020-12-31"},
+                "s": {"type": "string"},
+                "free": {"type": "float"},
+            },
+        }
+    },
+}
+ROWS = 3000
+_CREATE = (
+    "CREATE TABLE t AS SELECT i // 3 AS uid, CAST((i * 37) % 1000 AS DOUBLE) AS x, "
+    "CAST(i % 500 AS INTEGER) AS n, i % 3 AS g, i % 6 AS h, "
+    "DATE '2020-01-01' + CAST(i % 300 AS INTEGER) AS d, 'a' AS s, 1.0 AS free "
+    f"FROM range({ROWS}) r(i)"
+)
+
+
+def _rows() -> list[tuple]:
+    return duckdb.connect().execute(_CREATE.replace("CREATE TABLE t AS ", "")).fetchall()
+
+
+@pytest.fixture()
+def cursor() -> dpsql.Cursor:
+    database = duckdb.connect()
+    database.execute(_CREATE)
+    return dpsql.connect(database, policy=POLICY, epsilon=1.0, ledger=":memory:", seed=3).cursor()
+
+
+def test_the_sampler_draws_the_exponential_mechanisms_distribution() -> None:
+    """Chi-square of 1500 draws (fixed seed) against the closed form e^-x(i) / sum, with a
+    unit sensitivity of 2: the exponent is epsilon |rank - q n| / (2 * 2)."""
+    counts, q, epsilon = [3, 5, 2, 0, 4, 1], Fraction(1, 2), Fraction(3, 2)
+    exponents = quantile_weights(counts, q, epsilon, sensitivity=2)
+    ranks = np.cumsum(counts)
+    closed = [float(epsilon) * abs(r - 7.5) / 4 for r in ranks]
+    assert [float(x) for x in exponents] == pytest.approx([c - min(closed) for c in closed])
+    weights = np.array([math.exp(-float(x)) for x in exponents])
+    expected = weights / weights.sum()
+    rng = np.random.default_rng(7)
+    draws = 1500
+    seen = Counter(
+        exponential_quantile(counts, q, epsilon, rng, sensitivity=2) for _ in range(draws)
+    )
+    observed = np.array([seen[i] for i in range(len(counts))])
+    _, p_value = stats.chisquare(observed, expected * draws)
+    assert p_value > 1e-3
+
+
+def test_the_rank_error_stays_within_the_stated_bound() -> None:
+    """120 medians of 2000 values over 64 buckets at epsilon 0.5, sensitivity 3: the
+    share whose rank error exceeds the 95% bound is at most 5% (plus 3 sigma)."""
+    rng = np.random.default_rng(5)
+    counts = list(np.bincount(rng.integers(0, 64, 2000), minlength=64))
+    epsilon, sensitivity = Fraction(1, 2), 3
+    ranks = np.cumsum(counts)
+    best = np.min(np.abs(ranks - 1000))
+    bound = rank_error_bound(epsilon, sensitivity, 64, 0.05)
+    errors = [
+        abs(
+            ranks[exponential_quantile(counts, Fraction(1, 2), epsilon, rng, (), sensitivity)]
+            - 1000
+        )
+        - best
+        for _ in range(120)
+    ]
+    beyond = sum(e > bound for e in errors) / len(errors)
+    assert beyond <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 120)
+    # and the error is not trivially zero: the mechanism does randomise at this epsilon
+    assert np.mean(errors) > 1
+
+
+def _explain(cursor: dpsql.Cursor, query: str) -> dict[str, str]:
+    cursor.execute(f"EXPLAIN {query}")
+    return dict(cursor.fetchall())
+
+
+def _histogram(database: duckdb.DuckDBPyConnection, sql: str) -> Counter:
+    return Counter({(row[:-1]): row[-1] for row in database.execute(sql).fetchall()})
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_removing_a_unit_moves_the_histogram_by_at_most_its_sensitivity(grouped: bool) -> None:
+    """The rewritten SQL on neighbouring databases (each unit removed in turn, over units
+    with up to 5 rows): bucket counts move by at most max_rows_per_unit in total per
+    group, and by at most max_rows * max_groups over all groups."""
+    columns = {k: POLICY["tables"]["t"]["columns"][k] for k in ("uid", "x", "g")}
+    table = {**POLICY["tables"]["t"], "max_groups_per_unit": 2, "columns": columns}
+    policy = {**POLICY, "tables": {"t": table}}
+    rows = [(i // 5, float((i * 53) % 1000), i % 3) for i in range(60)]
+    database = duckdb.connect()
+    database.execute("CREATE TABLE t (uid INT, x DOUBLE, g INT)")
+    database.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
+    query = "SELECT g, MEDIAN(x) FROM t GROUP BY g" if grouped else "SELECT MEDIAN(x) FROM t"
+    with dpsql.connect(database, policy=policy, ledger=":memory:", seed=1) as connection:
+        sql = _explain(connection.cursor(), query)["sql"]
+    full = _histogram(database, sql)
+    assert sum(full.values()) > 0
+    for unit in range(12):
+        database.execute("CREATE OR REPLACE TABLE t AS SELECT * FROM full_t") if unit else None
+        if not unit:
+            database.execute("CREATE TABLE full_t AS SELECT * FROM t")
+        database.execute(f"DELETE FROM t WHERE uid = {unit}")
+        neighbour = _histogram(database, sql)
+        moved = Counter()
+        for cell in full.keys() | neighbour.keys():
+            moved[cell[:-1]] += abs(full[cell] - neighbour[cell])
+        assert all(m <= 3 for m in moved.values())
+        assert sum(moved.values()) <= 3 * (2 if grouped else 1)
+
+
+def test_duckdb_end_to_end(cursor: dpsql.Cursor) -> None:
+    cursor.execute("SELECT MEDIAN(x) AS m, MIN(x) AS lo, MAX(x) AS hi FROM t")
+    ((median, low, high),) = cursor.fetchall()
+    assert abs(median - 500) < 60 and low < 100 and high > 900
+    accuracy = cursor.accuracy["m"]
+    assert accuracy.mechanism == "exponential" and accuracy.rank_interval95 > 0
+    assert "rank" in accuracy.note
+
+
+def test_lists_dates_and_discrete_values(cursor: dpsql.Cursor) -> None:
+    cursor.execute("SELECT quantile_cont(x, [0.25, 0.5, 0.75]) AS q FROM t")
+    ((quartiles,),) = cursor.fetchall()
+    assert len(quartiles) == 3 and quartiles == sorted(quartiles)
+    assert [abs(v - e) < 80 for v, e in zip(quartiles, (250, 500, 750), strict=True)]
+    cursor.execute("SELECT MEDIAN(d) FROM t")
+    ((median,),) = cursor.fetchall()
+    assert isinstance(median, dt.date) and abs((median - dt.date(2020, 5, 29)).days) < 30
+    cursor.execute("SELECT quantile_disc(n, 0.5) FROM t WHERE n < 100")
+    ((value,),) = cursor.fetchall()
+    assert isinstance(value, int) and 30 <= value <= 70
+
+
+def test_per_group_over_a_public_domain(cursor: dpsql.Cursor) -> None:
+    cursor.execute("SELECT g, PERCENTILE_DISC(0.9) WITHIN GROUP (ORDER BY x) FROM t GROUP BY g")
+    rows = cursor.fetchall()
+    assert [row[0] for row in rows] == [0, 1, 2]
+    assert all(800 <= row[1] <= 1000 for row in rows)
+    plan = _explain(cursor, "SELECT g, MEDIAN(x) FROM t GROUP BY g")
+    assert plan["rank sensitivity"] == "9"  # 3 rows in each of 3 groups
+    assert _explain(cursor, "SELECT MEDIAN(x) FROM t")["rank sensitivity"] == "3"
+    assert "buckets" in plan["buckets"]
+
+
+def test_the_charge_is_the_epsilon_and_repeats_are_free(cursor: dpsql.Cursor) -> None:
+    connection = cursor.connection
+    before = connection.budget().epsilon_spent
+    cursor.execute("SELECT MEDIAN(x) FROM t")
+    first = cursor.fetchall()
+    assert connection.budget().epsilon_spent - before == pytest.approx(1.0)
+    cursor.execute("SELECT MEDIAN(x) FROM t")
+    assert cursor.fetchall() == first
+    assert connection.budget().epsilon_spent - before == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("query", "words"),
+    [
+        ("SELECT MEDIAN(free) FROM t", "lower and upper"),
+        ("SELECT MEDIAN(uid) FROM t", "private"),
+        ("SELECT MEDIAN(s) FROM t", "string column"),
+        ("SELECT quantile_cont(x, 1.5) FROM t", "outside (0, 1)"),
+        ("SELECT quantile_cont(x, 0) FROM t", "outside (0, 1)"),
+        ("SELECT quantile_cont(x, n) FROM t", "not a constant"),
+        ("SELECT MEDIAN(x), COUNT(*) FROM t", "two queries"),
+        ("SELECT MEDIAN(x), MEDIAN(n) FROM t", "separately"),
+        ("SELECT h, MEDIAN(x) FROM t GROUP BY h", "public domain"),
+        ("SELECT MEDIAN(x) + 1 FROM t", "afterwards"),
+    ],
+)
+def test_refusals_say_what_to_write(cursor: dpsql.Cursor, query: str, words: str) -> None:
+    with pytest.raises(QueryRefused) as refused:
+        cursor.execute(query)
+    assert words in str(refused.value)
+
+
+def test_postgres_end_to_end(postgres_url: str) -> None:
+    rows = _rows()
+    spec = (
+        "t (uid BIGINT, x DOUBLE PRECISION, n INTEGER, g BIGINT, h BIGINT, d DATE, s TEXT, "
+        "free DOUBLE PRECISION)"
+    )
+    with (
+        postgres_tables(postgres_url, {spec: rows}) as url,
+        dpsql.connect(url, policy=POLICY, epsilon=1.0, ledger=":memory:", seed=3) as connection,
+    ):
+        cursor = connection.cursor()
+        cursor.execute(
+            "SELECT g, PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY x), MEDIAN(x) FROM t GROUP BY g"
+        )
+        result = cursor.fetchall()
+        assert [row[0] for row in result] == [0, 1, 2]
+        assert all(abs(row[1] - 500) < 120 for row in result)
+        cursor.execute("SELECT PERCENTILE_DISC(0.5) WITHIN GROUP (ORDER BY d) FROM t")
+        ((median,),) = cursor.fetchall()
+        assert isinstance(median, dt.date)
