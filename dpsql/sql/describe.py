@@ -41,13 +41,24 @@ def column_types(select: exp.Expression | None, policy: Policy) -> list[str] | N
             types.append("int")
         elif isinstance(inner, exp.Column):
             types.append(_policy_type(inner.name, policy))
-        elif isinstance(inner, exp.Min | exp.Max) and isinstance(inner.this, exp.Column):
-            types.append(_policy_type(inner.this.name, policy))  # a value of the column
+        elif isinstance(inner, _ORDER_STATISTICS) and len(columns := _columns(inner)) == 1:
+            types.append(_policy_type(columns[0].name, policy))  # a value of the column
         elif inner.find(exp.AggFunc) is not None:
             types.append("float")
         else:
             types.append("")
     return types
+
+
+# aggregates that release a value of their column, in its type
+_ORDER_STATISTICS = (
+    exp.Min, exp.Max, exp.Median, exp.Quantile, exp.PercentileCont, exp.PercentileDisc,
+    exp.WithinGroup,
+)  # fmt: skip
+
+
+def _columns(node: exp.Expression) -> list[exp.Column]:
+    return list(node.find_all(exp.Column))
 
 
 def _policy_type(name: str, policy: Policy) -> str:
