@@ -267,17 +267,29 @@ def duckdb_backend(pums_db: Path) -> Backend:
     return Backend("duckdb", "duckdb", str(pums_db))
 
 
-@pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
-    """A PostgreSQL server: DPSQL_TEST_POSTGRES_URL, else one of this process's own."""
+_POSTGRES: dict[str, str] = {}  # this process's server URL, or why there is none
+
+
+def postgres_server_url() -> str:
+    """A PostgreSQL server's URL: DPSQL_TEST_POSTGRES_URL, else one this process starts
+    on first use (stopped when it exits); skips the test, saying why, if neither can be."""
     url = os.environ.get("DPSQL_TEST_POSTGRES_URL")
     if url:
-        yield url
-        return
-    if not (PG_BIN / "pg_ctl").exists():
-        pytest.skip(f"no PostgreSQL: set DPSQL_TEST_POSTGRES_URL (no pg_ctl in {PG_BIN})")
-    with _own_postgres() as url:
-        yield url
+        return url
+    if not _POSTGRES:
+        try:
+            _POSTGRES["url"] = _start_postgres()
+        except RuntimeError as exc:
+            _POSTGRES["why"] = f"no PostgreSQL: set DPSQL_TEST_POSTGRES_URL ({exc})"
+    if "why" in _POSTGRES:
+        pytest.skip(_POSTGRES["why"])
+    return _POSTGRES["url"]
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """A PostgreSQL server: DPSQL_TEST_POSTGRES_URL, else one of this process's own."""
+    return postgres_server_url()
 
 
 def _as_server_user(folder: Path) -> list[str]:
@@ -289,33 +301,34 @@ def _as_server_user(folder: Path) -> list[str]:
     return ["runuser", "-u", "nobody", "--"]
 
 
-@contextmanager
-def _own_postgres() -> Iterator[str]:
-    """initdb and start a throwaway server on a free loopback port; stop and delete it after."""
+def _start_postgres() -> str:
+    """initdb and start a throwaway server on a free loopback port, stopped and deleted
+    when the process exits; RuntimeError saying why if it cannot start."""
     import socket
     import subprocess
 
+    if not (PG_BIN / "pg_ctl").exists():
+        raise RuntimeError(f"no pg_ctl in {PG_BIN}")
     folder = Path(tempfile.mkdtemp(prefix="dpsql-pg-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     data = folder / "data"
     prefix = _as_server_user(folder)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
     run = {"check": True, "capture_output": True}
     try:
         subprocess.run([*prefix, PG_BIN / "initdb", "-D", data, "-U", "postgres", "-A", "trust",
                         "--no-sync"], **run)  # fmt: skip
-        options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
         subprocess.run([*prefix, PG_BIN / "pg_ctl", "-D", data, "-o", options, "-w",
                         "-l", folder / "log", "start"], **run)  # fmt: skip
     except subprocess.CalledProcessError as exc:
-        shutil.rmtree(folder, ignore_errors=True)
-        pytest.skip(f"no PostgreSQL: set DPSQL_TEST_POSTGRES_URL ({exc.stderr.decode()[-300:]})")
-    try:
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run([*prefix, PG_BIN / "pg_ctl", "-D", data, "-m", "fast", "stop"], **run)
-        shutil.rmtree(folder, ignore_errors=True)
+        raise RuntimeError(exc.stderr.decode(errors="replace")[-300:]) from None
+    # registered after rmtree, so it runs first
+    atexit.register(subprocess.run, [*prefix, PG_BIN / "pg_ctl", "-D", data, "-m", "fast", "stop"],
+                    capture_output=True)  # fmt: skip
+    return f"postgresql://postgres@127.0.0.1:{port}/postgres"
 
 
 @pytest.fixture(scope="session")
