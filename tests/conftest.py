@@ -128,6 +128,20 @@ def pums_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+# -- fuzzing budgets -------------------------------------------------------------
+
+# DPSQL_FUZZ=long (or HYPOTHESIS_PROFILE=long, its older name) runs the fuzzers at
+# their full budgets, with random seeds; without it they run a smaller, derandomised
+# number of examples, to keep the suite within its time on two cores.
+FUZZ_LONG = "long" in (os.environ.get("DPSQL_FUZZ"), os.environ.get("HYPOTHESIS_PROFILE"))
+
+
+def fuzz_examples(ci: int, long: int) -> int:
+    """The number of examples a fuzzer runs: DPSQL_FUZZ_EXAMPLES if set, else `long`
+    under DPSQL_FUZZ=long, else `ci`."""
+    return int(os.environ.get("DPSQL_FUZZ_EXAMPLES", long if FUZZ_LONG else ci))
+
+
 # -- backends ------------------------------------------------------------------
 
 BACKENDS = ["duckdb", "postgres", pytest.param("spark", marks=pytest.mark.spark)]
