@@ -76,21 +76,27 @@ class BudgetExhausted(OperationalError):
         self.remaining = remaining
         super().__init__(self._message())
 
-    def _message(self) -> str:
+    def _message(self, lower: str = "SET dpsql.epsilon = <smaller value>") -> str:
         return (
             f"privacy budget exhausted for analyst '{self.analyst}': the query costs "
             f"{self.cost} but only {self.remaining} remains. Ask the data owner for more "
-            f"budget, or {self._cheaper()}"
+            f"budget, or {self._cheaper(lower)}"
         )
 
-    def _cheaper(self) -> str:
+    def advice(self, lower: str, reset: str | None = None) -> str:
+        """The message in a front end's words: `lower` is how it lowers a query's epsilon
+        (SQL's SET by default, e.g. `--epsilon <smaller value>` on the command line), and
+        `reset` how to start the budget afresh where the analyst may (the demo's ledger)."""
+        return self._message(lower) + (f" {reset}" if reset else "")
+
+    def _cheaper(self, lower: str) -> str:
         """What to write instead: zCDP (Gaussian) charges need delta left over to convert."""
         if getattr(self.cost, "rho", 0) and not getattr(self.remaining, "delta", 1):
             return (
                 "use noise that needs no delta: SET dpsql.mechanism = 'laplace' (Gaussian "
                 "noise is converted with delta, and none is left)."
             )
-        return "lower the cost with SET dpsql.epsilon = <smaller value> (more noise)."
+        return f"lower the cost with {lower} (more noise)."
 
 
 class DatasetBudgetExhausted(BudgetExhausted):
@@ -101,12 +107,12 @@ class DatasetBudgetExhausted(BudgetExhausted):
     charge (a refused query writes nothing), what the others spend and when.
     """
 
-    def _message(self) -> str:
+    def _message(self, lower: str = "SET dpsql.epsilon = <smaller value>") -> str:
         return (
             "the dataset-wide privacy budget, shared by all analysts, does not cover the "
             f"query of analyst '{self.analyst}', which costs {self.cost} (what is left of it "
             "is not shown: it would tell what other analysts spent). Ask the data owner to "
-            f"raise 'budget' in the policy, or {self._cheaper()}"
+            f"raise 'budget' in the policy, or {self._cheaper(lower)}"
         )
 
 

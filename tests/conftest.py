@@ -1,11 +1,14 @@
 """Shared fixtures: the PUMS sample loaded into each backend, and policies for it.
 
 The PUMS CSV files are read from DPSQL_PUMS_DIR (default: ../shared/data/pums
-beside the repository); tests that need them are skipped, saying why, when
-the folder is absent. Nothing from it is copied into the repository.
+beside the repository); where that folder is absent (a fresh clone), or
+DPSQL_PUMS_DIR is `generated`, tests run on a generated sample of the same shape
+(tests/pums_sample.py), so the suite runs whole. Nothing from the real sample is
+copied into the repository.
 
 Backends: DuckDB always; PostgreSQL on the server DPSQL_TEST_POSTGRES_URL
-names, else on one pytest-postgresql starts, else skipped with the reason;
+names, else on one the session starts itself (initdb, as `nobody` when run as
+root), else skipped with the reason;
 Spark in local mode (marked `spark`: `-m spark` selects it, `-m "not spark"`
 leaves it out; skipped with the reason without PySpark or Java), one
 SparkSession for the whole test session with the PUMS tables as Parquet views.
@@ -16,12 +19,14 @@ backend take the `backend` fixture and carry `@on_every_backend`.
 
 from __future__ import annotations
 
+import atexit
 import copy
 import decimal
 import importlib.util
 import os
 import secrets
 import shutil
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -79,10 +84,30 @@ def pums_policy(**overrides: object) -> dict:
     return policy
 
 
+def real_pums() -> Path | None:
+    """The folder of the real PUMS sample, or None where it is absent or not wanted."""
+    if os.environ.get("DPSQL_PUMS_DIR") == "generated":
+        return None
+    readable = all(os.access(PUMS_DIR / name, os.R_OK) for name in PUMS_TABLES.values())
+    return PUMS_DIR if readable else None
+
+
+_GENERATED: list[Path] = []  # this process's generated sample, written on first use
+
+
 def require_pums() -> Path:
-    if not all((PUMS_DIR / name).exists() for name in PUMS_TABLES.values()):
-        pytest.skip(f"PUMS sample not found in {PUMS_DIR} (set DPSQL_PUMS_DIR to its folder)")
-    return PUMS_DIR
+    """The folder of the PUMS CSV files: the real sample, else the generated one."""
+    folder = real_pums()
+    if folder is not None:
+        return folder
+    if not _GENERATED:
+        from pums_sample import write_sample
+
+        # per process (each xdist worker has its own); the seeded files are identical
+        folder = Path(tempfile.mkdtemp(prefix="dpsql-pums-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        _GENERATED.append(write_sample(folder))
+    return _GENERATED[0]
 
 
 def load_pums(connection: duckdb.DuckDBPyConnection, tables: dict[str, str] = PUMS_TABLES) -> None:
@@ -101,6 +126,20 @@ def pums_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with duckdb.connect(str(path)) as connection:
         load_pums(connection)
     return path
+
+
+# -- fuzzing budgets -------------------------------------------------------------
+
+# DPSQL_FUZZ=long (or HYPOTHESIS_PROFILE=long, its older name) runs the fuzzers at
+# their full budgets, with random seeds; without it they run a smaller, derandomised
+# number of examples, to keep the suite within its time on two cores.
+FUZZ_LONG = "long" in (os.environ.get("DPSQL_FUZZ"), os.environ.get("HYPOTHESIS_PROFILE"))
+
+
+def fuzz_examples(ci: int, long: int) -> int:
+    """The number of examples a fuzzer runs: DPSQL_FUZZ_EXAMPLES if set, else `long`
+    under DPSQL_FUZZ=long, else `ci`."""
+    return int(os.environ.get("DPSQL_FUZZ_EXAMPLES", long if FUZZ_LONG else ci))
 
 
 # -- backends ------------------------------------------------------------------
@@ -242,27 +281,68 @@ def duckdb_backend(pums_db: Path) -> Backend:
     return Backend("duckdb", "duckdb", str(pums_db))
 
 
-@pytest.fixture(scope="session")
-def postgres_url(request: pytest.FixtureRequest) -> str:
-    """A PostgreSQL server: DPSQL_TEST_POSTGRES_URL, else one pytest-postgresql starts."""
+_POSTGRES: dict[str, str] = {}  # this process's server URL, or why there is none
+
+
+def postgres_server_url() -> str:
+    """A PostgreSQL server's URL: DPSQL_TEST_POSTGRES_URL, else one this process starts
+    on first use (stopped when it exits); skips the test, saying why, if neither can be."""
     url = os.environ.get("DPSQL_TEST_POSTGRES_URL")
     if url:
         return url
+    if not _POSTGRES:
+        try:
+            _POSTGRES["url"] = _start_postgres()
+        except RuntimeError as exc:
+            _POSTGRES["why"] = f"no PostgreSQL: set DPSQL_TEST_POSTGRES_URL ({exc})"
+    if "why" in _POSTGRES:
+        pytest.skip(_POSTGRES["why"])
+    return _POSTGRES["url"]
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """A PostgreSQL server: DPSQL_TEST_POSTGRES_URL, else one of this process's own."""
+    return postgres_server_url()
+
+
+def _as_server_user(folder: Path) -> list[str]:
+    """The prefix that runs a PostgreSQL program as a user it accepts: initdb and postgres
+    refuse root (pytest-postgresql has no way round that), so root runs them as nobody."""
+    if os.geteuid() != 0:
+        return []
+    shutil.chown(folder, "nobody")
+    return ["runuser", "-u", "nobody", "--"]
+
+
+def _start_postgres() -> str:
+    """initdb and start a throwaway server on a free loopback port, stopped and deleted
+    when the process exits; RuntimeError saying why if it cannot start."""
+    import socket
+    import subprocess
+
     if not (PG_BIN / "pg_ctl").exists():
-        pytest.skip(f"no PostgreSQL: set DPSQL_TEST_POSTGRES_URL (no pg_ctl in {PG_BIN})")
+        raise RuntimeError(f"no pg_ctl in {PG_BIN}")
+    folder = Path(tempfile.mkdtemp(prefix="dpsql-pg-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    data = folder / "data"
+    prefix = _as_server_user(folder)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+    run = {"check": True, "capture_output": True}
     try:
-        proc = request.getfixturevalue("started_postgres")
-    except Exception as exc:  # e.g. initdb refuses to run as root
-        pytest.skip(f"no PostgreSQL: set DPSQL_TEST_POSTGRES_URL (pytest-postgresql: {exc})")
-    return f"postgresql://{proc.user}@{proc.host}:{proc.port}/postgres"
-
-
-try:
-    from pytest_postgresql import factories
-
-    started_postgres = factories.postgresql_proc(executable=str(PG_BIN / "pg_ctl"), port=None)
-except ImportError:  # the fallback server is optional
-    pass
+        subprocess.run([*prefix, PG_BIN / "initdb", "-D", data, "-U", "postgres", "-A", "trust",
+                        "--no-sync"], **run)  # fmt: skip
+        subprocess.run([*prefix, PG_BIN / "pg_ctl", "-D", data, "-o", options, "-w",
+                        "-l", folder / "log", "start"], **run)  # fmt: skip
+    except subprocess.CalledProcessError as exc:
+        raise RuntimeError(exc.stderr.decode(errors="replace")[-300:]) from None
+    # registered after rmtree, so it runs first
+    atexit.register(subprocess.run, [*prefix, PG_BIN / "pg_ctl", "-D", data, "-m", "fast", "stop"],
+                    capture_output=True)  # fmt: skip
+    return f"postgresql://postgres@127.0.0.1:{port}/postgres"
 
 
 @pytest.fixture(scope="session")

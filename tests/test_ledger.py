@@ -3,9 +3,9 @@ exact arithmetic, rho composed as zCDP, atomic charges under threads, processes
 and several proxies, survival of SIGKILL, first-writer-wins cached releases,
 and the upgrade of version-1 SQLite files.
 
-The PostgreSQL cases use the server DPSQL_TEST_POSTGRES_URL names, each in a
-schema of its own that is dropped afterwards, and are skipped, saying so,
-when the variable is unset.
+The PostgreSQL cases use the server DPSQL_TEST_POSTGRES_URL names (else one the
+test process starts itself, see conftest.py), each in a schema of its own that
+is dropped afterwards.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
+from conftest import postgres_server_url
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from psycopg import sql
@@ -55,19 +56,14 @@ REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("ledger_worker.py")
 TENTH = Cost(Fraction(1, 10))
 ONE = Cost.of(1.0)
-POSTGRES_URL = os.environ.get("DPSQL_TEST_POSTGRES_URL")
 STORES = ["sqlite", "postgresql"]
 # What a database driver raises when a trigger or constraint refuses a statement.
 REFUSED = (sqlite3.DatabaseError, psycopg.Error)
 
 
 def postgres_location(schema: str) -> str:
-    if not POSTGRES_URL:
-        pytest.skip(
-            "DPSQL_TEST_POSTGRES_URL is not set: the PostgreSQL ledger tests need a server "
-            "(e.g. postgresql://postgres@127.0.0.1:5432/test)"
-        )
-    return f"{POSTGRES_URL}{'&' if '?' in POSTGRES_URL else '?'}schema={schema}"
+    url = postgres_server_url()
+    return f"{url}{'&' if '?' in url else '?'}schema={schema}"
 
 
 @contextmanager

@@ -1,6 +1,6 @@
 """Claims on a ledger (Ledger.exclusive): identical statements are answered one at a time
 across threads, ledger objects and processes sharing a ledger, on an SQLite file and on
-PostgreSQL (skipped, saying so, without DPSQL_TEST_POSTGRES_URL).
+PostgreSQL (DPSQL_TEST_POSTGRES_URL, else a server of the test process's own).
 
 Another process holds a claim in a real child process: while it holds it, the same
 key waits and a key of another slot does not; the claim passes on when the holder

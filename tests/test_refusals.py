@@ -613,3 +613,30 @@ def test_a_query_fails_for_no_one_row(request, tmp_path, backend, row, sql, refu
                 with pytest.raises(dpsql.QueryRefused, match=refused):
                     con.execute(sql)
                 assert con.budget().epsilon_spent == 0
+
+
+def test_a_typo_in_a_column_gets_the_nearest_declared_name(connect):
+    """The hint is drawn from the policy's readable column names only, never a private
+    one nor anything in the data."""
+    connection = connect()
+    with pytest.raises(dpsql.QueryRefused, match=r"table pums\..*did you mean income\?"):
+        connection.execute("SELECT AVG(incme) FROM pums")
+    with pytest.raises(dpsql.QueryRefused) as refused:
+        connection.execute("SELECT COUNT(*) FROM pums_pid WHERE pdi > 3")
+    assert "did you mean" not in str(refused.value)  # pid is the only near name: private
+    with pytest.raises(dpsql.QueryRefused) as refused:
+        connection.execute("SELECT AVG(zzzz) FROM pums")
+    assert "did you mean" not in str(refused.value)
+    assert connection.budget().epsilon_spent == 0
+
+
+def test_a_bare_private_column_is_pointed_at_what_is_accepted(connect):
+    connection = connect()
+    with pytest.raises(dpsql.QueryRefused) as refused:
+        connection.execute("SELECT pid FROM pums_pid")
+    hint = str(refused.value).split("Instead: ", 1)[1]
+    assert "GROUP BY" not in hint
+    accepted = hint.split("count people with ", 1)[1]
+    assert accepted == "SELECT COUNT(DISTINCT pid) FROM pums_pid"
+    (count,) = connection.execute(accepted).fetchone()
+    assert abs(count - 1000) < 100

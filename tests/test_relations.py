@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ import numpy as np
 import pytest
 import sqlglot
 import tpch
+from conftest import fuzz_examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_sensitivity import _l1_change
@@ -813,7 +813,7 @@ def test_generated_relational_queries_are_refused_or_bounded(warehouse):
     seen = {"refused": 0, "answered": 0}
 
     @settings(
-        max_examples=int(os.environ.get("DPSQL_FUZZ_EXAMPLES", 300)),
+        max_examples=fuzz_examples(300, 3000),
         derandomize=True,
         deadline=None,
         database=None,

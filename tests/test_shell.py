@@ -525,3 +525,24 @@ def test_every_command_and_action_has_something_to_run():
     assert "dpsql ldp perturb" in found and "dpsql cache clear" in found
     for path, parser in found.items():
         assert callable(parser.get_default("run")), path
+
+
+def test_dpsql_query_shows_the_cost_and_a_free_repeat_and_the_way_on_when_spent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """`dpsql query` says what a query cost, that a repeat came free from the cache, and,
+    once the budget is spent, to lower --epsilon (its own option, not SQL's SET) and how
+    to start the demo's ledger afresh."""
+    from dpsql.cli import main
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # the demo's ledger lives under HOME
+    sql = "SELECT COUNT(*) AS n FROM census"
+    assert main(["query", "--demo", "--epsilon", "0.5", sql]) == 0
+    assert "cost: epsilon 0.5," in capsys.readouterr().out
+    assert main(["query", "--demo", "--epsilon", "0.5", sql]) == 0
+    assert "nothing charged (answered from an earlier release)" in capsys.readouterr().out
+    assert main(["query", "--demo", "--epsilon", "99999", sql + " WHERE age > 30"]) == 1
+    said = " ".join(capsys.readouterr().err.split())
+    assert "BudgetExhausted" in said and "--epsilon <smaller value>" in said
+    assert "SET dpsql" not in said
+    assert f"delete{demo.demo_ledger_path()}" in said.replace(" ", "")  # rich wraps at "-"

@@ -17,7 +17,9 @@ from typing import Any
 
 from rich.console import Console
 
+from dpsql import demo
 from dpsql.cli.common import add_connection_options, open_from
+from dpsql.errors import BudgetExhausted
 from dpsql.shell import render
 
 
@@ -43,7 +45,15 @@ def register(commands: Any) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     with open_from(args, epsilon=args.epsilon) as session:
-        release = session.execute(args.sql)
+        before = session.budget()
+        try:
+            release = session.execute(args.sql)
+        except BudgetExhausted as exc:
+            Console(stderr=True).print(
+                f"[bold red]{type(exc).__name__}:[/] {exc.advice(*_budget_words(args))}",
+                highlight=False,
+            )
+            return 1
         rows = release.rows if release.columns else []
         budget = session.budget()
         if args.json:
@@ -66,5 +76,14 @@ def _run(args: argparse.Namespace) -> int:
             console.print(render.result_table(release.columns, rows, release.accuracy))
         for note in notes:
             console.print(f"[dim]note: {note}[/]", highlight=False)
-        console.print(f"[dim]{render.budget_line(budget)}[/]", highlight=False)
+        console.print(f"[dim]{render.cost_line(before, budget)}[/]", highlight=False)
     return 0
+
+
+def _budget_words(args: argparse.Namespace) -> tuple[str, str | None]:
+    """How this command lowers a query's cost, and (on the demo, whose ledger is the
+    analyst's own) how to start its budget afresh."""
+    reset = None
+    if args.demo and not args.ledger:
+        reset = f"To start the demo's budget afresh, delete {demo.demo_ledger_path()}."
+    return "--epsilon <smaller value>", reset

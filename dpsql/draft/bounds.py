@@ -74,7 +74,7 @@ COUNT_GRID = tuple(int(n) for n in _round_numbers(True) if n <= MAX_PER_UNIT)
 class EstimatesOverBudget(BudgetExhausted):
     """The owner's budget does not cover `--suggest-bounds`: said in the command's terms."""
 
-    def _message(self) -> str:
+    def _message(self, lower: str = "") -> str:
         return (
             f"--suggest-bounds costs {self.cost}, but analyst '{self.analyst}' has only "
             f"{self.remaining} left (its --owner-budget, by default the --suggest-bounds "

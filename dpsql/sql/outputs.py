@@ -70,9 +70,20 @@ class Builder:
                 raise QueryRefused(
                     f"the column {column.name} in {clause}",
                     "it is neither grouped nor aggregated, so it would release raw values",
-                    f"add {column.name} to GROUP BY, or wrap it in COUNT/SUM/AVG",
+                    self._ungrouped_hint(column.name),
                 )
         return result
+
+    def _ungrouped_hint(self, name: str) -> str:
+        """What to write instead of a bare column: a private column can be neither grouped
+        nor aggregated, so its hint names what is accepted (counting the units)."""
+        table = self.resolver.table
+        spec = table.column(name)
+        if spec is None or not spec.private:
+            return f"add {name} to GROUP BY, or wrap it in COUNT/SUM/AVG"
+        if name.lower() == table.privacy_unit:
+            return f"count people with SELECT COUNT(DISTINCT {name}) FROM {table.name}"
+        return f"{name} is private and never released: select a non-private column of {table.name}"
 
     def aggregate(self, node: exp.Expression) -> int:
         if any(True for _ in node.this.find_all(*AGGREGATES)) if node.this else False:

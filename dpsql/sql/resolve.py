@@ -5,6 +5,8 @@ the names of the output columns.
 
 from __future__ import annotations
 
+import difflib
+
 from sqlglot import exp
 
 from dpsql.errors import QueryRefused
@@ -34,12 +36,15 @@ def expand_aliases(
 
 
 def undeclared(name: str, table: Table) -> QueryRefused:
-    """The refusal of a name that is not a column the policy declares for `table`."""
-    public = ", ".join(c.name for c in table.columns.values() if not c.private)
+    """The refusal of a name that is not a column the policy declares for `table`, with
+    the nearest readable name the policy declares (a typo's fix; nothing from the data)."""
+    public = [c.name for c in table.columns.values() if not c.private]
+    near = difflib.get_close_matches(name.lower(), public, n=1, cutoff=0.6)
+    guess = f"did you mean {near[0]}? " if near else ""
     return QueryRefused(
         f"the column {name}",
         f"it is not declared in the policy for table {table.name}",
-        f"use one of: {public}",
+        f"{guess}use one of: {', '.join(public)}",
     )
 
 

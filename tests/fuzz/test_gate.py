@@ -1,20 +1,29 @@
 """Fuzz the SQL gate: every generated statement is refused before the database sees it,
 or answered with only noisy or public columns by bounded, clamped SQL.
 
-CI runs a bounded, derandomised number of examples per backend. For a long run:
+CI runs a bounded, derandomised number of examples per backend (500 on DuckDB, 200 on
+PostgreSQL); `DPSQL_FUZZ=long` runs 20,000 with random seeds, and DPSQL_FUZZ_EXAMPLES
+sets any number:
 
-    HYPOTHESIS_PROFILE=long DPSQL_FUZZ_EXAMPLES=20000 python -m pytest tests/fuzz
+    DPSQL_FUZZ=long DPSQL_FUZZ_EXAMPLES=20000 python -m pytest tests/fuzz
 
 Every failure found is kept below as an `@example` (the bug it found in a comment).
 """
 
 from __future__ import annotations
 
-import os
 import secrets
 
 import pytest
-from conftest import PUMS_TABLES, RawDatabase, _with_search_path, on_every_backend, pums_policy
+from conftest import (
+    FUZZ_LONG,
+    PUMS_TABLES,
+    RawDatabase,
+    _with_search_path,
+    fuzz_examples,
+    on_every_backend,
+    pums_policy,
+)
 from hypothesis import HealthCheck, example, given, settings
 from test_refusals import RecordingAdapter
 
@@ -24,8 +33,7 @@ from dpsql.session import Session
 from fuzz.checks import check_outcome
 from fuzz.strategies import parameters, statements, typed_statements
 
-LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
-EXAMPLES = {"duckdb": 500, "postgres": 200}
+EXAMPLES = {"duckdb": (500, 20_000), "postgres": (200, 20_000)}  # (CI, DPSQL_FUZZ=long)
 
 REGRESSIONS = [
     # A database error is a noiseless answer: each of these failed for some rows only
@@ -72,10 +80,8 @@ def gate(backend, tmp_path_factory):
 
 def _settings(backend: str) -> settings:
     return settings(
-        max_examples=int(os.environ.get("DPSQL_FUZZ_EXAMPLES", 20_000))
-        if LONG
-        else EXAMPLES[backend],
-        derandomize=not LONG,
+        max_examples=fuzz_examples(*EXAMPLES[backend]),
+        derandomize=not FUZZ_LONG,
         deadline=None,
         database=None,
         suppress_health_check=list(HealthCheck),
