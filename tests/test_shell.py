@@ -546,3 +546,28 @@ def test_dpsql_query_shows_the_cost_and_a_free_repeat_and_the_way_on_when_spent(
     assert "BudgetExhausted" in said and "--epsilon <smaller value>" in said
     assert "SET dpsql" not in said
     assert f"delete{demo.demo_ledger_path()}" in said.replace(" ", "")  # rich wraps at "-"
+
+
+def test_passwd_warns_when_the_policy_lacks_the_analyst(tmp_path, monkeypatch, capsys):
+    """`dpsql passwd --policy` says so on stderr when the analyst is not in the policy, and
+    still writes the verifier; for a known analyst it says nothing."""
+    from dpsql.cli import main
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        yaml.safe_dump(
+            {
+                "version": 1,
+                "analysts": {"alice": {"epsilon": 1.0}},
+                "tables": {"t": {"columns": {"x": {"type": "int", "lower": 0, "upper": 9}}}},
+            }
+        )
+    )
+    users = tmp_path / "users.txt"
+    for name, warned in (("bob", True), ("alice", False)):
+        monkeypatch.setattr(sys, "stdin", io.StringIO("pw\n"))
+        argv = ["passwd", name, "--users", str(users), "--policy", str(policy), "--password-stdin"]
+        assert main(argv) == 0
+        err = capsys.readouterr().err
+        assert ("bob is not an analyst" in err and "alice" in err) == warned, err
+    assert [line.split(":")[0] for line in users.read_text().splitlines()] == ["bob", "alice"]

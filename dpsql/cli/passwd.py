@@ -2,6 +2,7 @@
 
     dpsql passwd alice --users users.txt        # add or update alice in a users file
     dpsql passwd alice                          # print the verifier for the policy
+    dpsql passwd alice --policy policy.yaml     # ... and warn if the policy lacks alice
 
 Asks for the password twice (or reads one line with --password-stdin) and
 stores its SCRAM-SHA-256 verifier, never the password, through the wire
@@ -26,6 +27,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     passwd.add_argument("analyst", help="the analyst's name, as in the policy")
     passwd.add_argument("--users", help="users file to add to or update (created mode 0600)")
+    passwd.add_argument("--policy", help="warn when the analyst is not in this policy (a "
+                        "login then succeeds, but every query is refused)")  # fmt: skip
     passwd.add_argument("--password-stdin", action="store_true",
                         help="read the password from standard input (for scripts)")  # fmt: skip
     passwd.set_defaults(run=_run)
@@ -34,6 +37,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from dpsql.server.auth import make_verifier, write_user
 
+    if args.policy:
+        _warn_if_unknown(args.analyst, args.policy)
     if args.password_stdin:
         password = sys.stdin.readline().rstrip("\r\n")
     else:
@@ -47,3 +52,18 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print(f"add to the policy:\nanalysts:\n  {args.analyst}:\n    password: '{verifier}'")
     return 0
+
+
+def _warn_if_unknown(analyst: str, source: str) -> None:
+    """Say on stderr when the policy does not name `analyst`: their password would let
+    them log in to a server that refuses all they ask."""
+    from dpsql.policy import load_policy
+
+    known = sorted(load_policy(source).analysts)
+    if analyst not in known:
+        print(
+            f"warning: {analyst} is not an analyst of {source} (it names "
+            f"{', '.join(known) or 'none'}); add them under 'analysts:' with a budget, or "
+            "their queries are refused",
+            file=sys.stderr,
+        )

@@ -253,8 +253,9 @@ def _refuse_node(node: exp.Expression) -> QueryRefused:
     if isinstance(node, exp.AggFunc):
         return QueryRefused(
             f"the aggregate {name}",
-            "dpsql protects COUNT, SUM and AVG only",
-            "rewrite it with COUNT(*), COUNT(col), COUNT(DISTINCT <unit>), SUM(col) or AVG(col)",
+            "dpsql releases COUNT, SUM, AVG, variances, standard deviations and quantiles only",
+            "rewrite it with COUNT(*), COUNT(col), COUNT(DISTINCT col), SUM(col), AVG(col), "
+            "VAR_POP(col), STDDEV(col), MEDIAN(col) or quantile_cont(col, p)",
         )
     if isinstance(node, exp.Func):
         if isinstance(node, exp.Anonymous):
