@@ -285,6 +285,17 @@ def test_completion_of_columns_tables_keywords_and_meta_commands() -> None:
     assert "census" in _complete("SELECT COUNT(*) FROM ", requested=True)
 
 
+def test_completion_offers_private_columns_only_where_they_are_accepted() -> None:
+    """The privacy unit is offered in COUNT(DISTINCT ...) and join conditions, not where
+    it is refused (the select list, WHERE, GROUP BY)."""
+    assert _complete("SELECT pi") == []
+    assert _complete("SELECT COUNT(*) FROM census WHERE census.pi") == []
+    assert _complete("SELECT COUNT(DISTINCT pi") == ["pid"]
+    joined = "SELECT COUNT(*) FROM census JOIN census b ON b.pid = census.pi"
+    assert _complete(joined) == ["census.pid"]
+    assert _complete("SELECT COUNT(*) FROM census a JOIN census b ON a.pid = b.pid WHERE pi") == []
+
+
 # -- interactive ---------------------------------------------------------------
 
 

@@ -41,6 +41,12 @@ OPTIONS = (*(f"dpsql.{name}" for name in SETTINGS), "dpsql.budget")
 _TOKEN = re.compile(r"[\\\w.]*$")
 _META_TOKEN = re.compile(r"[\\\w.-]*$")  # a value of \set may hold a '-' (norm-sub)
 _TABLE_CONTEXT = re.compile(r"\b(from|join)\s+[\w.]*$", re.IGNORECASE)
+# where a private column is accepted: COUNT(DISTINCT unit), a join condition
+_PRIVATE_CONTEXT = re.compile(
+    r"(count\s*\(\s*distinct\s+|\bon\b(?:(?!\b(?:where|group|select)\b).)*?)[\w.]*$",
+    re.IGNORECASE | re.DOTALL,
+)
+_PRIVATE_NOTES = ("private", "privacy unit")
 
 
 def history_path() -> Path:
@@ -54,6 +60,12 @@ class ShellCompleter(Completer):
 
     def __init__(self, schema: list[TableInfo]):
         self.tables = {info.name: [column.name for column in info.columns] for info in schema}
+        # private columns are refused everywhere but COUNT(DISTINCT unit) and join
+        # conditions on units and references: offered only there
+        self.private = {
+            (info.name, column.name) for info in schema for column in info.columns
+            if column.note.startswith(_PRIVATE_NOTES)
+        }  # fmt: skip
 
     def get_completions(self, document: Document, event: CompleteEvent) -> Iterable[Completion]:
         before = document.text_before_cursor
@@ -77,17 +89,24 @@ class ShellCompleter(Completer):
                 yield from ((option, "setting") for option in OPTIONS)
             for table, columns in self.tables.items():
                 if table.lower() == prefix.lower():
-                    yield from ((f"{prefix}.{column}", f"column of {table}") for column in columns)
+                    yield from ((f"{prefix}.{column}", f"column of {table}")
+                                for column in self._offered(table, columns, before))  # fmt: skip
             return
         tables = [(table, "table") for table in self.tables]
         if _TABLE_CONTEXT.search(before):
             yield from tables
             return
         for table, columns in self.tables.items():
-            yield from ((column, f"column of {table}") for column in columns)
+            yield from ((column, f"column of {table}")
+                        for column in self._offered(table, columns, before))  # fmt: skip
         yield from tables
         yield from ((name, "aggregate") for name in FUNCTIONS)
         yield from ((keyword, "keyword") for keyword in KEYWORDS)
+
+    def _offered(self, table: str, columns: list[str], before: str) -> Iterable[str]:
+        """The columns worth offering at the cursor: private ones only where accepted."""
+        where_private = _PRIVATE_CONTEXT.search(before) is not None
+        return (c for c in columns if where_private or (table, c) not in self.private)
 
     def _meta_candidates(self, line: str) -> Iterable[tuple[str, str]]:
         parts = line.split()
