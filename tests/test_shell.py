@@ -582,3 +582,29 @@ def test_passwd_warns_when_the_policy_lacks_the_analyst(tmp_path, monkeypatch, c
         err = capsys.readouterr().err
         assert ("bob is not an analyst" in err and "alice" in err) == warned, err
     assert [line.split(":")[0] for line in users.read_text().splitlines()] == ["bob", "alice"]
+
+
+def test_long_messages_wrap_at_word_boundaries_on_a_terminal(tmp_path: Path) -> None:
+    """On a terminal a refusal wraps to the width between words; into a file it stays on
+    one line (for grep and logs)."""
+    sql = "SELECT income FROM census"
+    for terminal in (True, False):
+        connection = dpsql.connect(
+            demo.demo_connection(), policy=demo.DEMO_POLICY, ledger=tmp_path / f"{terminal}.l"
+        )
+        err = io.StringIO()
+        engine = Shell(
+            LocalConnection(connection, "demo"),
+            Console(file=io.StringIO(), width=40, force_terminal=terminal, color_system=None),
+            Console(file=err, width=40, force_terminal=terminal, color_system=None),
+        )
+        engine.run_text(sql + ";", keep_going=True)
+        lines = [line for line in err.getvalue().splitlines() if line.strip()]
+        if terminal:
+            assert len(lines) > 2 and all(len(line) <= 40 for line in lines), lines
+            with pytest.raises(dpsql.QueryRefused) as refused:
+                connection.execute(sql)
+            assert " ".join(" ".join(lines).split()).endswith(" ".join(str(refused.value).split()))
+        else:
+            assert len(lines) == 1, lines
+        connection.close()

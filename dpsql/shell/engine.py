@@ -309,13 +309,22 @@ class Shell:
         (self.err if self.csv is not None else self.out).print(renderable)
 
     def _info(self, text: str) -> None:
-        (self.err if self.csv is not None else self.out).print(
-            f"[dim]{escape(text)}[/]", highlight=False, soft_wrap=True
-        )
+        console = self.err if self.csv is not None else self.out
+        console.print(f"[dim]{escape(text)}[/]", highlight=False, soft_wrap=_unwrapped(console))
 
     def _error(self, where: str, message: str) -> None:
         prefix = f"error ({where})" if where else "error"
-        self.err.print(f"[bold red]{prefix}:[/] {escape(message)}", highlight=False, soft_wrap=True)
+        self.err.print(
+            f"[bold red]{prefix}:[/] {escape(message)}",
+            highlight=False,
+            soft_wrap=_unwrapped(self.err),
+        )
+
+
+def _unwrapped(console: Console) -> bool:
+    """Long messages wrap at word boundaries on a terminal (rich wraps to its width);
+    into a pipe or a file they stay one line each, for grep and for logs."""
+    return not console.is_terminal
 
 
 def _charged(before: Budget | None, after: Budget) -> bool:
