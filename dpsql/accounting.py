@@ -38,15 +38,22 @@ def _as_written(value: float) -> Fraction:
 
 
 def round_up(value: Fraction) -> float:
-    """The smallest float that is >= value, so a reported cost never understates."""
+    """The smallest float that is >= value, so a reported cost never understates; a value
+    a float's decimal says exactly (3/10 is 0.3, as the ledger reads floats: _as_written)
+    is that float, not the next one up (0.30000000000000004 would be an artefact)."""
     approx = float(value)
-    return approx if Fraction(approx) >= value else math.nextafter(approx, math.inf)
+    if Fraction(approx) >= value or _as_written(approx) == value:
+        return approx
+    return math.nextafter(approx, math.inf)
 
 
 def round_down(value: Fraction) -> float:
-    """The largest float that is <= value, so a reported remainder never overstates."""
+    """The largest float that is <= value, so a reported remainder never overstates; a
+    value a float's decimal says exactly is that float (1/10000 is 0.0001)."""
     approx = float(value)
-    return approx if Fraction(approx) <= value else math.nextafter(approx, -math.inf)
+    if Fraction(approx) <= value or _as_written(approx) == value:
+        return approx
+    return math.nextafter(approx, -math.inf)
 
 
 @functools.lru_cache(maxsize=256)  # the same few (epsilon, parts) recur query after query

@@ -153,3 +153,16 @@ def test_a_plans_measurements_and_selection_cost_no_more_than_its_charge():
             if plan.selection is not None:  # its noise reads the share in binary
                 spent += Cost(Fraction(plan.selection.epsilon), plan.selection.cost.delta)
             assert spent.epsilon <= plan.cost.epsilon, (epsilon, shape)
+
+
+def test_reported_costs_read_as_the_decimals_charged():
+    """A reported spent or remaining budget is the float whose decimal is the exact value
+    where one is (0.3, 0.0001: no 0.30000000000000004), else the next float outward."""
+    from dpsql.accounting import round_down, round_up
+
+    assert round_up(Fraction(3, 10)) == 0.3 and repr(round_up(Fraction(3, 10))) == "0.3"
+    assert repr(round_down(Fraction(1, 10000))) == "0.0001"
+    assert repr(round_down(Fraction(197, 10))) == "19.7"
+    for value in (Fraction(1, 3), Fraction(2, 7), Fraction(10**20 + 1, 10**20)):
+        up, down = round_up(value), round_down(value)
+        assert Fraction(down) <= value <= Fraction(up)
