@@ -29,7 +29,7 @@ from dpsql.mechanisms.laplace import DiscreteLaplace
 from dpsql.results import Accuracy
 from dpsql.session import Budget
 from dpsql.shell import render
-from dpsql.shell.connection import LocalConnection, parse_accuracy
+from dpsql.shell.connection import LocalConnection, StatementFailed, parse_accuracy
 from dpsql.shell.engine import Piece, Quit, Shell, split_script, statement_complete
 from dpsql.shell.repl import ShellCompleter, repl
 from tests.conftest import pums_policy
@@ -608,3 +608,18 @@ def test_long_messages_wrap_at_word_boundaries_on_a_terminal(tmp_path: Path) -> 
         else:
             assert len(lines) == 1, lines
         connection.close()
+
+
+def test_budget_exhausted_says_how_to_go_on_in_the_shell(tmp_path: Path) -> None:
+    """In the shell, a spent budget is answered with `\\set epsilon`, not a CLI flag, and
+    (when the shell says how) how to start afresh."""
+    policy = dict(demo.DEMO_POLICY, analysts={"default": {"epsilon": 1.0, "delta": 1e-4}})
+    connection = dpsql.connect(demo.demo_connection(), policy=policy, ledger=":memory:")
+    local = LocalConnection(connection, "demo", reset="To start afresh, delete x.")
+    local.execute("SELECT COUNT(*) FROM census")
+    with pytest.raises(StatementFailed) as failed:
+        local.execute("SELECT SUM(age) FROM census")
+    message = str(failed.value)
+    assert "BudgetExhausted" in message and "\\set epsilon" in message, message
+    assert message.endswith("To start afresh, delete x."), message
+    connection.close()

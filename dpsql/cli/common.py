@@ -91,3 +91,12 @@ def open_from(args: argparse.Namespace, **options: Any) -> Session:
             ledger=args.ledger or demo.demo_ledger_path(), **options,
         )  # fmt: skip
     return open_session(args.database, args.policy, args.analyst, ledger=args.ledger, **options)
+
+
+def demo_reset_hint(args: argparse.Namespace) -> str | None:
+    """On the demo, whose ledger is the analyst's own, how to start its budget afresh."""
+    if getattr(args, "demo", False) and not getattr(args, "ledger", None):
+        from dpsql import demo
+
+        return f"To start the demo's budget afresh, delete {demo.demo_ledger_path()}."
+    return None

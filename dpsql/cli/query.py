@@ -17,8 +17,7 @@ from typing import Any
 
 from rich.console import Console
 
-from dpsql import demo
-from dpsql.cli.common import add_connection_options, open_from
+from dpsql.cli.common import add_connection_options, demo_reset_hint, open_from
 from dpsql.errors import BudgetExhausted
 from dpsql.shell import render
 
@@ -81,9 +80,5 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _budget_words(args: argparse.Namespace) -> tuple[str, str | None]:
-    """How this command lowers a query's cost, and (on the demo, whose ledger is the
-    analyst's own) how to start its budget afresh."""
-    reset = None
-    if args.demo and not args.ledger:
-        reset = f"To start the demo's budget afresh, delete {demo.demo_ledger_path()}."
-    return "--epsilon <smaller value>", reset
+    """How this command lowers a query's cost, and how to start the demo's budget afresh."""
+    return "--epsilon <smaller value>", demo_reset_hint(args)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from dpsql.cli.common import add_connection_options, open_from
+from dpsql.cli.common import add_connection_options, demo_reset_hint, open_from
 
 if TYPE_CHECKING:
     from dpsql.shell.connection import ShellConnection
@@ -121,4 +121,4 @@ def _open(args: argparse.Namespace) -> ShellConnection:
             raise SystemExit("dpsql shell: give --server, or --database/--policy/--demo, not both")
         return WireConnection(args.server, _password_prompt(args.server))
     where = "the demo census" if args.demo else str(args.database)
-    return LocalConnection(open_from(args), where)
+    return LocalConnection(open_from(args), where, reset=demo_reset_hint(args))

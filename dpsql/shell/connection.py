@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dpsql.errors import Error, OperationalError
+from dpsql.errors import BudgetExhausted, Error, OperationalError
 from dpsql.results import Accuracy, Release
 from dpsql.session import Budget, Session
 
@@ -67,14 +67,18 @@ class LocalConnection:
     """A Session in this process (`connection`: the Session, or a DB-API connection over
     one), closed with the shell."""
 
-    def __init__(self, connection: Any, where: str):
+    def __init__(self, connection: Any, where: str, *, reset: str | None = None):
         self._connection = connection
         self._session = connection if isinstance(connection, Session) else connection.session
         self.where = where
+        self._reset = reset  # how to start the budget afresh, where the analyst may
 
     def execute(self, sql: str) -> Release:
         try:
             release = self._session.execute(sql)
+        except BudgetExhausted as exc:  # said in the shell's words
+            message = exc.advice("\\set epsilon <smaller value>", self._reset)
+            raise StatementFailed(f"{type(exc).__name__}: {message}") from None
         except Error as exc:
             raise StatementFailed(f"{type(exc).__name__}: {exc}") from None
         rows = list(release.rows) if release.columns else []
