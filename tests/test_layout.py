@@ -17,11 +17,12 @@ The exceptions, each as narrow as its reason:
   it writes for `dpsql passwd` holds one analyst per line, named as the policy
   names them.
 - The cli is the top: it starts the other front ends (server, shell) and may
-  write the demo (`dpsql.demo`, which imports nothing of dpsql). Two of its
+  write the demo (`dpsql.demo`, which imports nothing of dpsql). Three of its
   subcommands administer what lies past one Session and may read the policy:
   `serve` (read once before it forks: the analysts whose connections every
-  process counts, where the ledger would be) and `cache` (every analyst's
-  stored releases). `dpsql ldp` is the client side of local DP, over
+  process counts, where the ledger would be), `cache` (every analyst's
+  stored releases) and `passwd` (whether the policy names the analyst a
+  password is for; no database is opened). `dpsql ldp` is the client side of local DP, over
   dpsql/ldp/ with no Session (no database, policy or budget).
 - `dpsql.draft` (`dpsql policy init`) drafts a policy before there is one: it
   reads the schema through the adapters (no Session opens without a policy),
@@ -75,6 +76,7 @@ EXTRA = {
     "dpsql.server.auth": {"policy"},  # the analyst-name rule of the users file
     "dpsql.cli.serve": {"policy"},  # read once before --processes forks
     "dpsql.cli.cache": {"policy"},  # every analyst's stored releases
+    "dpsql.cli.passwd": {"policy"},  # whether the policy names the analyst
     "dpsql.cli.ldp": {"ldp"},  # client-side local DP: no Session
     "dpsql.cli.policy": {"draft", "policy"},  # drafting a policy: none to open a Session with
 }
