@@ -115,6 +115,10 @@ def test_each_query_shape_stays_below_its_claim(name):
         # unit 0 moves COUNT and SUM by their full sensitivity: the ratio e is there to
         # see, and at 10^4 evaluation runs the interval ends cost about 0.09
         assert finding.epsilon_bound >= 0.75, finding
+    if name == "join":
+        # unit 0's 30 joined rows are bounded to 2: the SUM (half the epsilon) moves by
+        # its full sensitivity, and shows it
+        assert finding.epsilon_bound >= 0.3, finding
 
 
 def test_one_release_per_run_agrees_with_the_batched_release():

@@ -1,8 +1,9 @@
 """Auditing whole queries end to end: one Session plan released on neighbouring databases.
 
 The neighbouring databases are two in-memory DuckDB databases that differ by
-all rows of one privacy unit (pid 0: five rows at the income bound, in a big
-group and alone in a group of its own). The query is planned once through a
+all rows of one privacy unit in both private tables (pid 0: five people rows at
+the income bound, in a big group and alone in a group of its own, and six
+orders at the amount bound; the join query repeats them 30 times). The query is planned once through a
 Session; its bounded SQL runs once on each database, since it is
 deterministic given the plan's secret (the key of the contribution bounding);
 and the plan's own `release` turns the exact rows into noisy answers many
@@ -32,12 +33,16 @@ from dpsql.sql.analysis import KEY_PREFIX
 from dpsql.sql.parse import parse_statement
 
 TABLE = "audit_people"
+ORDERS = "audit_orders"  # a second private table of the same unit, for the join
 QUERIES = {
     "count": f"SELECT COUNT(*) AS n FROM {TABLE}",
     "sum": f"SELECT SUM(income) AS total FROM {TABLE}",
     "avg": f"SELECT AVG(income) AS mean FROM {TABLE}",
     "stddev": f"SELECT STDDEV(income) AS sd FROM {TABLE}",  # three measurements
     "group_by": f"SELECT grp, COUNT(*) AS n FROM {TABLE} GROUP BY grp",
+    # a join on the unit repeats each person's rows: bounding on the joined relation
+    "join": f"SELECT COUNT(*) AS n, SUM(o.amount) AS total FROM {ORDERS} o "
+    f"JOIN {TABLE} p ON o.pid = p.pid WHERE p.grp <> 'z'",
 }
 UPPER = 100.0
 POLICY = {
@@ -54,7 +59,16 @@ POLICY = {
                 "grp": {"type": "string"},
                 "income": {"type": "float", "lower": 0.0, "upper": UPPER},
             },
-        }
+        },
+        ORDERS: {
+            "privacy_unit": "pid",
+            "max_groups_per_unit": 2,
+            "max_rows_per_unit": 2,
+            "columns": {
+                "pid": {"type": "int", "private": True},
+                "amount": {"type": "float", "lower": 0.0, "upper": UPPER},
+            },
+        },
     },
 }
 
@@ -76,10 +90,18 @@ def table_rows(with_unit: bool) -> list[tuple[int, str, float]]:
     return rows
 
 
+def order_rows(with_unit: bool) -> list[tuple[int, float]]:
+    """0-3 orders of each background unit; unit 0 has six, all at the amount bound."""
+    rows = [(pid, (pid * 13 + k * 7) % 50 + 0.5) for pid in range(1, 301) for k in range(pid % 4)]
+    return rows + ([(0, UPPER)] * 6 if with_unit else [])
+
+
 def _database(with_unit: bool) -> duckdb.DuckDBPyConnection:
     connection = duckdb.connect()
     connection.execute(f"CREATE TABLE {TABLE} (pid INTEGER, grp VARCHAR, income DOUBLE)")
     connection.executemany(f"INSERT INTO {TABLE} VALUES (?, ?, ?)", table_rows(with_unit))
+    connection.execute(f"CREATE TABLE {ORDERS} (pid INTEGER, amount DOUBLE)")
+    connection.executemany(f"INSERT INTO {ORDERS} VALUES (?, ?)", order_rows(with_unit))
     return connection
 
 
