@@ -5,9 +5,8 @@ all rows of one privacy unit in both private tables (pid 0: five people rows at
 the income bound, in a big group and alone in a group of its own, and six
 orders at the amount bound; the join query repeats them 30 times). The query
 is planned once through a Session; its bounded SQL runs once on each database,
-since it is
-deterministic given the plan's secret (the key of the contribution bounding);
-and the plan's own `release` turns the exact rows into noisy answers many
+since it is deterministic given the plan's secret (the key of the contribution
+bounding); and the plan's own `release` turns the exact rows into noisy answers many
 times with fresh randomness, since all the randomness of an answer is there.
 So the audit covers the real release path without paying a query per sample.
 
