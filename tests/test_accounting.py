@@ -143,6 +143,8 @@ def test_a_plans_measurements_and_selection_cost_no_more_than_its_charge():
     shapes = [
         "SELECT COUNT(*), SUM(age), SUM(income), AVG(age), AVG(income), COUNT(income) FROM pums",
         "SELECT age, COUNT(*), SUM(income), AVG(income) FROM pums_dup GROUP BY age",
+        "SELECT STDDEV(income), VAR_POP(age), COUNT(DISTINCT educ) FROM pums",
+        "SELECT sex, STDDEV_SAMP(income) FROM pums_dup GROUP BY sex",
     ]
     for epsilon in (9.03442905035, 0.017, 0.1, 0.3):
         options = Options(epsilon=epsilon, delta=1e-6)

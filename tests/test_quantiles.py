@@ -227,3 +227,24 @@ def test_postgres_end_to_end(postgres_url: str) -> None:
         cursor.execute("SELECT PERCENTILE_DISC(0.5) WITHIN GROUP (ORDER BY d) FROM t")
         ((median,),) = cursor.fetchall()
         assert isinstance(median, dt.date)
+
+
+@pytest.mark.parametrize("epsilon", [9.03442905035, 0.1, 0.3, 1.0])
+def test_the_plan_states_its_sensitivity_and_spends_within_its_charge(epsilon: float) -> None:
+    """The rank sensitivity is max_rows per group, times max_groups when grouped (what the
+    neighbour test above measures), and the quantiles' shares, read in binary as the
+    mechanism reads them, add up to no more than the epsilon charged."""
+    from dpsql.policy import load_policy
+    from dpsql.sql import Options, PlanContext, plan_query
+    from dpsql.sql.parse import parse_statement
+
+    policy = load_policy(POLICY)
+    context = PlanContext(policy, Options(epsilon=epsilon, delta=1e-6), "duckdb", seed=1)
+    for query, sensitivity, parts in (
+        ("SELECT MEDIAN(x) FROM t", 3, 1),
+        ("SELECT g, quantile_cont(x, [0.1, 0.5, 0.9]) FROM t GROUP BY g", 9, 3),
+        ("SELECT g, MIN(n), MAX(n) FROM t GROUP BY g", 9, 2),
+    ):
+        plan = plan_query(parse_statement(query, "duckdb").tree, context)
+        assert plan.sensitivity == sensitivity, query
+        assert parts * Fraction(plan.share) <= plan.cost.epsilon, (query, epsilon)

@@ -234,7 +234,8 @@ class QuantilePlan:
             self.keys = [keys[i] for i in key_order(keys)]
         parts = sum(len(spec.qs) for spec in self.specs.values())
         options = self.context.options
-        self.share = split_epsilon(options.epsilon, parts)
+        # the mechanism reads its share in binary: within the charged decimal too
+        self.share = split_epsilon(options.epsilon, parts, binary_too=True)
         rows = table.max_rows_per_unit if table.privacy_unit else 1
         groups = table.max_groups_per_unit if analysis.grouped and table.privacy_unit else 1
         self.sensitivity = rows * groups
