@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -76,7 +76,6 @@ class StagedPlan:
     texts: list[str]
     finish_outer: Callable[[Sequence[Any]], Plan]
     sql: str | None = None  # nothing runs as one statement: the Session runs each stage
-    notes: list[str] = field(default_factory=list)
 
     @property
     def cost(self) -> Cost:
