@@ -151,6 +151,10 @@ class Column:
     public: bool = False
     synopsis: SynopsisSpec | None = None
     continual: ContinualSpec | None = None
+    # `nullable: false`: the owner says the column holds no NULLs, so COUNT(col) is
+    # COUNT(*) and one measurement serves both (sql/outputs.py). A wrong claim biases an
+    # AVG, never its privacy: both counts move by the same bound on neighbours.
+    nullable: bool = True
     # Stored in a number type the database compares (or converts) through a conversion
     # that can fail row by row: every query reads it as a DOUBLE (read_as_double, set
     # from the database's columns by Policy.as_stored).
@@ -1029,10 +1033,10 @@ def _public_values(read: _Reader, values: Any, kind: str, key: str) -> tuple[Any
     return tuple(values)
 
 
-def _flag(read: _Reader, spec: dict, name: str, key: str) -> bool:
+def _flag(read: _Reader, spec: dict, name: str, key: str, default: bool = False) -> bool:
     """A yes/no setting, written true or false: bool() made a quoted 'false' or 'no'
     true (a public key domain nobody asked for)."""
-    value = spec.get(name, False)
+    value = spec.get(name, default)
     if not isinstance(value, bool):
         raise read.fail(f"{key}.{name}", f"must be true or false (unquoted), got {value!r}")
     return value
@@ -1073,6 +1077,7 @@ def _column(read: _Reader, name: str, spec: dict, key: str) -> Column:
         upper=upper,
         values=values,
         public=public,
+        nullable=_flag(read, spec, "nullable", key, default=True),
         synopsis=_synopsis(read, spec.get("synopsis"), kind, lower, f"{key}.synopsis"),
         continual=_continual(read, spec.get("continual"), kind, lower, f"{key}.continual"),
     )

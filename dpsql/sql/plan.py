@@ -420,7 +420,7 @@ class DirectPlan(_Batched):
         if aggregate.function in dispersion.NAMES:
             return dispersion.estimate(aggregate.function, *self._spread(aggregate, noisy))
         count = noisy[aggregate.measurements[1]]
-        mean = total / np.maximum(count, 1)
+        mean = aggregate.centre + total / np.maximum(count, 1)
         # dividing noisy values is post-processing; clamping to the bounds too
         return np.clip(mean, aggregate.bounds.lower, aggregate.bounds.upper)
 
@@ -463,10 +463,12 @@ class DirectPlan(_Batched):
             )
         if aggregate.function == "avg":
             total, count = (noisy[i] for i in aggregate.measurements)
-            bounds = (aggregate.bounds.lower, aggregate.bounds.upper)
+            m = aggregate.centre  # the interval of the centred mean, shifted back
+            bounds = (aggregate.bounds.lower - m, aggregate.bounds.upper - m)
             low, high = avg_intervals(
                 total * measure.step, count, self._avg_widths[aggregate.measurements], bounds
             )
+            low, high = low + m, high + m
             return Accuracy(
                 noise.name,
                 scale,

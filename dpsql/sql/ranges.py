@@ -59,6 +59,24 @@ def where_range(where: exp.Expression | None, column: Column) -> tuple[float, fl
     return lower, upper
 
 
+def non_null_columns(where: exp.Expression | None) -> set[str]:
+    """Columns (lower case) that no row passing `where` holds NULL in: those the
+    top-level conjunction tests with IS NOT NULL or compares with a literal (a NULL
+    fails such a comparison)."""
+    found = set()
+    for condition in conjuncts(where):
+        if (
+            isinstance(condition, exp.Not)
+            and isinstance(condition.this, exp.Is)
+            and isinstance(condition.this.this, exp.Column)
+            and isinstance(condition.this.expression, exp.Null)
+        ):
+            found.add(condition.this.this.name.lower())
+        elif (ranged := _range_of(condition)) is not None:
+            found.add(ranged[0].lower())
+    return found
+
+
 def conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
     """The conditions of a top-level AND (parentheses removed); [] for no condition."""
     if node is None:
