@@ -126,7 +126,7 @@ class Builder:
         if isinstance(node, DISPERSION):
             return self._dispersion(node, argument)
         bounds, note = self._bounds(argument)
-        if isinstance(node, exp.Avg) and argument not in self.summed:
+        if isinstance(node, exp.Avg) and argument not in self.summed and centre(bounds):
             centred = self._centred_avg(argument, bounds, note)
             if centred is not None:
                 return centred
