@@ -217,6 +217,49 @@ def test_absent_keys_read_as_null_inside_expressions(connect) -> None:
     assert rows[:2] == rows[2:4]  # measured once: the same noisy values
 
 
+def test_over_a_join_with_a_scalar_subquery(connect) -> None:
+    """Each set is planned as any query is: a relation in FROM, a scalar subquery in HAVING
+    (measured within each set's share); the whole charged once, at the query's epsilon."""
+    connection = connect(epsilon=2.0)
+    cursor = connection.cursor()
+    cursor.execute(
+        "SELECT p.sex, COUNT(*) AS n FROM pums_pid p JOIN pums_null q ON p.pid = q.pid "
+        "GROUP BY ROLLUP (p.sex) HAVING COUNT(*) > (SELECT COUNT(*) / 10 FROM pums_pid)"
+    )
+    rows = cursor.fetchall()
+    assert [r[0] for r in rows] == [0, 1, None]
+    assert rows[2][1] == pytest.approx(rows[0][1] + rows[1][1], abs=60)
+    assert connection.session.budget().epsilon_spent == pytest.approx(2.0)
+    assert len(connection.session.charges()) == 1
+
+
+@on_every_backend
+def test_public_tables_run_as_written_and_free(connect, backend) -> None:
+    policy = pums_policy()
+    policy["tables"]["pums"] = {"public": True}
+    connection = connect(policy)
+    sql = (
+        "SELECT sex, married, COUNT(*) AS n, GROUPING(sex) * 2 + GROUPING(married) AS g "
+        "FROM pums GROUP BY CUBE (sex, married) ORDER BY g, sex, married"
+    )
+    cursor = connection.cursor()
+    cursor.execute(sql)
+    raw = backend.raw()
+    assert cursor.fetchall() == raw.rows(sql)
+    raw.close()
+    assert connection.session.budget().epsilon_spent == 0
+
+
+def test_describe_gives_the_names_and_types_execute_releases(connect) -> None:
+    session = connect().session
+    sql = "SELECT sex, COUNT(*) AS n, GROUPING(sex), AVG(age) FROM pums GROUP BY ROLLUP (sex)"
+    described = session.describe(sql)
+    assert described.types == ["int", "int", "int", "float"]
+    released = session.execute(sql)
+    assert described.columns == released.columns
+    assert [row[2] for row in released.rows] == [0, 0, 1]
+
+
 def test_explain_lists_each_set_and_its_measurements(connect) -> None:
     cursor = connect().cursor()
     cursor.execute(f"EXPLAIN {NEIGHBOURS}")
