@@ -35,7 +35,7 @@ from dpsql.results import Accuracy, Release
 from dpsql.sql.check import ORDER_STATISTICS
 from dpsql.sql.describe import column_types
 from dpsql.sql.plan import Plan, check_groups
-from dpsql.sql.resolve import output_name
+from dpsql.sql.resolve import output_name, select_position
 
 #: The most grouping sets one query may expand to (CUBE of 6 columns): each set's share
 #: of epsilon is 1/sets of the query's, so more would leave each set mostly noise.
@@ -264,15 +264,9 @@ def _resolver(select: exp.Select, policy: Policy) -> Callable[[exp.Expression], 
     columns = {name.lower() for table in policy.tables.values() for name in table.columns}
 
     def resolve(key: exp.Expression) -> exp.Expression:
-        if isinstance(key, exp.Literal) and not key.is_string:
-            position = int(key.this)
-            if not 1 <= position <= len(items):
-                raise QueryRefused(
-                    f"GROUP BY position {position}",
-                    f"the select list has {len(items)} items",
-                    "name the grouping column instead of its position",
-                )
-            return items[position - 1].copy()
+        item = _item_at(key, items, "GROUP BY")
+        if item is not None:
+            return item
         if isinstance(key, exp.Column) and not key.table:
             name = key.name.lower()
             if name in aliases and name not in columns:
@@ -409,20 +403,23 @@ def _grouping_value(
 
 def _order_target(target: exp.Expression, items: list[exp.Alias]) -> exp.Expression:
     """An ORDER BY item's expression, an output alias or position read as its item."""
-    if isinstance(target, exp.Literal) and not target.is_string:
-        position = int(target.this)
-        if not 1 <= position <= len(items):
-            raise QueryRefused(
-                f"ORDER BY {position}",
-                f"the select list has {len(items)} items",
-                "order by a column of the select list",
-            )
-        return items[position - 1].this.copy()
+    item = _item_at(target, [item.this for item in items], "ORDER BY")
+    if item is not None:
+        return item
     if isinstance(target, exp.Column) and not target.table:
         for item in items:
             if item.alias.lower() == target.name.lower():
                 return item.this.copy()
     return target.copy()
+
+
+def _item_at(
+    node: exp.Expression, items: list[exp.Expression], clause: str
+) -> exp.Expression | None:
+    """The select item a position names (`GROUP BY ROLLUP (1, 2)`, `ORDER BY 3`); None for
+    anything but a number."""
+    position = select_position(node, len(items), clause)
+    return None if position is None else items[position - 1].copy()
 
 
 def _sorted(rows: list[tuple], width: int, sort: list[exp.Ordered]) -> list[int]:
