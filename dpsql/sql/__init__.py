@@ -12,7 +12,7 @@ from dpsql.accounting import Cost, split_epsilon
 from dpsql.policy import Policy, Table
 from dpsql.sql.analyze import analyze
 from dpsql.sql.check import AGGREGATES, check_query
-from dpsql.sql.grouping_sets import GroupingSetsPlan, plan_grouping_sets
+from dpsql.sql.grouping_sets import GroupingSetsPlan, has_grouping_sets, plan_grouping_sets
 from dpsql.sql.local import plan_local
 from dpsql.sql.normalize import normalize
 from dpsql.sql.parse import nested_too_deeply
@@ -111,10 +111,9 @@ def plan_query(select: exp.Select, context: PlanContext) -> Plan:
 
 def _planned(select: exp.Select, context: PlanContext) -> Plan:
     select = normalize(select)
-    if _reads_private(select, context.policy):  # over public tables alone, run as written
-        grouped = plan_grouping_sets(select, context.policy, _share_planner(context))
-        if grouped is not None:
-            return grouped
+    # GROUPING SETS, ROLLUP, CUBE: one query per set (over public tables alone, run as written)
+    if has_grouping_sets(select) and _reads_private(select, context.policy):
+        return plan_grouping_sets(select, context.policy, _share_planner(context))
     plan = plan_running(select, context)  # a stream keeps the policy's bounds throughout
     if plan is not None:
         return plan

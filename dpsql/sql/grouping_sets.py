@@ -147,13 +147,11 @@ def plan_grouping_sets(
     select: exp.Select,
     policy: Policy,
     plan: Callable[[exp.Select, int, int], Plan],
-) -> GroupingSetsPlan | None:
-    """The plan of a query with GROUPING SETS, ROLLUP or CUBE; None for one without.
+) -> GroupingSetsPlan:
+    """The plan of a query with GROUPING SETS, ROLLUP or CUBE (`has_grouping_sets`).
 
     `plan(query, index, shares)` plans set `index`'s ordinary GROUP BY query with one
     of `shares` equal shares of the query's budget."""
-    if not has_grouping_sets(select):
-        return None
     _refuse_unsupported(select)
     resolve = _resolver(select, policy)
     sets = expand(select, resolve)
