@@ -198,6 +198,19 @@ def test_mixed_rollup_having_order_and_limit(connect, backend) -> None:
     assert all(abs(r[4] - sd) < 0.3 * sd for r in rows[:2])
 
 
+def test_having_filters_within_each_set(connect) -> None:
+    """Only the total passes HAVING COUNT(*) > 700 (about 1,000 rows; each sex about 500),
+    and GROUPING in HAVING reads as each set's constant."""
+    cursor = connect(epsilon=10.0).cursor()
+    cursor.execute(
+        "SELECT sex, married, COUNT(*) AS n FROM pums GROUP BY ROLLUP (sex, married) "
+        "HAVING COUNT(*) > 700 OR GROUPING(sex, married) = 1"
+    )
+    rows = cursor.fetchall()
+    assert [(r[0], r[1]) for r in rows] == [(0, None), (1, None), (None, None)]
+    assert rows[2][2] > 700
+
+
 def test_rollup_of_a_median_over_public_keys(connect) -> None:
     cursor = connect(epsilon=10.0).cursor()
     cursor.execute("SELECT sex, MEDIAN(age) AS m FROM pums GROUP BY ROLLUP (sex) ORDER BY sex")
