@@ -38,7 +38,7 @@ from dpsql.ledger import Charge, Ledger, open_ledger
 from dpsql.mechanisms.samplers import secure_generator
 from dpsql.policy import CONTINUAL_MECHANISMS, MAX_EPSILON, MECHANISMS, Policy, load_policy
 from dpsql.results import MAX_GROUPS, Accuracy, Release
-from dpsql.sql import PlanContext, StagedPlan, plan_query
+from dpsql.sql import GroupingSetsPlan, PlanContext, StagedPlan, plan_query
 from dpsql.sql.check import refuse_statement
 from dpsql.sql.describe import column_types, described_columns
 from dpsql.sql.parse import Statement, parse_statement, repeat_key, setting_name, tokenize
@@ -467,10 +467,13 @@ class Session:
 
     def _release(self, plan: Plan) -> Release:
         """Run the plan's SQL and release its result as it streams in (a staged plan:
-        each scalar subquery's, then the outer query's over their values)."""
+        each scalar subquery's, then the outer query's over their values; a grouping-sets
+        plan: each set's, concatenated)."""
         if isinstance(plan, StagedPlan):
             parts = [self._release(part) for part in plan.parts]
             return plan.combine(parts, self._release(plan.finish(parts)))
+        if isinstance(plan, GroupingSetsPlan):
+            return plan.combine([self._release(part) for part in plan.parts], self.max_groups)
         if not plan.sql:
             with self._rng_lock:
                 return release_stream(plan, [], [], self._rng, self.max_groups)

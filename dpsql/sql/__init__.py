@@ -12,6 +12,7 @@ from dpsql.accounting import Cost, split_epsilon
 from dpsql.policy import Policy, Table
 from dpsql.sql.analyze import analyze
 from dpsql.sql.check import AGGREGATES, check_query
+from dpsql.sql.grouping_sets import GroupingSetsPlan, has_grouping_sets, plan_grouping_sets
 from dpsql.sql.local import plan_local
 from dpsql.sql.normalize import normalize
 from dpsql.sql.parse import nested_too_deeply
@@ -110,6 +111,9 @@ def plan_query(select: exp.Select, context: PlanContext) -> Plan:
 
 def _planned(select: exp.Select, context: PlanContext) -> Plan:
     select = normalize(select)
+    # GROUPING SETS, ROLLUP, CUBE: one query per set (over public tables alone, run as written)
+    if has_grouping_sets(select) and _reads_private(select, context.policy):
+        return plan_grouping_sets(select, context.policy, _share_planner(context))
     plan = plan_running(select, context)  # a stream keeps the policy's bounds throughout
     if plan is not None:
         return plan
@@ -145,21 +149,30 @@ def _staged(select: exp.Select, context: PlanContext) -> StagedPlan | None:
     (sql/scalars.py); None for any other."""
     if not value_subqueries(select) or not _reads_private(select, context.policy):
         return None  # over public tables alone, it is run as written
+    return plan_staged(
+        select,
+        context.policy,
+        _share_planner(context),
+        lambda query: _reads_private(query, context.policy),
+    )
 
-    def stage(query: exp.Select, index: int, shares: int) -> Plan:
+
+def _share_planner(context: PlanContext) -> Callable[[exp.Select, int, int], Plan]:
+    """Plans part `index` of a query released in parts (scalar subqueries, grouping sets)
+    with one of `shares` equal shares of its epsilon and delta, and a secret of its own."""
+
+    def planned_part(query: exp.Select, index: int, shares: int) -> Plan:
         options = context.options
         share = replace(
             options,
             epsilon=split_epsilon(options.epsilon, shares, binary_too=True),
             delta=split_epsilon(options.delta, shares, binary_too=True),
         )
-        # a secret of its own per stage, drawn from the plan's
+        # a secret of its own per part, drawn from the plan's
         seed = (context.seed * 1_000_003 + index + 1) % 2**62
         return _planned(query, replace(context, options=share, seed=seed))
 
-    return plan_staged(
-        select, context.policy, stage, lambda query: _reads_private(query, context.policy)
-    )
+    return planned_part
 
 
 def _reads_private(select: exp.Select, policy: Policy) -> bool:
@@ -213,6 +226,7 @@ def bounded_table(table: Table, context: PlanContext) -> Table:
 
 
 __all__ = [
+    "GroupingSetsPlan",
     "Options",
     "Plan",
     "PlanContext",
