@@ -31,7 +31,7 @@ import numpy as np
 
 from dpsql.accounting import Cost, round_down, round_up
 from dpsql.adapters import is_url, open_adapter
-from dpsql.adapters.base import Adapter
+from dpsql.adapters.base import Adapter, fetch_all
 from dpsql.errors import InterfaceError, OperationalError, ProgrammingError, QueryRefused
 from dpsql.ldp.postprocess import METHODS as LDP_METHODS
 from dpsql.ledger import Charge, Ledger, open_ledger
@@ -414,6 +414,7 @@ class Session:
             self.total,
             self.adapter.identity,
             self.unique_references,
+            lambda sql: fetch_all(self.adapter, sql)[1],  # public tables' key domains
         )
         return plan_query(tree, context)
 

@@ -40,6 +40,7 @@ from dpsql.errors import QueryRefused
 from dpsql.policy import Column, Policy, Table
 from dpsql.sql.analysis import RESERVED_PREFIX
 from dpsql.sql.check import check_clauses
+from dpsql.sql.join_domains import ReadPublic, public_key_domains
 from dpsql.sql.per_unit import aggregates_per_unit, per_unit_table, shown
 from dpsql.sql.public import require_public_query
 from dpsql.sql.qualify import qualified, tables_read
@@ -294,17 +295,19 @@ def relation(
     dialect: str,
     unique: frozenset[str] = frozenset(),
     seed: int = 0,
+    read_public: ReadPublic | None = None,
 ) -> Relation:
     """The query over one unit-carrying relation built from its FROM clause; `unique`
     names the columns ("table.column") the database keeps unique; `seed` keys the hash
-    that bounds the rows of a subquery aggregating per unit."""
+    that bounds the rows of a subquery aggregating per unit; `read_public` reads the
+    key domains of public tables' columns (sql/join_domains.py; None: not read)."""
     tables = tables_read(select, policy)
     outer = select.copy()
     outer.set("joins", None)
     outer.set("with_", None)
     check_clauses(outer)
     resolved = qualified(select, tables, dialect)
-    return _Builder(tables, policy, unique, dialect, seed).build(resolved)
+    return _Builder(tables, policy, unique, dialect, seed, read_public).build(resolved)
 
 
 @dataclass
@@ -317,6 +320,7 @@ class _Builder:
     unique: frozenset[str]
     dialect: str
     seed: int
+    read_public: ReadPublic | None = None
     descriptions: dict[str, str] = field(default_factory=dict)
 
     def build(self, resolved: exp.Select) -> Relation:
@@ -327,13 +331,16 @@ class _Builder:
         names = _virtual_names(merged, bases)
         virtual = _virtual_table(bases, names)
         _check_conditions([*on, *moved], bases, names, virtual)
+        virtual, keys = public_key_domains(
+            merged, bases, names, virtual, moved, self.read_public, self.dialect
+        )
         outer = _outer(merged, names, virtual)
         sql = _relation_sql(merged, bases, names, [*moved, *filters])
         for base in bases:
             if base.table.relation is not None:  # a per-unit subquery: its SQL in place
                 node = next(n for n in sql.find_all(exp.Table) if n.name == base.table.name)
                 node.replace(base.table.relation.copy().subquery(base.alias))
-        description = _describe(bases, self.descriptions)
+        description = "; ".join([_describe(bases, self.descriptions), *keys])
         return Relation(outer, replace(virtual, relation=sql), description)
 
     def _per_unit(self, query: exp.Query, name: str) -> str:
