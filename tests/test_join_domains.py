@@ -7,6 +7,7 @@ keys come from partition selection, and mixed keys."""
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Iterator
 
 import duckdb
@@ -18,6 +19,7 @@ from test_relations import (
     UNIQUE,
     _check_neighbours,
     _copy,
+    _copy_to_postgres,
     _heaviest,
     _loaded_policy,
     _options,
@@ -193,3 +195,22 @@ def test_an_outer_joined_public_table_is_read_without_its_on(warehouse, tmp_path
     assert len(released) == 25 and truth.keys() <= released.keys()
     for name, count in released.items():
         assert abs(count - truth.get(name, 0)) <= 1
+
+
+def test_keys_from_a_public_table_on_postgres(warehouse, postgres_url, tmp_path):
+    """The domain query on PostgreSQL: text read as grouped (CAST AS TEXT, COLLATE "C")."""
+    import psycopg
+
+    schema = f"domains_{uuid.uuid4().hex[:8]}"
+    admin = psycopg.connect(postgres_url, autocommit=True)
+    admin.execute(f"CREATE SCHEMA {schema}")
+    try:
+        _copy_to_postgres(warehouse, admin, schema, tmp_path)
+        url = f"{postgres_url}?options=-csearch_path%3D{schema}"
+        policy = tpch.policy(epsilon=1e5, delta=0)
+        with dpsql.connect(url, policy=policy, ledger=tmp_path / "l.sqlite", seed=3) as con:
+            released = {row[0] for row in con.execute(Q5).fetchall()}
+    finally:
+        admin.execute(f"DROP SCHEMA {schema} CASCADE")
+        admin.close()
+    assert released == {name for (name,) in warehouse.execute(ASIA).fetchall()}
