@@ -14,6 +14,9 @@ import duckdb
 import pytest
 import sqlglot
 import tpch
+from conftest import fuzz_examples
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_relations import (
     ACCEPTED,
     UNIQUE,
@@ -27,6 +30,7 @@ from test_relations import (
 )
 
 import dpsql
+from dpsql.errors import QueryRefused
 from dpsql.sql import PlanContext, join_domains, plan_query
 from dpsql.sql.parse import parse_statement
 
@@ -214,3 +218,86 @@ def test_keys_from_a_public_table_on_postgres(warehouse, postgres_url, tmp_path)
         admin.execute(f"DROP SCHEMA {schema} CASCADE")
         admin.close()
     assert released == {name for (name,) in warehouse.execute(ASIA).fetchall()}
+
+
+def test_generated_queries_read_domains_from_public_tables_alone(warehouse, public_only):
+    """Generated joins of private and public tables grouped by public columns (inner
+    and outer joins, conditions on public and private columns): each domain is read
+    where only the public tables exist (a query naming a private table would fail
+    there), is the same from the whole database and from a neighbour's, and the
+    bounded SQL moves by at most its sensitivity on the neighbour."""
+    policy = _loaded_policy(warehouse)
+    customer = _heaviest(warehouse, 1)[0]
+    neighbour = _without(warehouse, customer)
+    seen = {"public keys": 0, "selected": 0}
+
+    @settings(max_examples=fuzz_examples(120, 1200), derandomize=True, deadline=None,
+              database=None, suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+    @given(sql=_domain_queries())
+    def run(sql):
+        try:
+            plan = _plan(sql, policy, _reader(public_only))
+        except QueryRefused as refused:
+            assert refused.hint, sql
+            return
+        again = _plan(sql, policy, _reader(neighbour))
+        assert again.sql == plan.sql and again.public_keys == plan.public_keys, sql
+        assert "values of" in " ".join(plan.notes), sql
+        seen["public keys" if plan.selection is None else "selected"] += 1
+        before = warehouse.execute(plan.sql).fetchall()
+        _check_neighbours([plan], [before], [neighbour.execute(plan.sql).fetchall()])
+
+    run()
+    neighbour.close()
+    assert seen["public keys"] > 20 and seen["selected"] > 2, seen
+
+
+# what each private relation may join, and how: (public table, condition)
+_PRIVATE = {
+    "customer c": ["nation"],
+    "customer c JOIN orders o ON c.c_custkey = o.o_custkey": ["nation"],
+    "lineitem l": ["part", "supplier"],
+    "lineitem l JOIN orders o ON l.l_orderkey = o.o_orderkey": ["part", "supplier"],
+}
+_PUBLIC = {
+    "nation": ("nation n", "c.c_nationkey = n.n_nationkey", "region"),
+    "part": ("part p", "l.l_partkey = p.p_partkey", None),
+    "supplier": ("supplier s", "l.l_suppkey = s.s_suppkey", None),
+    "region": ("region r", "n.n_regionkey = r.r_regionkey", None),
+}
+_KEYS = {"nation": ["n.n_name", "n.n_regionkey"], "region": ["r.r_name"],
+         "part": ["p.p_brand", "p.p_size"], "supplier": ["s.s_nationkey"]}  # fmt: skip
+_FILTERS = {
+    "nation": ["n.n_regionkey < 3", "n.n_name <> 'NATION04'"],
+    "region": ["r.r_name = 'ASIA'"],
+    "part": ["p.p_size > 20", "p.p_brand = 'Brand#2'"],
+    "supplier": ["s.s_acctbal > 0"],
+}
+
+
+@st.composite
+def _domain_queries(draw) -> str:
+    private = draw(st.sampled_from(sorted(_PRIVATE)))
+    text, joined, where = private, [], []
+    for name in draw(st.lists(st.sampled_from(_PRIVATE[private]), min_size=1, unique=True)):
+        chain = [name] + ([_PUBLIC[name][2]] if _PUBLIC[name][2] and draw(st.booleans()) else [])
+        for table in chain:
+            source, on, _ = _PUBLIC[table]
+            if draw(st.booleans()):
+                on += f" AND {draw(st.sampled_from(_FILTERS[table]))}"
+            kind = draw(st.sampled_from(["JOIN", "JOIN", "LEFT JOIN"]))
+            text += f" {kind} {source} ON {on}"
+            joined.append(table)
+    for table in joined:
+        if draw(st.booleans()):
+            where.append(draw(st.sampled_from(_FILTERS[table])))
+    if draw(st.booleans()):
+        where.append("o.o_totalprice > 20000" if "orders" in private else "c.c_acctbal > 0"
+                     if "customer" in private else "l.l_quantity < 20")  # fmt: skip
+    keys = [draw(st.sampled_from([k for t in joined for k in _KEYS[t]]))]
+    if draw(st.integers(0, 3)) == 0:  # beside a key from the data (or the policy)
+        keys.append("c.c_mktsegment" if "customer" in private else "l.l_partkey")
+    value = draw(st.sampled_from(["COUNT(*)", "SUM(o.o_totalprice)" if "orders" in private
+                                  else "COUNT(*)"]))  # fmt: skip
+    condition = f" WHERE {' AND '.join(where)}" if where else ""
+    return f"SELECT {', '.join(keys)}, {value} FROM {text}{condition} GROUP BY {', '.join(keys)}"
