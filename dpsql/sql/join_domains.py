@@ -30,6 +30,7 @@ from dpsql.policy import Table
 from dpsql.sql.check import AGGREGATES, ORDER_STATISTICS
 from dpsql.sql.keys import canonical_sql, canonical_value
 from dpsql.sql.public import require_public_query
+from dpsql.sql.ranges import conjuncts
 from dpsql.sql.rewrite import in_dialect
 
 # The most keys one public column's domain may have; above it the keys come from the
@@ -131,7 +132,7 @@ def _domain_sql(
     candidates += conditions
     usable = []
     for condition in candidates:
-        for conjunct in condition.flatten() if isinstance(condition, exp.And) else [condition]:
+        for conjunct in conjuncts(condition):
             aliases = {c.table.lower() for c in conjunct.find_all(exp.Column)}
             if aliases and aliases <= inner.keys() and _public_sql(conjunct):
                 usable.append((aliases, conjunct))

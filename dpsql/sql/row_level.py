@@ -24,6 +24,7 @@ from sqlglot import exp
 
 from dpsql.errors import QueryRefused
 from dpsql.policy import Table
+from dpsql.sql.ranges import conjuncts
 
 
 class _Base(Protocol):
@@ -59,7 +60,7 @@ def require_one_row_each(
     tied = {rows[0].alias.lower()}
     keys = []
     for condition in conditions:
-        for conjunct in condition.flatten() if isinstance(condition, exp.And) else [condition]:
+        for conjunct in conjuncts(condition):
             sides = [conjunct.this, conjunct.expression] if isinstance(conjunct, exp.EQ) else []
             if len(sides) == 2 and all(isinstance(s, exp.Column) and s.table for s in sides):
                 keys.append(sides)
