@@ -81,7 +81,9 @@ def public_key_domains(
                 f"{MAX_JOIN_DOMAIN:,} of them"
             )
             continue
-        columns[name.lower()] = replace(spec, values=tuple(sorted(values)))
+        # SQLite may store a text in an integer column: sorted by type, then value
+        ordered = sorted(values, key=lambda v: (type(v).__name__, v))
+        columns[name.lower()] = replace(spec, values=tuple(ordered))
         lines.append(
             f"keys of {key.sql()}: the {len(values)} values of {base.table.name} under the "
             "query's conditions on public tables (public, every one released)"
