@@ -31,7 +31,7 @@ import numpy as np
 
 from dpsql.accounting import Cost, round_down, round_up
 from dpsql.adapters import is_url, open_adapter
-from dpsql.adapters.base import Adapter
+from dpsql.adapters.base import Adapter, fetch_all
 from dpsql.errors import InterfaceError, OperationalError, ProgrammingError, QueryRefused
 from dpsql.ldp.postprocess import METHODS as LDP_METHODS
 from dpsql.ledger import Charge, Ledger, open_ledger
@@ -44,6 +44,7 @@ from dpsql.sql.describe import column_types, described_columns
 from dpsql.sql.parse import Statement, parse_statement, repeat_key, setting_name, tokenize
 from dpsql.sql.plan import ConstantPlan, Options, Plan, check_known_groups, release_stream
 from dpsql.sql.public import PublicPlan
+from dpsql.sql.row_level import row_level
 from dpsql.sql.running import STATE_PREFIX as STREAM_PREFIX
 from dpsql.sql.running import RunningPlan
 from dpsql.sql.synopsis import PREFIX as SYNOPSIS_PREFIX
@@ -390,6 +391,11 @@ class Session:
                 f"{via.table}.{via.target}"
                 for via in {table.via for table in self.policy.tables.values() if table.via}
                 if via.target in self.adapter.unique_columns(via.table)
+            ) | frozenset(  # public tables' keys, joined to row-level tables (sql/row_level.py)
+                f"{key}.{column.lower()}"
+                for key, table in self.policy.tables.items()
+                if table.public and any(row_level(t) for t in self.policy.tables.values())
+                for column in self.adapter.unique_columns(key)
             )
             self._units_read_at = now
         return self._unique_units
@@ -414,6 +420,7 @@ class Session:
             self.total,
             self.adapter.identity,
             self.unique_references,
+            lambda sql: fetch_all(self.adapter, sql)[1],  # public tables' key domains
         )
         return plan_query(tree, context)
 

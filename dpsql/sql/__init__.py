@@ -73,6 +73,8 @@ class PlanContext:
     database: str = ""  # the adapter's identity: streams and synopses are kept per database
     # referenced columns ("table.column") the database keeps unique (sql/relations.py)
     unique_references: frozenset[str] = frozenset()
+    # runs a query over public tables alone: key domains of their columns (join_domains.py)
+    read_public: Callable[[str], list[tuple]] | None = None
 
 
 def plan_domain(select: exp.Select, table: Table, context: PlanContext) -> Plan | None:
@@ -198,7 +200,12 @@ def _relational(select: exp.Select, context: PlanContext) -> Plan:
     if all(table.public for table in tables.values()):
         return plan_public(select, tables, context.dialect)
     related = relation(
-        select, context.policy, context.dialect, context.unique_references, context.seed
+        select,
+        context.policy,
+        context.dialect,
+        context.unique_references,
+        context.seed,
+        context.read_public,
     )
     check_query(related.select, _Only(related.table))
     plan = DirectPlan(

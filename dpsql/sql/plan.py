@@ -536,7 +536,10 @@ class DirectPlan(_Batched):
 
     def _keys_explanation(self) -> str:
         if self.selection is None:
-            return "public domain from the policy: every key is released, empty groups included"
+            return (
+                "public domain (the policy's, or a public table's): every key is released, "
+                "empty groups included"
+            )
         return (
             f"from the data: released when the noisy count of distinct units reaches "
             f"{self.selection.tau} (epsilon {self.selection.epsilon:.6g}, delta "
