@@ -5,7 +5,8 @@ of units with several rows each (so the rewrite bounds them by the keyed
 hash); for each, a session whose plans go through one cache shared by every
 example and a session without a cache, drawing the same secrets, give the
 same plan type, SQL, cost, explanation (sensitivities, scales) and, run on
-the same rows with the same noise, the same release. Then the cases the key
+the same rows with the same noise, the same release, on DuckDB and on
+PostgreSQL (whose SQL keys the hash differently). Then the cases the key
 exists for: a constant that tightens a clamp or filters public keys, an
 option, the policy, the unique keys; and a fresh secret per release.
 """
@@ -15,15 +16,15 @@ from __future__ import annotations
 import duckdb
 import numpy as np
 import pytest
+from conftest import postgres_server_url, postgres_tables
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dpsql.session
-from dpsql.adapters.duckdb import DuckDBAdapter
 from dpsql.errors import QueryRefused
 from dpsql.ledger import Ledger
 from dpsql.policy import load_policy
-from dpsql.session import Session
+from dpsql.session import Session, open_session
 from dpsql.sql.parse import parse_statement
 from dpsql.sql.plan_cache import PlanCache
 
@@ -52,22 +53,42 @@ POLICY = {
 }
 
 
-@pytest.fixture(scope="module")
-def adapter():
+ROWS = [
+    (i % 60, (i * 37) % 101, i % 2, 1 + (i * 7) % 16, float((i * 7919) % 100_000),
+     ("north", "south", "east")[i % 3])
+    for i in range(240)
+]  # fmt: skip
+TABLE = "visits (pid INT, age INT, sex INT, educ INT, income DOUBLE PRECISION, city TEXT)"
+
+
+@pytest.fixture(scope="module", params=["duckdb", "postgres"])
+def database(request):
+    """The table on each backend: DuckDB in memory, PostgreSQL in a schema of its own."""
+    if request.param == "postgres":
+        with postgres_tables(postgres_server_url(), {TABLE: ROWS}) as url:
+            yield url
+        return
     connection = duckdb.connect(":memory:")
-    connection.execute(
-        "CREATE TABLE visits AS SELECT i % 60 AS pid, (i * 37) % 101 AS age, i % 2 AS sex, "
-        "1 + (i * 7) % 16 AS educ, ((i * 7919) % 100000)::DOUBLE AS income, "
-        "['north', 'south', 'east'][1 + i % 3] AS city FROM range(240) t(i)"
-    )
-    adapter = DuckDBAdapter(connection)
-    yield adapter
-    adapter.close()
+    connection.execute(f"CREATE TABLE {TABLE}")
+    connection.executemany("INSERT INTO visits VALUES (?, ?, ?, ?, ?, ?)", ROWS)
+    yield connection  # closed with the session on it
 
 
 @pytest.fixture(scope="module")
-def policy():
-    return load_policy(POLICY)
+def base(database):
+    """A session on the table, its policy checked against the schema as always."""
+    with open_session(database, POLICY, ledger=":memory:") as session:
+        yield session
+
+
+@pytest.fixture(scope="module")
+def adapter(base):
+    return base.adapter
+
+
+@pytest.fixture(scope="module")
+def policy(base):
+    return base.policy
 
 
 def sessions(adapter, policy, plans: PlanCache, seed: int, options=()) -> tuple[Session, Session]:
@@ -158,7 +179,7 @@ SHARED = PlanCache()  # one cache across every example: constants and options mu
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(sql=queries(), options=OPTIONS, seed=st.integers(0, 2**32))
 def test_cached_path_plans_as_the_cold_path(adapter, policy, sql, options, seed):
@@ -218,9 +239,8 @@ def test_a_reloaded_policy_plans_afresh(adapter, policy):
     sql = "SELECT SUM(income) FROM visits"
     old, _ = sessions(adapter, policy, plans, seed=8)
     before = planned(old, sql)
-    reloaded = load_policy(
-        POLICY | {"tables": {"visits": POLICY["tables"]["visits"] | {"max_rows_per_unit": 5}}}
-    )
+    table = POLICY["tables"]["visits"] | {"max_rows_per_unit": 5}
+    reloaded = load_policy(POLICY | {"tables": {"visits": table}})
     new, cold = sessions(adapter, reloaded, plans, seed=9)  # even sharing the old one's cache
     after = planned(new, sql)
     assert after.cost == before.cost
