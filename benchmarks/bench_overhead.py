@@ -152,9 +152,9 @@ def main() -> None:
         other = session.for_analyst("other")  # shares the session's plan cache
         rows, run = [], 0
         print(f"{'query':<58} {'cold ms':>8} {'charge':>7} {'cold-charge':>11} {'cached':>7} "
-              f"{'cold cpu':>8} {'planned':>8}")  # fmt: skip
+              f"{'cold cpu':>8} {'planned':>8} {'pl. cpu':>8}")  # fmt: skip
         for sql in QUERIES:
-            cold, charge, cached, cpu, planned = [], [], [], [], []
+            cold, charge, cached, cpu, planned, planned_cpu = [], [], [], [], [], []
             session.execute(sql)  # the first run builds the sampler's tables
             for _ in range(args.repeat):
                 run += 1
@@ -166,22 +166,25 @@ def main() -> None:
                     start, thread = time.perf_counter(), time.thread_time()
                     who.execute(query)
                     samples.append(time.perf_counter() - start - adapter.database_seconds)
+                    used = time.thread_time() - thread - adapter.database_cpu
                     if samples is cold:
                         charge.append(ledger.charge_seconds)
-                        cpu.append(time.thread_time() - thread - adapter.database_cpu)
+                        cpu.append(used)
+                    elif samples is planned:
+                        planned_cpu.append(used)
             row = [statistics.median(v) * 1e3 for v in (cold, charge)]
             row += [statistics.median(c - g for c, g in zip(cold, charge, strict=True)) * 1e3]
-            row += [statistics.median(v) * 1e3 for v in (cached, cpu, planned)]
+            row += [statistics.median(v) * 1e3 for v in (cached, cpu, planned, planned_cpu)]
             rows.append(row)
             print(f"{sql[:56]:<58} {row[0]:>8.3f} {row[1]:>7.3f} {row[2]:>11.3f} {row[3]:>7.3f} "
-                  f"{row[4]:>8.3f} {row[5]:>8.3f}")  # fmt: skip
+                  f"{row[4]:>8.3f} {row[5]:>8.3f} {row[6]:>8.3f}")  # fmt: skip
         floor = fsync_floor(folder, args.repeat) * 1e3
         warm = parse_and_plan(session, args.repeat, lambda: None) * 1e3
         database = demo.demo_connection()
         after_call = parse_and_plan(
             session, args.repeat, lambda: database.execute("SELECT 1").fetchall()
         )
-    cold, charge, rest, cached, cpu, planned = (
+    cold, charge, rest, cached, cpu, planned, planned_cpu = (
         statistics.median(column) for column in zip(*rows, strict=True)
     )
     probe = python_probe_us() / 1e3  # ms
@@ -193,13 +196,15 @@ def main() -> None:
         f"  cold minus charge {rest:.3f} ms\n"
         f"  cold, CPU time    {cpu:.3f} ms (this thread, outside the database)\n"
         f"  cached repeat     {cached:.3f} ms\n"
-        f"  planned before    {planned:.3f} ms (another analyst, the plan from the plan cache)\n"
+        f"  planned before    {planned:.3f} ms (another analyst, the plan from the plan cache), "
+        f"CPU time {planned_cpu:.3f} ms\n"
         f"  parse and plan    {warm:.3f} ms back to back, {after_call * 1e3:.3f} ms after a "
         "database call (SELECT 1): the CPU caches it leaves cold\n"
         f"in probe units ({probe * 1e3:.0f} us now):\n"
-        f"  cold              {cold / probe:5.1f} probes (target <= 10)\n"
-        f"  planned before    {planned / probe:5.1f} probes (target <= 2.5; a text with new "
-        "constants is planned afresh: the cold figure)"
+        f"  cold              {cold / probe:5.1f} probes (target <= 10), CPU time "
+        f"{cpu / probe:.1f}\n"
+        f"  planned before    {planned / probe:5.1f} probes (target <= 2.5), CPU time "
+        f"{planned_cpu / probe:.1f}; a text with new constants is planned afresh: the cold figure"
     )
 
 
