@@ -43,6 +43,7 @@ from dpsql.sql.check import refuse_statement
 from dpsql.sql.describe import column_types, described_columns
 from dpsql.sql.parse import Statement, parse_statement, repeat_key, setting_name, tokenize
 from dpsql.sql.plan import ConstantPlan, Options, Plan, check_known_groups, release_stream
+from dpsql.sql.plan_cache import PlanCache
 from dpsql.sql.public import PublicPlan
 from dpsql.sql.row_level import row_level
 from dpsql.sql.running import STATE_PREFIX as STREAM_PREFIX
@@ -272,6 +273,9 @@ class Session:
         # Released groups per query: the result is read in batches and only kept
         # groups are held, so this bounds a query's memory (TooManyGroups above).
         self.max_groups = max_groups
+        # Plans by statement and all their other inputs (sql/plan_cache.py), shared with
+        # the sessions this one opens for other analysts: they plan under this policy.
+        self.plans = PlanCache()
 
     def for_analyst(
         self,
@@ -283,10 +287,12 @@ class Session:
         """Another analyst's Session on this one's database, policy and ledger (the wire
         server opens one per client connection), with noise of its own. Close this one,
         not those: they share what it opened."""
-        return Session(
+        session = Session(
             self.adapter, self.policy, self.ledger, analyst, settings=settings,
             max_groups=self.max_groups if max_groups is None else max_groups,
         )  # fmt: skip
+        session.plans = self.plans
+        return session
 
     @property
     def seeded(self) -> bool:
@@ -359,7 +365,7 @@ class Session:
         if statement.kind == "explain":
             self.plan(statement.tree)  # refused as EXPLAIN would refuse it
             return Release(["item", "detail"], [], types=["string", "string"])
-        plan = self.plan(statement.tree)
+        plan = self.plan(statement.tree, statement.key)
         if isinstance(plan, ConstantPlan | PublicPlan):
             return self._release(plan)
         check_known_groups(plan, self.max_groups)
@@ -407,22 +413,57 @@ class Session:
         self.unique_units  # noqa: B018 -- reads both when they are old
         return self._unique_references
 
-    def plan(self, tree: Any) -> Plan:
+    def plan(self, tree: Any, key: str = "") -> Plan:
+        """The plan of a parsed SELECT; `key` (its Statement.key) lets it come from the
+        plan cache, with a secret of its own."""
         with self._rng_lock:
             secret = int(self._rng.integers(0, 2**62))
+        units, references = self.unique_units, self.unique_references  # read once: both uses
+        cache_key = self._plan_key(key, units, references) if key else None
+        if cache_key is not None:
+            cached = self.plans.get(cache_key, secret)
+            if cached is not None:
+                return cached
+        public_reads: list[str] = []
+
+        def read_public(sql: str) -> list[tuple]:
+            # public tables' key domains (sql/join_domains.py): read afresh per plan, so
+            # a plan that read them is not cached (the public table may change)
+            public_reads.append(sql)
+            return fetch_all(self.adapter, sql)[1]
+
         context = PlanContext(
             self.policy,
             self.options,
             self.adapter.dialect,
             secret,
-            self.unique_units,
+            units,
             _AnalystState(self.ledger, self.analyst),
             self.total,
             self.adapter.identity,
-            self.unique_references,
-            lambda sql: fetch_all(self.adapter, sql)[1],  # public tables' key domains
+            references,
+            read_public,
         )
-        return plan_query(tree, context)
+        plan = plan_query(tree, context)
+        if cache_key is not None and not public_reads:
+            self.plans.put(cache_key, plan, secret)
+        return plan
+
+    def _plan_key(self, key: str, units: frozenset[str], references: frozenset[str]) -> tuple:
+        """Everything planning reads besides the secret and stored state (which the plans
+        the cache keeps do not read): the statement with its constants, the policy, the
+        options, the backend, the analyst's budget, and the unique keys as just read."""
+        return (
+            key,
+            self.policy.digest,
+            self.policy.data_version,
+            tuple(vars(self.options).values()),
+            self.adapter.dialect,
+            self.adapter.identity,
+            self.total,
+            units,
+            references,
+        )
 
     def _answer(
         self, statement: Statement, *, stream: bool = False, fingerprint: str | None = None
@@ -454,7 +495,7 @@ class Session:
 
     def _run(self, statement: Statement, fingerprint: str) -> Release:
         """Plan, charge and release one statement (_StateTaken: plan it again)."""
-        plan = self.plan(statement.tree)
+        plan = self.plan(statement.tree, statement.key)
         if not plan.cost.epsilon and not plan.cost.delta and not plan.cost.rho:
             # Free: a statement without a table, or one answered from stored state.
             return self._keep_state(self._release(plan))
