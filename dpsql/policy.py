@@ -189,6 +189,18 @@ class Reference:
 
 
 @dataclass(frozen=True)
+class Proven:
+    """A range the database proves every stored value of a column lies in, NULL aside
+    (sql/proofs.py); a side it proves nothing of is infinite. A finite upper side also
+    proves there is no NaN (NaN compares above every number)."""
+
+    column: str  # lower case
+    lower: float
+    upper: float
+    by: str  # what proves it, as EXPLAIN says it
+
+
+@dataclass(frozen=True)
 class Table:
     """A table analysts may query, with its privacy unit and contribution bounds."""
 
@@ -205,10 +217,17 @@ class Table:
     # For a relation built from several tables (sql/relations.py): the SELECT (a sqlglot
     # tree) computing its rows, which the rewrite reads in place of a stored table.
     relation: Any = None
+    # Ranges the database proves of its columns' values, read at connect like unique_unit
+    # (sql/proofs.py): the rewrite leaves out the clamps they make redundant.
+    proven: tuple[Proven, ...] = ()
 
     def column(self, name: str) -> Column | None:
         """The declared column called `name`, matched case-insensitively as SQL does."""
         return self.columns.get(name.lower())
+
+    def proven_range(self, name: str) -> Proven | None:
+        """What the database proves of column `name`'s values, if anything."""
+        return next((p for p in self.proven if p.column == name.lower()), None)
 
 
 @dataclass(frozen=True)

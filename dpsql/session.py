@@ -36,13 +36,21 @@ from dpsql.errors import InterfaceError, OperationalError, ProgrammingError, Que
 from dpsql.ldp.postprocess import METHODS as LDP_METHODS
 from dpsql.ledger import Charge, Ledger, open_ledger
 from dpsql.mechanisms.samplers import secure_generator
-from dpsql.policy import CONTINUAL_MECHANISMS, MAX_EPSILON, MECHANISMS, Policy, load_policy
+from dpsql.policy import (
+    CONTINUAL_MECHANISMS,
+    MAX_EPSILON,
+    MECHANISMS,
+    Policy,
+    Proven,
+    load_policy,
+)
 from dpsql.results import MAX_GROUPS, Accuracy, Release
 from dpsql.sql import PlanContext, StagedPlan, plan_query
 from dpsql.sql.check import refuse_statement
 from dpsql.sql.describe import column_types, described_columns
 from dpsql.sql.parse import Statement, parse_statement, repeat_key, setting_name, tokenize
 from dpsql.sql.plan import ConstantPlan, Options, Plan, check_known_groups, release_stream
+from dpsql.sql.proofs import proven_ranges
 from dpsql.sql.public import PublicPlan
 from dpsql.sql.running import STATE_PREFIX as STREAM_PREFIX
 from dpsql.sql.running import RunningPlan
@@ -391,8 +399,29 @@ class Session:
                 for via in {table.via for table in self.policy.tables.values() if table.via}
                 if via.target in self.adapter.unique_columns(via.table)
             )
+            self._proven = self._read_proofs()
             self._units_read_at = now
         return self._unique_units
+
+    def _read_proofs(self) -> dict[str, tuple[Proven, ...]]:
+        """The value ranges the database proves of each private table's columns (its
+        CHECK constraints, trusted statistics: sql/proofs.py), read with the unique
+        units and as often: a dropped constraint brings its clamps back."""
+        proofs = {}
+        for key, table in self.policy.tables.items():
+            if table.public or table.source is not None or table.relation is not None:
+                continue
+            facts = self.adapter.value_facts(key)
+            found = proven_ranges(facts.checks, facts.statistics, table, self.adapter.dialect)
+            if found:
+                proofs[key] = found
+        return proofs
+
+    @property
+    def proven(self) -> dict[str, tuple[Proven, ...]]:
+        """Per table (policy key), the value ranges the database proves (_read_proofs)."""
+        self.unique_units  # noqa: B018 -- reads them when they are old
+        return self._proven
 
     @property
     def unique_references(self) -> frozenset[str]:
@@ -414,6 +443,7 @@ class Session:
             self.total,
             self.adapter.identity,
             self.unique_references,
+            self.proven,
         )
         return plan_query(tree, context)
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from sqlglot import exp
 
 from dpsql.accounting import Cost, split_epsilon
-from dpsql.policy import Policy, Table
+from dpsql.policy import Policy, Proven, Table
 from dpsql.sql.analyze import analyze
 from dpsql.sql.check import AGGREGATES, check_query
 from dpsql.sql.local import plan_local
@@ -72,6 +72,8 @@ class PlanContext:
     database: str = ""  # the adapter's identity: streams and synopses are kept per database
     # referenced columns ("table.column") the database keeps unique (sql/relations.py)
     unique_references: frozenset[str] = frozenset()
+    # per table (policy key): the value ranges the database proves (sql/proofs.py)
+    proven: Mapping[str, tuple[Proven, ...]] = field(default_factory=dict)
 
 
 def plan_domain(select: exp.Select, table: Table, context: PlanContext) -> Plan | None:
@@ -206,7 +208,11 @@ class _Only:
 
 
 def bounded_table(table: Table, context: PlanContext) -> Table:
-    """`table` with bounds of 1 when the database keeps its privacy unit unique."""
+    """`table` with bounds of 1 when the database keeps its privacy unit unique, and with
+    the value ranges the database proves of its columns."""
+    proven = context.proven.get(table.name.lower(), ())
+    if proven:
+        table = replace(table, proven=proven)
     if table.privacy_unit and table.name.lower() in context.unique_units:
         return replace(table, max_groups_per_unit=1, max_rows_per_unit=1, unique_unit=True)
     return table
