@@ -490,12 +490,12 @@ def _grid_steps(
     This is the per-row work of every SUM, so it does no more than it must
     (each step costs about as much as DuckDB's whole raw SUM): a bare column
     skips the side of the clamp its WHERE already implies (the value read here is
-    the one WHERE compared) or the database proves (clamps.needed_sides); a bare
-    integer column on a grid of 1 is summed as it is, already whole (BIGINT, in the
-    clamped source); a bare float column is already DOUBLE there. Other values are
-    cast to DOUBLE, scaled by 1/step (a power of two, so exactly the division by step)
-    and rounded to BIGINT: whatever the rounding mode, each lies in
-    [floor(lower/step), ceil(upper/step)].
+    the one WHERE compared); a bare integer column on a grid of 1 is summed as
+    it is, already whole (BIGINT, in the clamped source); a bare float column is
+    already DOUBLE there. Other values are cast to DOUBLE, scaled by 1/step (a
+    power of two, so exactly the division by step) and rounded to BIGINT:
+    whatever the rounding mode, each lies in [floor(lower/step), ceil(upper/step)].
+    A side the database proves (clamps.needed_sides) is skipped alike.
     """
     column = _bare_column(measurement, analysis.table)
     zero_below = _scaled_to_zero(grid, column, dialect)
