@@ -64,6 +64,7 @@ class DuckDBAdapter:
                 raise _open_error(database, exc) from None
         self._local = threading.local()
         self._running = Running()
+        self._read_statistics: dict[tuple, dict[str, tuple]] = {}
 
     @property
     def connection(self) -> duckdb.DuckDBPyConnection:
@@ -294,7 +295,14 @@ class DuckDBAdapter:
 
     def _statistics(self, database: str, schema: str, table: str) -> dict[str, tuple]:
         """(min, max) of each numeric column of a table of a file dpsql opened read-only
-        (value_facts); {} elsewhere."""
+        (value_facts); {} elsewhere. Read once per table: such a file cannot change while
+        it is open, and reading them costs a row group's scan per column."""
+        key = (database, schema, table)
+        if key not in self._read_statistics:
+            self._read_statistics[key] = self._stored_statistics(database, schema, table)
+        return self._read_statistics[key]
+
+    def _stored_statistics(self, database: str, schema: str, table: str) -> dict[str, tuple]:
         cursor = self._cursor()
         readonly = cursor.execute(
             "SELECT readonly FROM duckdb_databases() WHERE database_name = ?", [database]
