@@ -3,11 +3,12 @@ and without: the clamps a proof makes redundant are left out (sql/proofs.py).
 
 Builds (once, cached in a temporary folder) a DuckDB file of N census rows whose income
 is capped at the policy's upper bound, so that the file's column statistics prove every
-bounded column within its bounds. dpsql opening the file read-only trusts them (proven);
-the same file handed to dpsql as a connection the caller opened proves nothing, since
-the caller could write to it (unproven). The query mix is bench_e2e's, with integer
-SUM/AVG beside its float ones: a proven integer SUM is the raw SUM, while a float SUM
-keeps its cast onto the release grid (the "limit" column says what remains per query).
+bounded column within its bounds. dpsql opening the file read-only, told to trust them
+(trust_statistics), uses them (proven); the same file handed to dpsql as a connection
+the caller opened proves nothing, since the caller could write to it (unproven). The
+query mix is bench_e2e's, with integer SUM/AVG beside its float ones: a proven integer
+SUM is the raw SUM, while a float SUM keeps its cast onto the release grid (the "limit"
+column says what remains per query).
 Target: DP/raw <= 1.2x median, proven. Usage:
     python benchmarks/bench_clamps.py [--rows 10000000] [--repeat 5]
 """
@@ -73,7 +74,7 @@ def main() -> None:
     path = build(args.rows)
     raw = duckdb.connect(str(path), read_only=True, config=LOCKED)
     adapters = {
-        "proven": DuckDBAdapter(str(path)),
+        "proven": DuckDBAdapter(str(path), trust_statistics=True),
         "unproven": DuckDBAdapter(duckdb.connect(str(path), read_only=True, config=LOCKED)),
     }
     with tempfile.TemporaryDirectory() as folder:

@@ -80,6 +80,10 @@ def _insert(connection: duckdb.DuckDBPyConnection, rows: list[tuple]) -> None:
     connection.execute(f"INSERT INTO people VALUES {values}")
 
 
+def _trusting(path: str) -> DuckDBAdapter:
+    return DuckDBAdapter(path, trust_statistics=True)
+
+
 def _session(adapter, tmp_path, user_level: bool = False) -> sessions.Session:
     ledger = Ledger(tmp_path / f"ledger-{id(adapter)}.sqlite")
     return sessions.Session(adapter, load_policy(_policy(user_level)), ledger, seed=7)
@@ -118,7 +122,7 @@ def _assert_identical(session: sessions.Session, queries: list[str] = QUERIES) -
 @pytest.mark.parametrize("user_level", [False, True])
 def test_duckdb_statistics_of_a_read_only_file_leave_out_clamps(tmp_path, user_level):
     path = _duckdb_file(tmp_path)
-    session = _session(DuckDBAdapter(path), tmp_path, user_level)
+    session = _session(_trusting(path), tmp_path, user_level)
     proofs = {p.column: (p.lower, p.upper) for p in session.proven["people"]}
     assert proofs == {"age": (0, 100), "income": (0, 1000), "grp": (0, 3)}
     assert _assert_identical(session) >= len(QUERIES)
@@ -128,23 +132,43 @@ def test_duckdb_statistics_of_a_read_only_file_leave_out_clamps(tmp_path, user_l
     # the released values too: same seed, one session reading a connection it was handed
     # (its statistics prove nothing), the other the file it opened read-only
     handed = duckdb.connect(path, read_only=True, config=LOCKED)
-    unproven = _session(DuckDBAdapter(handed), tmp_path, user_level)
+    unproven = _session(DuckDBAdapter(handed, trust_statistics=True), tmp_path, user_level)
     assert unproven.proven == {}
     for sql in QUERIES:
         assert session.execute(sql).rows == unproven.execute(sql).rows
 
 
 def test_float_sum_keeps_its_grid_cast(tmp_path):
-    session = _session(DuckDBAdapter(_duckdb_file(tmp_path)), tmp_path)
+    session = _session(_trusting(_duckdb_file(tmp_path)), tmp_path)
     proven, clamped = _plans(session, "SELECT SUM(income) FROM people")
     assert _clamps(proven.sql) == 0 < _clamps(clamped.sql)
     assert 'CAST("income" * CAST(' in proven.sql and "AS BIGINT" in proven.sql
 
 
+def test_statistics_prove_only_when_trusted_and_show_only_the_bounds(tmp_path):
+    path = str(tmp_path / "some.duckdb")
+    with duckdb.connect(path) as connection:
+        connection.execute(f"CREATE TABLE {PLAIN.replace('double precision', 'DOUBLE')}")
+        _insert(connection, [(1, 3, 12.5, 1), (2, 140, 7.25, 2)])  # age beyond its bounds
+    assert DuckDBAdapter(path).value_facts("people").statistics == {}  # not trusted
+    assert _session(DuckDBAdapter(path), tmp_path).proven == {}
+    session = _session(_trusting(path), tmp_path)
+    proofs = {p.column: (p.lower, p.upper) for p in session.proven["people"]}
+    assert proofs == {"age": (0, float("inf")), "income": (0, 1000), "grp": (0, 3)}
+    rows = session.execute("EXPLAIN SELECT SUM(age), SUM(income) FROM people").rows
+    said = " ".join(detail for item, detail in rows if item == "clamps")
+    assert "[0, 1000]" in said and "[0, inf]" in said
+    for stored in ("12.5", "7.25", "140"):  # the data's own minima and maxima stay unsaid
+        assert stored not in said
+    proven, clamped = _plans(session, "SELECT SUM(age) FROM people")
+    assert '"age" > 100' in proven.sql and '"age" < 0' not in proven.sql
+    assert session.adapter.execute(proven.sql)[1] == session.adapter.execute(clamped.sql)[1]
+
+
 def test_writable_duckdb_statistics_prove_nothing(tmp_path):
     path = _duckdb_file(tmp_path)
     writable = duckdb.connect(path)  # a read-write connection handed to dpsql
-    adapter = DuckDBAdapter(writable)
+    adapter = DuckDBAdapter(writable, trust_statistics=True)
     assert adapter.value_facts("people").statistics == {}
     session = _session(adapter, tmp_path)
     assert session.proven == {}
@@ -152,7 +176,7 @@ def test_writable_duckdb_statistics_prove_nothing(tmp_path):
     assert proven.sql == clamped.sql and '"age" > 100' in proven.sql
     memory = duckdb.connect()
     memory.execute("CREATE TABLE people (pid BIGINT, age BIGINT, income DOUBLE, grp BIGINT)")
-    assert DuckDBAdapter(memory).value_facts("people").statistics == {}
+    assert DuckDBAdapter(memory, trust_statistics=True).value_facts("people").statistics == {}
 
 
 def test_nan_and_null_statistics_prove_nothing(tmp_path):
@@ -162,10 +186,11 @@ def test_nan_and_null_statistics_prove_nothing(tmp_path):
             "CREATE TABLE people (pid BIGINT, age BIGINT, income DOUBLE, grp BIGINT)"
         )
         connection.execute("INSERT INTO people VALUES (1, NULL, 'nan', 0), (2, NULL, 5, 1)")
-    session = _session(DuckDBAdapter(path), tmp_path)
+    session = _session(_trusting(path), tmp_path)
     proofs = {p.column: (p.lower, p.upper) for p in session.proven["people"]}
-    # income: NaN max, only its lower side proven; age: all NULL, nothing
-    assert proofs == {"income": (5.0, float("inf")), "grp": (0, 1)}
+    # income: NaN max, only its lower side proven; age: all NULL, nothing; grp: within
+    # its declared [0, 3], which is all a proof from statistics says
+    assert proofs == {"income": (0, float("inf")), "grp": (0, 3)}
     proven, clamped = _plans(session, "SELECT SUM(income), SUM(age) FROM people")
     assert '"income" > CAST(1000.0' in proven.sql and '"income" < ' not in proven.sql
     assert '"age" > 100' in proven.sql and '"age" < 0' in proven.sql
@@ -217,7 +242,7 @@ def test_a_check_wider_than_the_bounds_keeps_its_side(tmp_path):
 
 
 def test_explain_says_which_clamps_were_left_out(tmp_path):
-    session = _session(DuckDBAdapter(_duckdb_file(tmp_path)), tmp_path)
+    session = _session(_trusting(_duckdb_file(tmp_path)), tmp_path)
     rows = session.execute("EXPLAIN SELECT SUM(age * 2), SUM(income) FROM people").rows
     said = [detail for item, detail in rows if item == "clamps"]
     assert len(said) == 2
@@ -233,7 +258,7 @@ def test_neighbouring_databases_move_within_the_sensitivity(tmp_path):
     """Removing one unit with all its rows moves each proven query's exact aggregate by at
     most the stated sensitivity: the proofs change no bound."""
     sql = "SELECT SUM(age), SUM(income) FROM people"
-    session = _session(DuckDBAdapter(_duckdb_file(tmp_path)), tmp_path, user_level=True)
+    session = _session(_trusting(_duckdb_file(tmp_path)), tmp_path, user_level=True)
     plan, clamped = _plans(session, sql)
     assert _clamps(plan.sql) < _clamps(clamped.sql)
     whole = session.adapter.execute(plan.sql)[1][0]
@@ -243,7 +268,7 @@ def test_neighbouring_databases_move_within_the_sensitivity(tmp_path):
         with duckdb.connect(path) as connection:
             connection.execute(f"CREATE TABLE {PLAIN.replace('double precision', 'DOUBLE')}")
             _insert(connection, [row for row in ROWS if row[0] != unit])
-        neighbour = _session(DuckDBAdapter(path), tmp_path, user_level=True)
+        neighbour = _session(_trusting(path), tmp_path, user_level=True)
         assert {p.column for p in neighbour.proven["people"]} >= {"age", "income"}
         smaller, _ = _plans(neighbour, sql)
         assert smaller.sql == plan.sql

@@ -50,7 +50,15 @@ def _open_error(database: str, exc: duckdb.Error) -> BackendError:
 class DuckDBAdapter:
     dialect = "duckdb"
 
-    def __init__(self, database: str | duckdb.DuckDBPyConnection = ":memory:"):
+    def __init__(
+        self,
+        database: str | duckdb.DuckDBPyConnection = ":memory:",
+        *,
+        trust_statistics: bool = False,
+    ):
+        """`trust_statistics`: let the column statistics of a file dpsql opens read-only
+        prove values within their bounds (value_facts). Off by default: whether they do
+        depends on the data, and EXPLAIN (and the query's time) shows it, noiselessly."""
         # A connection the caller opened stays theirs: closing dpsql leaves it open
         # (as pandas and SQLAlchemy leave a connection they were handed).
         self._owned = not isinstance(database, duckdb.DuckDBPyConnection)
@@ -65,6 +73,7 @@ class DuckDBAdapter:
         self._local = threading.local()
         self._running = Running()
         self._read_statistics: dict[tuple, dict[str, tuple]] = {}
+        self._trust_statistics = trust_statistics
 
     @property
     def connection(self) -> duckdb.DuckDBPyConnection:
@@ -268,7 +277,8 @@ class DuckDBAdapter:
 
     def value_facts(self, name: str) -> ValueFacts:
         """The CHECK constraints of the one table `name` reads (none for a view) and,
-        where dpsql opened the file read-only itself, its numeric columns' statistics.
+        where dpsql opened the file read-only itself and was told to trust them
+        (`trust_statistics`), its numeric columns' statistics.
 
         DuckDB checks a CHECK constraint on every row written, and has none that a
         table's old rows may break. Its statistics (min and max, what its optimizer
@@ -307,7 +317,7 @@ class DuckDBAdapter:
         readonly = cursor.execute(
             "SELECT readonly FROM duckdb_databases() WHERE database_name = ?", [database]
         ).fetchall()
-        if not self._owned or readonly != [(True,)]:
+        if not (self._trust_statistics and self._owned) or readonly != [(True,)]:
             return {}
         columns = [
             column

@@ -36,7 +36,10 @@ from dpsql.sql.rewrite import columns_read
 _INTEGERS = (exp.DataType.Type.TINYINT, exp.DataType.Type.SMALLINT, exp.DataType.Type.INT,
              exp.DataType.Type.BIGINT)  # fmt: skip
 _DIGITS = 1100
-STATISTICS = "DuckDB's column statistics of a file dpsql opened read-only"
+STATISTICS = (
+    "DuckDB's column statistics of a file dpsql opened read-only, which show only that "
+    "the values lie within the declared bounds"
+)
 
 
 def proven_ranges(
@@ -48,13 +51,22 @@ def proven_ranges(
     """What `checks` ((name, condition SQL) of enforced CHECK constraints) and trusted
     `statistics` (lower-case column to (min, max)) prove of `table`'s clamped columns:
     its bounded numeric columns other than the privacy unit. Both hold for every row, so
-    each side is the tightest any of them proves."""
+    each side is the tightest any of them proves. A constraint is the schema's, whatever
+    the rows; statistics are the data's: they prove at most the declared bounds, so that
+    what a proof shows of them is one bit per side (all values within it, or not)."""
     found: dict[str, list[tuple[float, float, str]]] = {}
     for name, condition in checks:
         for column, low, high in _check_ranges(condition, dialect):
             found.setdefault(column, []).append((low, high, f"CHECK constraint {name}"))
-    for column, (low, high) in statistics.items():
-        found.setdefault(column, []).append((_end(low, False), _end(high, True), STATISTICS))
+    for name, (low, high) in statistics.items():
+        column = table.column(name)
+        interval = column_interval(column) if column is not None else None
+        if interval is not None:
+            # Only whether each side lies within the declared bounds: the statistics are
+            # the data's, and EXPLAIN shows the proofs (a maximum is one person's value).
+            lower = interval.lower if _end(low, False) >= interval.lower else -math.inf
+            upper = interval.upper if _end(high, True) <= interval.upper else math.inf
+            found.setdefault(name, []).append((lower, upper, STATISTICS))
     proofs = []
     for name, ranges in sorted(found.items()):
         column = table.column(name)
