@@ -134,8 +134,11 @@ def _planned(select: exp.Select, context: PlanContext) -> Plan:
         plan = planner(select, table, context)
         if plan is not None:
             return plan
+    # With the value ranges the database proves, whose clamps the rewrite leaves out and
+    # DirectPlan.explain names (the other planners keep every clamp).
+    proven = replace(table, proven=context.proven.get(table.name.lower(), ()))
     return DirectPlan(
-        analyze(select, bounded_table(table, context)),
+        analyze(select, bounded_table(proven, context)),
         context.options,
         context.dialect,
         context.seed,
@@ -208,11 +211,7 @@ class _Only:
 
 
 def bounded_table(table: Table, context: PlanContext) -> Table:
-    """`table` with bounds of 1 when the database keeps its privacy unit unique, and with
-    the value ranges the database proves of its columns."""
-    proven = context.proven.get(table.name.lower(), ())
-    if proven:
-        table = replace(table, proven=proven)
+    """`table` with bounds of 1 when the database keeps its privacy unit unique."""
     if table.privacy_unit and table.name.lower() in context.unique_units:
         return replace(table, max_groups_per_unit=1, max_rows_per_unit=1, unique_unit=True)
     return table
