@@ -16,15 +16,13 @@ Target: DP/raw <= 1.2x median, proven. Usage:
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import tempfile
 from pathlib import Path
 
 import duckdb
-from bench_e2e import QUERIES, paired, policy
-from machine import describe
+from bench_e2e import QUERIES, census, paired, policy
 
 from dpsql import demo
 from dpsql.adapters.duckdb import LOCKED, DuckDBAdapter
@@ -67,13 +65,7 @@ def limit(sql: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=10_000_000)
-    parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
-    print(describe())
-    path = build(args.rows)
-    raw = duckdb.connect(str(path), read_only=True, config=LOCKED)
+    args, path, raw = census(__doc__, build)
     adapters = {
         "unproven": DuckDBAdapter(duckdb.connect(str(path), read_only=True, config=LOCKED)),
         "proven": DuckDBAdapter(str(path), trust_statistics=True),
