@@ -411,7 +411,7 @@ class Session:
         for key, table in self.policy.tables.items():
             if table.public or table.source is not None or table.relation is not None:
                 continue
-            facts = self.adapter.value_facts(key)
+            facts = self.adapter.value_facts(key, statistics=table.trust_statistics)
             found = proven_ranges(facts.checks, facts.statistics, table, self.adapter.dialect)
             if found:
                 proofs[key] = found

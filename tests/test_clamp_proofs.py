@@ -15,6 +15,7 @@ from conftest import postgres_tables
 import dpsql.session as sessions
 from dpsql.adapters.duckdb import LOCKED, DuckDBAdapter
 from dpsql.adapters.postgres import PostgresAdapter
+from dpsql.errors import PolicyError
 from dpsql.ledger import Ledger
 from dpsql.policy import load_policy
 from dpsql.sql import PlanContext, plan_query
@@ -57,8 +58,9 @@ QUERIES = [
 ]
 
 
-def _policy(user_level: bool) -> dict:
+def _policy(user_level: bool, trust: bool = True) -> dict:
     document = copy.deepcopy(POLICY)
+    document["tables"]["people"]["trust_statistics"] = trust
     if user_level:
         document["tables"]["people"].update(USER_LEVEL)
     return document
@@ -80,13 +82,10 @@ def _insert(connection: duckdb.DuckDBPyConnection, rows: list[tuple]) -> None:
     connection.execute(f"INSERT INTO people VALUES {values}")
 
 
-def _trusting(path: str) -> DuckDBAdapter:
-    return DuckDBAdapter(path, trust_statistics=True)
-
-
-def _session(adapter, tmp_path, user_level: bool = False) -> sessions.Session:
-    ledger = Ledger(tmp_path / f"ledger-{id(adapter)}.sqlite")
-    return sessions.Session(adapter, load_policy(_policy(user_level)), ledger, seed=7)
+def _session(adapter, tmp_path, user_level: bool = False, trust: bool = True):
+    """A session at a fixed seed, under a policy that trusts the statistics (`trust`)."""
+    ledger = Ledger(tmp_path / f"ledger-{id(adapter)}-{trust}.sqlite")
+    return sessions.Session(adapter, load_policy(_policy(user_level, trust)), ledger, seed=7)
 
 
 def _plans(session: sessions.Session, sql: str, seed: int = 12345):
@@ -122,7 +121,7 @@ def _assert_identical(session: sessions.Session, queries: list[str] = QUERIES) -
 @pytest.mark.parametrize("user_level", [False, True])
 def test_duckdb_statistics_of_a_read_only_file_leave_out_clamps(tmp_path, user_level):
     path = _duckdb_file(tmp_path)
-    session = _session(_trusting(path), tmp_path, user_level)
+    session = _session(DuckDBAdapter(path), tmp_path, user_level)
     proofs = {p.column: (p.lower, p.upper) for p in session.proven["people"]}
     assert proofs == {"age": (0, 100), "income": (0, 1000), "grp": (0, 3)}
     assert _assert_identical(session) >= len(QUERIES)
@@ -132,14 +131,14 @@ def test_duckdb_statistics_of_a_read_only_file_leave_out_clamps(tmp_path, user_l
     # the released values too: same seed, one session reading a connection it was handed
     # (its statistics prove nothing), the other the file it opened read-only
     handed = duckdb.connect(path, read_only=True, config=LOCKED)
-    unproven = _session(DuckDBAdapter(handed, trust_statistics=True), tmp_path, user_level)
+    unproven = _session(DuckDBAdapter(handed), tmp_path, user_level)
     assert unproven.proven == {}
     for sql in QUERIES:
         assert session.execute(sql).rows == unproven.execute(sql).rows
 
 
 def test_float_sum_keeps_its_grid_cast(tmp_path):
-    session = _session(_trusting(_duckdb_file(tmp_path)), tmp_path)
+    session = _session(DuckDBAdapter(_duckdb_file(tmp_path)), tmp_path)
     proven, clamped = _plans(session, "SELECT SUM(income) FROM people")
     assert _clamps(proven.sql) == 0 < _clamps(clamped.sql)
     assert 'CAST("income" * CAST(' in proven.sql and "AS BIGINT" in proven.sql
@@ -150,9 +149,11 @@ def test_statistics_prove_only_when_trusted_and_show_only_the_bounds(tmp_path):
     with duckdb.connect(path) as connection:
         connection.execute(f"CREATE TABLE {PLAIN.replace('double precision', 'DOUBLE')}")
         _insert(connection, [(1, 3, 12.5, 1), (2, 140, 7.25, 2)])  # age beyond its bounds
-    assert DuckDBAdapter(path).value_facts("people").statistics == {}  # not trusted
-    assert _session(DuckDBAdapter(path), tmp_path).proven == {}
-    session = _session(_trusting(path), tmp_path)
+    adapter = DuckDBAdapter(path)
+    assert adapter.value_facts("people", statistics=True).statistics
+    assert adapter.value_facts("people").statistics == {}  # not asked for
+    assert _session(adapter, tmp_path, trust=False).proven == {}  # the policy does not trust
+    session = _session(DuckDBAdapter(path), tmp_path)
     proofs = {p.column: (p.lower, p.upper) for p in session.proven["people"]}
     assert proofs == {"age": (0, float("inf")), "income": (0, 1000), "grp": (0, 3)}
     rows = session.execute("EXPLAIN SELECT SUM(age), SUM(income) FROM people").rows
@@ -168,15 +169,15 @@ def test_statistics_prove_only_when_trusted_and_show_only_the_bounds(tmp_path):
 def test_writable_duckdb_statistics_prove_nothing(tmp_path):
     path = _duckdb_file(tmp_path)
     writable = duckdb.connect(path)  # a read-write connection handed to dpsql
-    adapter = DuckDBAdapter(writable, trust_statistics=True)
-    assert adapter.value_facts("people").statistics == {}
+    adapter = DuckDBAdapter(writable)
+    assert adapter.value_facts("people", statistics=True).statistics == {}
     session = _session(adapter, tmp_path)
     assert session.proven == {}
     proven, clamped = _plans(session, "SELECT SUM(age) FROM people")
     assert proven.sql == clamped.sql and '"age" > 100' in proven.sql
     memory = duckdb.connect()
     memory.execute("CREATE TABLE people (pid BIGINT, age BIGINT, income DOUBLE, grp BIGINT)")
-    assert DuckDBAdapter(memory, trust_statistics=True).value_facts("people").statistics == {}
+    assert DuckDBAdapter(memory).value_facts("people", statistics=True).statistics == {}
 
 
 def test_nan_and_null_statistics_prove_nothing(tmp_path):
@@ -186,7 +187,7 @@ def test_nan_and_null_statistics_prove_nothing(tmp_path):
             "CREATE TABLE people (pid BIGINT, age BIGINT, income DOUBLE, grp BIGINT)"
         )
         connection.execute("INSERT INTO people VALUES (1, NULL, 'nan', 0), (2, NULL, 5, 1)")
-    session = _session(_trusting(path), tmp_path)
+    session = _session(DuckDBAdapter(path), tmp_path)
     proofs = {p.column: (p.lower, p.upper) for p in session.proven["people"]}
     # income: NaN max, only its lower side proven; age: all NULL, nothing; grp: within
     # its declared [0, 3], which is all a proof from statistics says
@@ -205,6 +206,14 @@ def test_duckdb_check_constraints(tmp_path):
     assert proofs["age"][:2] == (0, 100) and "CHECK constraint" in proofs["age"][2]
     assert proofs["income"][:2] == (0, 1000)
     assert _assert_identical(session) >= len(QUERIES)
+
+
+def test_trust_statistics_is_a_yes_or_no():
+    document = _policy(False)
+    document["tables"]["people"]["trust_statistics"] = "yes"
+    with pytest.raises(PolicyError, match="trust_statistics"):
+        load_policy(document)
+    assert not load_policy(POLICY).tables["people"].trust_statistics
 
 
 def test_proofs_read_only_what_they_can_be_sure_of():
@@ -242,7 +251,7 @@ def test_a_check_wider_than_the_bounds_keeps_its_side(tmp_path):
 
 
 def test_explain_says_which_clamps_were_left_out(tmp_path):
-    session = _session(_trusting(_duckdb_file(tmp_path)), tmp_path)
+    session = _session(DuckDBAdapter(_duckdb_file(tmp_path)), tmp_path)
     rows = session.execute("EXPLAIN SELECT SUM(age * 2), SUM(income) FROM people").rows
     said = [detail for item, detail in rows if item == "clamps"]
     assert len(said) == 2
@@ -258,7 +267,7 @@ def test_neighbouring_databases_move_within_the_sensitivity(tmp_path):
     """Removing one unit with all its rows moves each proven query's exact aggregate by at
     most the stated sensitivity: the proofs change no bound."""
     sql = "SELECT SUM(age), SUM(income) FROM people"
-    session = _session(_trusting(_duckdb_file(tmp_path)), tmp_path, user_level=True)
+    session = _session(DuckDBAdapter(_duckdb_file(tmp_path)), tmp_path, user_level=True)
     plan, clamped = _plans(session, sql)
     assert _clamps(plan.sql) < _clamps(clamped.sql)
     whole = session.adapter.execute(plan.sql)[1][0]
@@ -268,7 +277,7 @@ def test_neighbouring_databases_move_within_the_sensitivity(tmp_path):
         with duckdb.connect(path) as connection:
             connection.execute(f"CREATE TABLE {PLAIN.replace('double precision', 'DOUBLE')}")
             _insert(connection, [row for row in ROWS if row[0] != unit])
-        neighbour = _session(_trusting(path), tmp_path, user_level=True)
+        neighbour = _session(DuckDBAdapter(path), tmp_path, user_level=True)
         assert {p.column for p in neighbour.proven["people"]} >= {"age", "income"}
         smaller, _ = _plans(neighbour, sql)
         assert smaller.sql == plan.sql

@@ -70,9 +70,10 @@ class Adapter(Protocol):
         """Lower-case columns of table `name` that the database itself keeps unique
         (a single-column PRIMARY KEY or UNIQUE constraint)."""
 
-    def value_facts(self, name: str) -> ValueFacts:
-        """The CHECK constraints and the trusted column statistics of table `name`
-        (ValueFacts); empty for a view, or where the database cannot prove them."""
+    def value_facts(self, name: str, statistics: bool = False) -> ValueFacts:
+        """The CHECK constraints of table `name` and, with `statistics`, the column
+        statistics that hold for every row read (ValueFacts); empty for a view, or
+        where the database cannot prove them."""
 
     def table_names(self) -> list[str]:
         """Every table and view of the database a policy could name (`dpsql policy init`

@@ -50,15 +50,7 @@ def _open_error(database: str, exc: duckdb.Error) -> BackendError:
 class DuckDBAdapter:
     dialect = "duckdb"
 
-    def __init__(
-        self,
-        database: str | duckdb.DuckDBPyConnection = ":memory:",
-        *,
-        trust_statistics: bool = False,
-    ):
-        """`trust_statistics`: let the column statistics of a file dpsql opens read-only
-        prove values within their bounds (value_facts). Off by default: whether they do
-        depends on the data, and EXPLAIN (and the query's time) shows it, noiselessly."""
+    def __init__(self, database: str | duckdb.DuckDBPyConnection = ":memory:"):
         # A connection the caller opened stays theirs: closing dpsql leaves it open
         # (as pandas and SQLAlchemy leave a connection they were handed).
         self._owned = not isinstance(database, duckdb.DuckDBPyConnection)
@@ -73,7 +65,6 @@ class DuckDBAdapter:
         self._local = threading.local()
         self._running = Running()
         self._read_statistics: dict[tuple, dict[str, tuple]] = {}
-        self._trust_statistics = trust_statistics
 
     @property
     def connection(self) -> duckdb.DuckDBPyConnection:
@@ -275,10 +266,10 @@ class DuckDBAdapter:
             keyed.setdefault((database, schema), set()).add(columns[0].lower())
         return set.intersection(*(keyed.get(table[:2], set()) for table in tables))
 
-    def value_facts(self, name: str) -> ValueFacts:
+    def value_facts(self, name: str, statistics: bool = False) -> ValueFacts:
         """The CHECK constraints of the one table `name` reads (none for a view) and,
-        where dpsql opened the file read-only itself and was told to trust them
-        (`trust_statistics`), its numeric columns' statistics.
+        with `statistics`, where dpsql opened the file read-only itself, its numeric
+        columns' statistics.
 
         DuckDB checks a CHECK constraint on every row written, and has none that a
         table's old rows may break. Its statistics (min and max, what its optimizer
@@ -301,7 +292,8 @@ class DuckDBAdapter:
             [database, schema, table],
         )
         facts = tuple((str(n), str(e)) for n, e in checks.fetchall())
-        return ValueFacts(facts, self._statistics(database, schema, table))
+        stored = self._statistics(database, schema, table) if statistics else {}
+        return ValueFacts(facts, stored)
 
     def _statistics(self, database: str, schema: str, table: str) -> dict[str, tuple]:
         """(min, max) of each numeric column of a table of a file dpsql opened read-only
@@ -317,7 +309,7 @@ class DuckDBAdapter:
         readonly = cursor.execute(
             "SELECT readonly FROM duckdb_databases() WHERE database_name = ?", [database]
         ).fetchall()
-        if not (self._trust_statistics and self._owned) or readonly != [(True,)]:
+        if not self._owned or readonly != [(True,)]:
             return {}
         columns = [
             column

@@ -285,7 +285,7 @@ class PostgresAdapter:
             return set()
         return {row[0] for row in rows}
 
-    def value_facts(self, name: str) -> ValueFacts:
+    def value_facts(self, name: str, statistics: bool = False) -> ValueFacts:
         """The table's enforced CHECK constraints (CHECKS). No statistics: other sessions
         write while dpsql reads, and pg_statistic samples the rows anyway."""
         try:

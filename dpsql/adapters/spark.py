@@ -299,7 +299,7 @@ class SparkAdapter:
     def unique_columns(self, name: str) -> set[str]:
         return set()  # Spark declares no enforced keys: every unit is bounded
 
-    def value_facts(self, name: str) -> ValueFacts:
+    def value_facts(self, name: str, statistics: bool = False) -> ValueFacts:
         return ValueFacts()  # Spark enforces no CHECK constraint: every value is clamped
 
     def table_names(self) -> list[str]:

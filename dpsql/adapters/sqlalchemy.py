@@ -203,7 +203,7 @@ class SQLAlchemyAdapter:
             default = sqlalchemy.inspect(connection).default_schema_name or ""
         return {((schema or default).lower(), table.lower())}
 
-    def value_facts(self, name: str) -> ValueFacts:
+    def value_facts(self, name: str, statistics: bool = False) -> ValueFacts:
         return ValueFacts()  # not read through SQLAlchemy: every value is clamped
 
     def unique_columns(self, name: str) -> set[str]:
