@@ -64,7 +64,10 @@ class DuckDBAdapter:
                 raise _open_error(database, exc) from None
         self._local = threading.local()
         self._running = Running()
-        self._read_statistics: dict[tuple, dict[str, tuple]] = {}
+        # A file dpsql opened read-only cannot change while open, its schema included
+        # (nothing can be attached either): what value_facts reads of it is read once.
+        self._frozen = self._owned and database != ":memory:"
+        self._facts: dict[tuple[str, bool], ValueFacts] = {}
 
     @property
     def connection(self) -> duckdb.DuckDBPyConnection:
@@ -278,8 +281,15 @@ class DuckDBAdapter:
         read-only by dpsql (no writer, this process included, can open it meanwhile;
         its configuration is locked, so nothing can be attached over it). A connection
         the caller passed in stays theirs to write to or to attach other files to:
-        its statistics prove nothing.
+        its statistics prove nothing. Read once from a file dpsql opened read-only.
         """
+        if not self._frozen:
+            return self._value_facts(name, statistics)
+        if (name, statistics) not in self._facts:
+            self._facts[name, statistics] = self._value_facts(name, statistics)
+        return self._facts[name, statistics]
+
+    def _value_facts(self, name: str, statistics: bool) -> ValueFacts:
         tables, _ = self._relations(name)
         identity = self.table_identities(name)
         if len(identity) != 1 or next(iter(identity)) not in tables:
@@ -297,14 +307,7 @@ class DuckDBAdapter:
 
     def _statistics(self, database: str, schema: str, table: str) -> dict[str, tuple]:
         """(min, max) of each numeric column of a table of a file dpsql opened read-only
-        (value_facts); {} elsewhere. Read once per table: such a file cannot change while
-        it is open, and reading them costs a row group's scan per column."""
-        key = (database, schema, table)
-        if key not in self._read_statistics:
-            self._read_statistics[key] = self._stored_statistics(database, schema, table)
-        return self._read_statistics[key]
-
-    def _stored_statistics(self, database: str, schema: str, table: str) -> dict[str, tuple]:
+        (value_facts); {} elsewhere."""
         cursor = self._cursor()
         readonly = cursor.execute(
             "SELECT readonly FROM duckdb_databases() WHERE database_name = ?", [database]
