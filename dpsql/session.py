@@ -36,7 +36,14 @@ from dpsql.errors import InterfaceError, OperationalError, ProgrammingError, Que
 from dpsql.ldp.postprocess import METHODS as LDP_METHODS
 from dpsql.ledger import Charge, Ledger, open_ledger
 from dpsql.mechanisms.samplers import secure_generator
-from dpsql.policy import CONTINUAL_MECHANISMS, MAX_EPSILON, MECHANISMS, Policy, load_policy
+from dpsql.policy import (
+    CONTINUAL_MECHANISMS,
+    MAX_EPSILON,
+    MECHANISMS,
+    Policy,
+    Proven,
+    load_policy,
+)
 from dpsql.results import MAX_GROUPS, Accuracy, Release
 from dpsql.sql import GroupingSetsPlan, PlanContext, StagedPlan, plan_query
 from dpsql.sql.check import refuse_statement
@@ -44,6 +51,7 @@ from dpsql.sql.describe import column_types, described_columns
 from dpsql.sql.parse import Statement, parse_statement, repeat_key, setting_name, tokenize
 from dpsql.sql.plan import ConstantPlan, Options, Plan, check_known_groups, release_stream
 from dpsql.sql.plan_cache import PlanCache
+from dpsql.sql.proofs import proven_ranges
 from dpsql.sql.public import PublicPlan
 from dpsql.sql.row_level import row_level
 from dpsql.sql.running import STATE_PREFIX as STREAM_PREFIX
@@ -403,8 +411,29 @@ class Session:
                 if table.public and any(row_level(t) for t in self.policy.tables.values())
                 for column in self.adapter.unique_columns(key)
             )
+            self._proven = self._read_proofs()
             self._units_read_at = now
         return self._unique_units
+
+    def _read_proofs(self) -> dict[str, tuple[Proven, ...]]:
+        """The value ranges the database proves of each private table's columns (its
+        CHECK constraints, trusted statistics: sql/proofs.py), read with the unique
+        units and as often: a dropped constraint brings its clamps back."""
+        proofs = {}
+        for key, table in self.policy.tables.items():
+            if table.public or table.source is not None or table.relation is not None:
+                continue
+            facts = self.adapter.value_facts(key, statistics=table.trust_statistics)
+            found = proven_ranges(facts.checks, facts.statistics, table, self.adapter.dialect)
+            if found:
+                proofs[key] = found
+        return proofs
+
+    @property
+    def proven(self) -> dict[str, tuple[Proven, ...]]:
+        """Per table (policy key), the value ranges the database proves (_read_proofs)."""
+        self.unique_units  # noqa: B018 -- reads them when they are old
+        return self._proven
 
     @property
     def unique_references(self) -> frozenset[str]:
@@ -418,8 +447,9 @@ class Session:
         plan cache, with a secret of its own."""
         with self._rng_lock:
             secret = int(self._rng.integers(0, 2**62))
-        units, references = self.unique_units, self.unique_references  # read once: both uses
-        cache_key = self._plan_key(key, units, references) if key else None
+        # read once, for both the cache key and the planning
+        units, references, proven = self.unique_units, self.unique_references, self.proven
+        cache_key = self._plan_key(key, units, references, proven) if key else None
         if cache_key is not None:
             cached = self.plans.get(cache_key, secret)
             if cached is not None:
@@ -443,16 +473,24 @@ class Session:
             self.adapter.identity,
             references,
             read_public,
+            proven,
         )
         plan = plan_query(tree, context)
         if cache_key is not None and not public_reads:
             self.plans.put(cache_key, plan, secret)
         return plan
 
-    def _plan_key(self, key: str, units: frozenset[str], references: frozenset[str]) -> tuple:
+    def _plan_key(
+        self,
+        key: str,
+        units: frozenset[str],
+        references: frozenset[str],
+        proven: dict[str, tuple[Proven, ...]],
+    ) -> tuple:
         """Everything planning reads besides the secret and stored state (which the plans
         the cache keeps do not read): the statement with its constants, the policy, the
-        options, the backend, the analyst's budget, and the unique keys as just read."""
+        options, the backend, the analyst's budget, and the unique keys and proven value
+        ranges as just read (a clamp left out on a proof returns when the proof goes)."""
         return (
             key,
             self.policy.digest,
@@ -463,6 +501,7 @@ class Session:
             self.total,
             units,
             references,
+            tuple(sorted(proven.items())),
         )
 
     def _answer(

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from sqlglot import exp
 
 from dpsql.accounting import Cost, split_epsilon
-from dpsql.policy import Policy, Table
+from dpsql.policy import Policy, Proven, Table
 from dpsql.sql.analyze import analyze
 from dpsql.sql.check import AGGREGATES, check_query
 from dpsql.sql.grouping_sets import GroupingSetsPlan, has_grouping_sets, plan_grouping_sets
@@ -75,6 +75,8 @@ class PlanContext:
     unique_references: frozenset[str] = frozenset()
     # runs a query over public tables alone: key domains of their columns (join_domains.py)
     read_public: Callable[[str], list[tuple]] | None = None
+    # per table (policy key): the value ranges the database proves (sql/proofs.py)
+    proven: Mapping[str, tuple[Proven, ...]] = field(default_factory=dict)
 
 
 def plan_domain(select: exp.Select, table: Table, context: PlanContext) -> Plan | None:
@@ -138,8 +140,11 @@ def _planned(select: exp.Select, context: PlanContext) -> Plan:
         plan = planner(select, table, context)
         if plan is not None:
             return plan
+    # With the value ranges the database proves, whose clamps the rewrite leaves out and
+    # DirectPlan.explain names (the other planners keep every clamp).
+    proven = replace(table, proven=context.proven.get(table.name.lower(), ()))
     return DirectPlan(
-        analyze(select, bounded_table(table, context)),
+        analyze(select, bounded_table(proven, context)),
         context.options,
         context.dialect,
         context.seed,

@@ -33,7 +33,7 @@ from dpsql.mechanisms.staircase import Staircase
 from dpsql.mechanisms.tree import l2_sensitivity
 from dpsql.policy import MAX_PUBLIC_KEYS
 from dpsql.results import Accuracy, Release
-from dpsql.sql import dispersion
+from dpsql.sql import dispersion, proofs
 from dpsql.sql.analysis import KEY_PREFIX, VALUE_PREFIX, Aggregate, Analysis
 from dpsql.sql.avg_interval import AvgWidths, avg_intervals, avg_widths
 from dpsql.sql.intervals import Interval
@@ -532,6 +532,7 @@ class DirectPlan(_Batched):
             lines.append(("VAR/STDDEV interval", dispersion.explanation(spread)))
         if analysis.grouped:
             lines.append(("group keys", self._keys_explanation()))
+        lines += [("clamps", line) for line in proofs.explanations(analysis)]
         return lines + [("note", note) for note in self.notes]
 
     def _keys_explanation(self) -> str:
