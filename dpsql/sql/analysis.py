@@ -41,9 +41,10 @@ class Measurement:
 class Aggregate:
     """An aggregate the query releases: COUNT/SUM straight from a measurement, AVG from two."""
 
-    function: str  # "count", "sum", "avg"
+    function: str  # "count", "sum", "avg", ..., or "quantile" (sql/quantiles.py)
     measurements: tuple[int, ...]  # indexes into Analysis.measurements (avg: sum, count)
     bounds: Interval | None = None  # AVG is clamped to these after division
+    node: exp.Expression | None = None  # a quantile's aggregate as written: none measured
 
 
 @dataclass(frozen=True)
