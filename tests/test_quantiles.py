@@ -249,3 +249,143 @@ def test_the_plan_states_its_sensitivity_and_spends_within_its_charge(epsilon: f
         plan = plan_query(parse_statement(query, "duckdb").tree, context)
         assert plan.sensitivity == sensitivity, query
         assert parts * Fraction(plan.share) <= plan.cost.epsilon, (query, epsilon)
+
+
+# -- quantiles beside other aggregates, and per group of keys from the data --------------
+
+MIXED = "SELECT h, COUNT(*) AS n, MEDIAN(x) AS m FROM t GROUP BY h"
+
+
+@pytest.fixture()
+def rich() -> dpsql.Cursor:
+    """The table t, with a delta budget for several key selections."""
+    database = duckdb.connect()
+    database.execute(_CREATE)
+    analysts = {"default": {"epsilon": 1000.0, "delta": 1e-3}}
+    policy = {**POLICY, "analysts": analysts}
+    return dpsql.connect(database, policy=policy, epsilon=6.0, ledger=":memory:", seed=5).cursor()
+
+
+def _stages(cursor: dpsql.Cursor, query: str) -> list[str]:
+    """The SQL of each release of a staged plan, in order."""
+    cursor.execute(f"EXPLAIN {query}")
+    return [detail for item, detail in cursor.fetchall() if item == "  sql"]
+
+
+def test_removing_a_unit_moves_each_release_of_a_data_keyed_query_by_its_sensitivity() -> None:
+    """Both releases of MIXED on neighbouring databases (each of 12 units, of up to 5 rows
+    over 3 keys, removed in turn): the first's COUNT per key moves by at most
+    max_rows_per_unit (3), its distinct units by at most 1, over at most max_groups (2)
+    keys; the histogram's buckets by at most 3 per key and 6 in all."""
+    columns = {k: POLICY["tables"]["t"]["columns"][k] for k in ("uid", "x", "h")}
+    table = {**POLICY["tables"]["t"], "max_groups_per_unit": 2, "columns": columns}
+    policy = {**POLICY, "tables": {"t": table}}
+    rows = [(i // 5, float((i * 53) % 1000), i % 3) for i in range(60)]
+    database = duckdb.connect()
+    database.execute("CREATE TABLE full_t (uid INT, x DOUBLE, h INT)")
+    database.executemany("INSERT INTO full_t VALUES (?, ?, ?)", rows)
+    database.execute("CREATE TABLE t AS SELECT * FROM full_t")
+    with dpsql.connect(database, policy=policy, ledger=":memory:", seed=1) as connection:
+        first, histogram = _stages(connection.cursor(), MIXED)
+    counts = {row[0]: row[1:] for row in database.execute(first).fetchall()}
+    full = _histogram(database, histogram)
+    assert sum(full.values()) > 0 and len(counts) == 3
+    for unit in range(12):
+        database.execute(f"CREATE OR REPLACE TABLE t AS SELECT * FROM full_t WHERE uid <> {unit}")
+        near = {row[0]: row[1:] for row in database.execute(first).fetchall()}
+        moved = [
+            [abs(a - b) for a, b in zip(counts[k], near.get(k, (0, 0)), strict=True)]
+            for k in counts
+        ]
+        assert all(count <= 3 and units <= 1 for count, units in moved)
+        assert sum(count > 0 or units > 0 for count, units in moved) <= 2
+        neighbour = _histogram(database, histogram)
+        per_key = Counter()
+        for cell in full.keys() | neighbour.keys():
+            per_key[cell[:-1]] += abs(full[cell] - neighbour[cell])
+        assert all(m <= 3 for m in per_key.values()) and sum(per_key.values()) <= 6
+
+
+def _rank_tolerance(epsilon: float, sensitivity: int, buckets: int, beta: float) -> float:
+    return rank_error_bound(Fraction(epsilon), sensitivity, buckets, beta)
+
+
+def test_data_keys_with_counts_release_every_group_and_medians_within_their_rank_bound(
+    rich: dpsql.Cursor,
+) -> None:
+    """MIXED at epsilon 6 (2 each for COUNT, the key selection and the median): every key
+    of h (500 rows each, far above the threshold) is released, each count within 6 noise
+    scales, and each median's rank in its group's data within the rank bound at
+    beta 1e-4 plus the largest bucket's count (the grid's own error)."""
+    rich.execute(MIXED)
+    result = rich.fetchall()
+    assert [row[0] for row in result] == list(range(6))
+    values = _rows()
+    count_scale = rich.accuracy["n"].scale
+    for h, count, median in result:
+        group = np.sort([row[1] for row in values if row[4] == h])
+        assert abs(count - len(group)) <= 6 * count_scale
+        width = 1000 / 512  # 512 buckets at epsilon 2 (BUCKETS_PER_EPSILON x 2)
+        largest = np.max(np.histogram(group, bins=np.arange(0, 1000 + width, width))[0])
+        rank = np.searchsorted(group, median, side="right")
+        assert abs(rank - len(group) / 2) <= _rank_tolerance(2, 9, 512, 1e-4) + largest
+    assert rich.accuracy["m"].mechanism == "exponential"
+    assert "noisy count of distinct units" in " ".join(rich.notes)
+
+
+def test_having_order_by_and_limit_read_the_released_quantiles(rich: dpsql.Cursor) -> None:
+    rich.execute(
+        "SELECT h, AVG(x) AS a, MEDIAN(x) AS m FROM t GROUP BY h "
+        "HAVING MEDIAN(x) > 300 ORDER BY m DESC LIMIT 4"
+    )
+    rows = rich.fetchall()
+    assert 0 < len(rows) <= 4 and all(m > 300 for _, _, m in rows)
+    assert [m for _, _, m in rows] == sorted((m for _, _, m in rows), reverse=True)
+    # AVG's per-row intervals follow their rows through HAVING, ORDER BY and LIMIT
+    intervals = rich.accuracy["a"].intervals
+    assert len(intervals) == len(rows)
+    assert all(low <= a <= high for (low, high), (_, a, _) in zip(intervals, rows, strict=True))
+    rich.execute("SELECT g, 2 * MEDIAN(n) AS twice, COUNT(*) AS c FROM t GROUP BY g ORDER BY g")
+    assert [(row[0], row[1] % 2) for row in rich.fetchall()] == [(0, 0), (1, 0), (2, 0)]
+
+
+def test_explain_shows_each_measurement_of_both_releases(rich: dpsql.Cursor) -> None:
+    rich.execute(f"EXPLAIN {MIXED}")
+    lines = rich.fetchall()
+    items = [item for item, _ in lines]
+    assert items.index("release 1") < items.index("  measure count(*)") < items.index("release 2")
+    assert items.index("release 2") < items.index('  measure MEDIAN("x")')
+    costs = [detail for item, detail in lines if item == "  cost"]
+    assert "key selection, epsilon 2 each" in costs[0] and costs[1] == "epsilon 2 (pure)"
+    assert "total epsilon=6" in dict(lines)["budget"]
+
+
+def test_data_keys_without_delta_are_refused_before_the_charge(rich: dpsql.Cursor) -> None:
+    connection = rich.connection
+    rich.execute("SET dpsql.delta = 0")
+    before = connection.budget().epsilon_spent
+    with pytest.raises(QueryRefused) as refused:
+        rich.execute("SELECT h, MEDIAN(x) FROM t GROUP BY h")
+    assert "delta" in str(refused.value)
+    assert connection.budget().epsilon_spent == before
+
+
+@pytest.mark.parametrize("epsilon", [9.03442905035, 0.1, 1.0])
+def test_a_staged_plan_spends_within_its_charge(epsilon: float) -> None:
+    """Every measurement of both releases, read in binary, adds up to no more than the
+    epsilon charged, which is no more than the query's."""
+    from dpsql.policy import load_policy
+    from dpsql.sql import Options, PlanContext, plan_query
+    from dpsql.sql.parse import parse_statement
+
+    context = PlanContext(load_policy(POLICY), Options(epsilon, 1e-6), "duckdb", seed=1)
+    for query, first_parts, parts in (
+        (MIXED, 2, 1),
+        ("SELECT g, AVG(x), quantile_cont(x, [0.1, 0.9]) FROM t GROUP BY g", 2, 2),
+        ("SELECT h, MIN(x), MAX(x) FROM t GROUP BY h", 1, 2),
+    ):
+        plan = plan_query(parse_statement(query, "duckdb").tree, context)
+        (first,) = plan.parts
+        spent = first_parts * Fraction(first.share) + parts * Fraction(plan.outer.share)
+        assert spent <= plan.cost.epsilon <= Fraction(repr(epsilon)), (query, epsilon)
+        assert first.share == pytest.approx(plan.outer.share)
