@@ -80,6 +80,29 @@ def test_the_sampler_draws_the_exponential_mechanisms_distribution() -> None:
     assert p_value > 1e-3
 
 
+def test_the_lattice_of_exponents_is_the_closed_form_with_a_prior() -> None:
+    """x(i) = epsilon |rank(i) - q n| / (2 s) + prior(i) - min, in exact Fractions, is what
+    the sampler decides on (m(i) step, bit by bit); and with a prior of awkward
+    denominators and q = 0.01, the draws still follow e^-x(i) / sum (chi-square)."""
+    counts, q, epsilon = [4, 0, 7, 2, 9, 1, 3], Fraction(1, 100), Fraction(7, 3)
+    prior = [Fraction(i, 11) for i in range(7)]
+    ranks = np.cumsum(counts)
+    closed = [epsilon * abs(int(r) - q * 26) / 6 + p for r, p in zip(ranks, prior, strict=True)]
+    closed = [x - min(closed) for x in closed]
+    assert quantile_weights(counts, q, epsilon, prior, 3) == closed
+    weights = np.array([math.exp(-float(x)) for x in closed])
+    rng = np.random.default_rng(11)
+    draws = 1500
+    seen = Counter(exponential_quantile(counts, q, epsilon, rng, prior, 3) for _ in range(draws))
+    expected = weights / weights.sum() * draws
+    observed = np.array([seen[i] for i in range(len(counts))])
+    kept = expected >= 5  # chi-square needs 5 expected per cell: the rest pooled
+    pooled_o = np.append(observed[kept], observed[~kept].sum())
+    pooled_e = np.append(expected[kept], expected[~kept].sum())
+    _, p_value = stats.chisquare(pooled_o, pooled_e)
+    assert p_value > 1e-3
+
+
 def test_the_rank_error_stays_within_the_stated_bound() -> None:
     """120 medians of 2000 values over 64 buckets at epsilon 0.5, sensitivity 3: the
     share whose rank error exceeds the 95% bound is at most 5% (plus 3 sigma)."""
