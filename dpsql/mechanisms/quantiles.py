@@ -186,12 +186,18 @@ def _decisions(x: Fraction, size: int, rng: np.random.Generator) -> np.ndarray:
     alive = np.ones(size, dtype=bool)
     whole = math.floor(x)
     if x != whole:
-        alive &= bernoulli(ExactReal.exp_neg(x - whole), size, rng)
+        alive &= bernoulli(_exp_neg(x - whole), size, rng)
     for _ in range(whole):
         if not alive.any():
             break
         alive[alive] = bernoulli(_exp_minus_one(), int(alive.sum()), rng)
     return alive
+
+
+# A query's groups share their bit levels' exponents: their thresholds are computed once.
+@functools.lru_cache(maxsize=4096)
+def _exp_neg(x: Fraction) -> ExactReal:
+    return ExactReal.exp_neg(x)
 
 
 @functools.cache
