@@ -45,8 +45,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     database = duckdb.connect()
+    threads = database.execute("SELECT current_setting('threads')").fetchone()[0]
     database.execute("SET threads = 1; SELECT setseed(0.25)")  # the same data each run
     database.execute(f"CREATE TABLE t AS SELECT 1000 * random() ** 2 AS x FROM range({args.rows})")
+    database.execute(f"SET threads = {threads}")
     ordered = np.sort(database.execute("SELECT x FROM t").fetchnumpy()["x"])
     connection = dpsql.connect(database, policy=POLICY, epsilon=1.0, ledger=":memory:")
     for name, q in (("median", 0.5), ("p90", 0.9)):
