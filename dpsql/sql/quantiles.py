@@ -23,9 +23,11 @@ composition). The select list, HAVING, ORDER BY and LIMIT are then evaluated ove
 released values (sql/postprocess.py), so they spend nothing.
 
 A released quantile is a bucket of the grid, fixed by the policy and epsilon before the
-data are read: PERCENTILE_DISC (and quantile_disc) releases the bucket's lowest value,
-PERCENTILE_CONT (quantile_cont, MEDIAN) its midpoint. MIN and MAX are the quantiles
-MIN_Q and 1 - MIN_Q (docs/mechanisms.md says why a DP MIN is not the data's minimum).
+data are read, released as its top (the upper edge; for int and date columns the largest
+value in it): the point whose rank, the values in it and below, the mechanism scores.
+PERCENTILE_CONT and PERCENTILE_DISC release the same (no value is interpolated from the
+data). MIN and MAX are the quantiles MIN_Q and 1 - MIN_Q (docs/mechanisms.md says why a
+DP MIN is not the data's minimum).
 """
 
 from __future__ import annotations
@@ -74,7 +76,6 @@ class Quantile:
     """One released quantile (or list of them) of the select list."""
 
     qs: tuple[Fraction, ...]
-    discrete: bool
     listed: bool  # written as a list: released as a list
     name: str  # as written, for EXPLAIN and refusals
 
@@ -87,20 +88,24 @@ class Grid:
     width: float
     size: int
     kind: str  # the column's policy type: int, float or date
+    upper: float  # the domain's last value
 
-    def value(self, index: int, discrete: bool) -> Any:
-        low = self.lower + index * self.width
+    def value(self, index: int) -> Any:
+        """Bucket `index`'s released value: its top (the upper edge; for int and date
+        columns the largest value in it), the point whose rank the mechanism scores
+        (the values in buckets 0..index)."""
         if self.kind == "float":
-            return low if discrete else low + self.width / 2
-        offset = int(low) if discrete else int(low + (self.width - 1) // 2)
+            return min(self.upper, self.lower + (index + 1) * self.width)
+        offset = min(int(self.upper), int(self.lower) + (index + 1) * int(self.width) - 1)
+        return self._typed(offset)
+
+    def _typed(self, offset: int) -> Any:
         return _EPOCH + dt.timedelta(days=offset) if self.kind == "date" else offset
 
     def describe(self) -> str:
         unit = " days" if self.kind == "date" else ""
-        return f"{self.size} buckets of width {self.width:g}{unit} from {self._shown(0)}"
-
-    def _shown(self, index: int) -> str:
-        return str(self.value(index, discrete=True))
+        first = self.lower if self.kind == "float" else self._typed(int(self.lower))
+        return f"{self.size} buckets of width {self.width:g}{unit} from {first}"
 
 
 def plan_quantiles(select: exp.Select, table: Table, context: Any) -> Plan | None:
@@ -216,12 +221,10 @@ def _quantile(node: exp.Expression) -> tuple[exp.Column, Quantile]:
         if len(ordered) != 1 or ordered[0].args.get("desc"):
             raise _refuse(node, "it needs one ascending ORDER BY column", _HINT)
         argument, fraction = ordered[0].this, inner.this
-        discrete = isinstance(inner, exp.PercentileDisc)
     elif isinstance(node, exp.PercentileCont | exp.PercentileDisc):
         argument, fraction = node.this, node.expression
-        discrete = isinstance(node, exp.PercentileDisc)
     else:
-        argument, discrete = node.this, isinstance(node, exp.Min | exp.Max)
+        argument = node.this
         q = {exp.Min: MIN_Q, exp.Max: 1 - MIN_Q}.get(type(node), Fraction(1, 2))
         fraction = exp.Literal.number(str(q.numerator / q.denominator))
     if not isinstance(argument, exp.Column):
@@ -231,7 +234,7 @@ def _quantile(node: exp.Expression) -> tuple[exp.Column, Quantile]:
     qs = tuple(_fraction(value, name) for value in values)
     if isinstance(node, exp.Min | exp.Max):
         qs = (MIN_Q if isinstance(node, exp.Min) else 1 - MIN_Q,)
-    return argument, Quantile(qs, discrete, listed, name)
+    return argument, Quantile(qs, listed, name)
 
 
 _HINT = "write PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY col) or quantile_cont(col, 0.5)"
@@ -341,8 +344,7 @@ class QuantilePlan:
             for index, spec in self.specs.items():
                 values = [
                     self.grid.value(
-                        exponential_quantile(counts, q, epsilon, rng, (), self.sensitivity),
-                        spec.discrete,
+                        exponential_quantile(counts, q, epsilon, rng, (), self.sensitivity)
                     )
                     for q in spec.qs
                 ]
@@ -540,10 +542,10 @@ def _grid(domain: tuple[float, float, str], epsilon: Fraction) -> Grid:
     wanted = 2 ** round(math.log2(max(1.0, BUCKETS_PER_EPSILON * float(epsilon))))
     size = min(MAX_BUCKETS, max(MIN_BUCKETS, wanted))
     if kind == "float":
-        return Grid(lower, (upper - lower) / size if upper > lower else 1.0, size, kind)
+        return Grid(lower, (upper - lower) / size if upper > lower else 1.0, size, kind, upper)
     values = int(upper) - int(lower) + 1
     width = max(1, math.ceil(values / size))
-    return Grid(float(int(lower)), float(width), math.ceil(values / width), kind)
+    return Grid(float(int(lower)), float(width), math.ceil(values / width), kind, float(upper))
 
 
 def _bucket(column: exp.Column, table: Table, grid: Grid) -> exp.Expression:
