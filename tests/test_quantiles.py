@@ -415,3 +415,68 @@ def test_a_staged_plan_spends_within_its_charge(epsilon: float) -> None:
         spent = first_parts * Fraction(first.share) + parts * Fraction(plan.outer.share)
         assert spent <= plan.cost.epsilon <= Fraction(repr(epsilon)), (query, epsilon)
         assert first.share == pytest.approx(plan.outer.share)
+
+
+# -- timestamps -------------------------------------------------------------------------
+
+EVENTS = {
+    "analysts": {"default": {"epsilon": 100.0, "delta": 1e-6}},
+    "tables": {
+        "e": {
+            "privacy_unit": "uid",
+            "max_rows_per_unit": 2,
+            "columns": {
+                "uid": {"type": "int", "private": True},
+                "k": {"type": "int", "lower": 0, "upper": 1, "public": True},
+                "ts": {"type": "timestamp", "lower": "2024-01-01 00:00", "upper": "2024-12-31"},
+            },
+        }
+    },
+}
+# 2000 rows 3 hours apart from 2024-01-01 (two per unit), and one outside the bounds
+_EVENT_ROWS = [
+    (i // 2, i % 2, dt.datetime(2024, 1, 1) + dt.timedelta(hours=3 * i)) for i in range(2000)
+] + [(5000, 0, dt.datetime(2031, 5, 1, 12))]
+
+
+def _check_events(cursor: dpsql.Cursor) -> None:
+    """The median (row 1000 of 2001: 2024-05-05 00:00) and p90 (2024-08-13) within the
+    rank bound at beta 1e-4 (3 hours a rank) plus one bucket, released as timestamps."""
+    query = "SELECT MEDIAN(ts) AS m, PERCENTILE_DISC(0.9) WITHIN GROUP (ORDER BY ts) FROM e"
+    cursor.execute(f"EXPLAIN {query}")
+    plan = dict(cursor.fetchall())
+    buckets, width = plan["buckets"].split()[0], float(plan["buckets"].split()[4])
+    assert "seconds from 2024-01-01 00:00:00" in plan["buckets"]
+    cursor.execute(query)
+    ((median, p90),) = cursor.fetchall()
+    slack = dt.timedelta(hours=3 * _rank_tolerance(0.5, 2, int(buckets), 1e-4), seconds=width)
+    assert isinstance(median, dt.datetime)
+    assert abs(median - dt.datetime(2024, 5, 5)) <= slack
+    assert abs(p90 - dt.datetime(2024, 8, 13, 21)) <= slack
+    cursor.execute("SELECT k, COUNT(*) AS n, MEDIAN(ts) AS m FROM e GROUP BY k ORDER BY k")
+    assert [type(row[2]) for row in cursor.fetchall()] == [dt.datetime, dt.datetime]
+
+
+def test_timestamps_on_duckdb() -> None:
+    database = duckdb.connect()
+    database.execute("CREATE TABLE e (uid INT, k INT, ts TIMESTAMP)")
+    database.executemany("INSERT INTO e VALUES (?, ?, ?)", _EVENT_ROWS)
+    with dpsql.connect(database, policy=EVENTS, epsilon=1.0, ledger=":memory:", seed=2) as c:
+        _check_events(c.cursor())
+        # neighbours: each of 30 units removed, the histogram moves by at most 2 rows
+        sql = _explain(c.cursor(), "SELECT MEDIAN(ts) FROM e")["sql"]
+    full = _histogram(database, sql)
+    database.execute("CREATE TABLE all_e AS SELECT * FROM e")
+    for unit in (*range(0, 1000, 37), 5000):
+        database.execute(f"CREATE OR REPLACE TABLE e AS SELECT * FROM all_e WHERE uid <> {unit}")
+        near = _histogram(database, sql)
+        assert sum(abs(full[c] - near[c]) for c in full.keys() | near.keys()) <= 2
+
+
+def test_timestamps_on_postgres(postgres_url: str) -> None:
+    spec = "e (uid BIGINT, k BIGINT, ts TIMESTAMP)"
+    with (
+        postgres_tables(postgres_url, {spec: _EVENT_ROWS}) as url,
+        dpsql.connect(url, policy=EVENTS, epsilon=1.0, ledger=":memory:", seed=2) as c,
+    ):
+        _check_events(c.cursor())

@@ -69,6 +69,7 @@ MIN_Q = Fraction(1, 100)  # MIN and MAX are the 1st and 99th percentiles
 BUCKETS_PER_EPSILON = 4096
 MIN_BUCKETS, MAX_BUCKETS = 256, 16384
 _EPOCH = dt.date(1970, 1, 1)
+_MIDNIGHT = dt.datetime(1970, 1, 1)
 
 
 @dataclass(frozen=True)
@@ -87,24 +88,28 @@ class Grid:
     lower: float
     width: float
     size: int
-    kind: str  # the column's policy type: int, float or date
+    kind: str  # the column's policy type: int, float, date or timestamp (in seconds)
     upper: float  # the domain's last value
 
     def value(self, index: int) -> Any:
         """Bucket `index`'s released value: its top (the upper edge; for int and date
         columns the largest value in it), the point whose rank the mechanism scores
         (the values in buckets 0..index)."""
-        if self.kind == "float":
-            return min(self.upper, self.lower + (index + 1) * self.width)
+        if self.kind in ("float", "timestamp"):
+            return self._typed(min(self.upper, self.lower + (index + 1) * self.width))
         offset = min(int(self.upper), int(self.lower) + (index + 1) * int(self.width) - 1)
         return self._typed(offset)
 
-    def _typed(self, offset: int) -> Any:
-        return _EPOCH + dt.timedelta(days=offset) if self.kind == "date" else offset
+    def _typed(self, offset: float) -> Any:
+        if self.kind == "date":
+            return _EPOCH + dt.timedelta(days=int(offset))
+        if self.kind == "timestamp":  # to the microsecond, as the database stores it
+            return _MIDNIGHT + dt.timedelta(microseconds=round(offset * 1e6))
+        return offset
 
     def describe(self) -> str:
-        unit = " days" if self.kind == "date" else ""
-        first = self.lower if self.kind == "float" else self._typed(int(self.lower))
+        unit = {"date": " days", "timestamp": " seconds"}.get(self.kind, "")
+        first = self.lower if self.kind == "float" else self._typed(self.lower)
         return f"{self.size} buckets of width {self.width:g}{unit} from {first}"
 
 
@@ -505,14 +510,15 @@ def _reindexed(accuracy: Accuracy, groups: list[int]) -> Accuracy:
 
 
 def _declared(column: exp.Column, table: Table) -> tuple[float, float, str]:
-    """The column's declared domain, as numbers (dates: days since 1970-01-01)."""
+    """The column's declared domain, as numbers (dates: days since 1970-01-01;
+    timestamps: seconds since 1970-01-01 00:00, as written, without a time zone)."""
     declared = table.column(column.name)
-    if declared is None or declared.type not in ("int", "float", "date"):
+    if declared is None or declared.type not in ("int", "float", "date", "timestamp"):
         kind = declared.type if declared is not None else "unknown"
         raise QueryRefused(
             f"a quantile of {column.name}",
-            f"it is a {kind} column; quantiles need a bounded number or date column",
-            "take quantiles of a numeric or date column with lower/upper in the policy",
+            f"it is a {kind} column; quantiles need a bounded number, date or timestamp",
+            "take quantiles of a numeric, date or timestamp column with lower/upper in the policy",
         )
     if not declared.bounded:
         raise QueryRefused(
@@ -522,6 +528,8 @@ def _declared(column: exp.Column, table: Table) -> tuple[float, float, str]:
         )
     if declared.type == "date":
         lower, upper = (_days(v) for v in (declared.lower, declared.upper))
+    elif declared.type == "timestamp":
+        lower, upper = (_seconds(v) for v in (declared.lower, declared.upper))
     else:
         lower, upper = float(declared.lower), float(declared.upper)
     return lower, upper, declared.type
@@ -535,13 +543,21 @@ def _days(value: Any) -> int:
     return (value - _EPOCH).days
 
 
+def _seconds(value: Any) -> float:
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    if not isinstance(value, dt.datetime):  # a date bound: its midnight
+        value = dt.datetime.combine(value, dt.time())
+    return (value.replace(tzinfo=None) - _MIDNIGHT).total_seconds()
+
+
 def _grid(domain: tuple[float, float, str], epsilon: Fraction) -> Grid:
     """Buckets for a quantile at `epsilon`: more at larger epsilons, whose rank error is
     smaller (docs/mechanisms.md, "bucket choice")."""
     lower, upper, kind = domain
     wanted = 2 ** round(math.log2(max(1.0, BUCKETS_PER_EPSILON * float(epsilon))))
     size = min(MAX_BUCKETS, max(MIN_BUCKETS, wanted))
-    if kind == "float":
+    if kind in ("float", "timestamp"):
         return Grid(lower, (upper - lower) / size if upper > lower else 1.0, size, kind, upper)
     values = int(upper) - int(lower) + 1
     width = max(1, math.ceil(values / size))
@@ -559,14 +575,19 @@ def _bucket(column: exp.Column, table: Table, grid: Grid) -> exp.Expression:
             exp.cast(exp.convert((_EPOCH + dt.timedelta(days=d)).isoformat()), "DATE")
             for d in (int(grid.lower), int(grid.lower + grid.width * grid.size - 1))
         )
-        value = exp.Case(
-            ifs=[
-                exp.If(this=exp.LT(this=value.copy(), expression=first), true=first.copy()),
-                exp.If(this=exp.GT(this=value.copy(), expression=last), true=last.copy()),
-            ],
-            default=value,
-        )
+        value = _between(value, first, last)
         offset: exp.Expression = exp.Sub(this=value, expression=first.copy())
+    elif grid.kind == "timestamp":
+        # clamped as timestamps first (PostgreSQL's infinite ones); seconds from the first
+        # by each dialect's epoch of both, so a session time zone offsets both alike
+        first, last = (
+            exp.cast(exp.convert(grid.value(index).isoformat(sep=" ")), "TIMESTAMP")
+            for index in (-1, grid.size - 1)
+        )
+        value = _between(value, first, last)
+        offset = exp.Sub(
+            this=exp.TimeToUnix(this=value), expression=exp.TimeToUnix(this=first.copy())
+        )
     else:
         offset = exp.Sub(this=value, expression=exp.convert(grid.lower))
     scaled = exp.Floor(
@@ -575,3 +596,14 @@ def _bucket(column: exp.Column, table: Table, grid: Grid) -> exp.Expression:
         )
     )
     return exp.cast(clamp(scaled, Interval(0, grid.size - 1, True)), "BIGINT")
+
+
+def _between(value: exp.Expression, first: exp.Expression, last: exp.Expression) -> exp.Case:
+    """`value` clamped into [first, last] by comparisons alone (no arithmetic to fail)."""
+    return exp.Case(
+        ifs=[
+            exp.If(this=exp.LT(this=value.copy(), expression=first), true=first.copy()),
+            exp.If(this=exp.GT(this=value.copy(), expression=last), true=last.copy()),
+        ],
+        default=value,
+    )
