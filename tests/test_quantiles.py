@@ -480,3 +480,81 @@ def test_timestamps_on_postgres(postgres_url: str) -> None:
         dpsql.connect(url, policy=EVENTS, epsilon=1.0, ledger=":memory:", seed=2) as c,
     ):
         _check_events(c.cursor())
+
+
+# -- quantiles over relations (sql/relations.py) ----------------------------------------
+
+RELATIONAL = [
+    # a private table joined with a public one, keys from the data
+    "SELECT n.n_name, COUNT(*) AS c, MEDIAN(c.c_acctbal) AS m FROM customer c "
+    "JOIN nation n ON c.c_nationkey = n.n_nationkey GROUP BY n.n_name",
+    # rows whose unit comes through a reference, beside a count
+    "SELECT MEDIAN(l.l_quantity) AS m, COUNT(*) AS c FROM lineitem l",
+    # a CTE, and a subquery of one row per unit
+    "WITH big AS (SELECT * FROM orders WHERE o_totalprice > 1000) "
+    "SELECT MEDIAN(o_totalprice) AS m FROM big",
+    "SELECT MEDIAN(t) AS m FROM (SELECT o_custkey, SUM(o_totalprice) AS t FROM orders "
+    "GROUP BY o_custkey) s",
+]
+
+
+@pytest.fixture(scope="module")
+def warehouse() -> duckdb.DuckDBPyConnection:
+    import tpch
+
+    connection = duckdb.connect()
+    tpch.generate(connection, 0.001)
+    return connection
+
+
+def _warehouse_policy(connection: duckdb.DuckDBPyConnection):
+    import tpch
+
+    from dpsql.adapters import open_adapter
+    from dpsql.policy import load_policy
+
+    loaded = load_policy(tpch.policy())
+    adapter = open_adapter(connection)
+    return loaded.with_public_columns(
+        {k: adapter.table_columns(k) for k in loaded.tables}, "duckdb"
+    )
+
+
+def _without_customer(
+    source: duckdb.DuckDBPyConnection, customer: int
+) -> duckdb.DuckDBPyConnection:
+    copy = duckdb.connect()
+    for table in ("nation", "region", "customer", "orders", "lineitem"):
+        rows = source.sql(f"SELECT * FROM {table}").to_arrow_table()  # noqa: F841
+        copy.execute(f"CREATE TABLE {table} AS SELECT * FROM rows")
+    copy.execute(
+        "DELETE FROM lineitem WHERE l_orderkey IN "
+        f"(SELECT o_orderkey FROM orders WHERE o_custkey = {customer})"
+    )
+    copy.execute(f"DELETE FROM orders WHERE o_custkey = {customer}")
+    copy.execute(f"DELETE FROM customer WHERE c_custkey = {customer}")
+    return copy
+
+
+@pytest.mark.parametrize("sql", RELATIONAL)
+def test_quantiles_over_relations_are_answered_and_bounded(warehouse, sql: str) -> None:
+    """Each query over a relation at epsilon 8: answered, with the relation in its notes;
+    its histogram, on the database without each of 8 customers (with their orders and
+    lineitems), moves by at most the rank sensitivity EXPLAIN states, in all groups."""
+    policy = _warehouse_policy(warehouse)
+    with dpsql.connect(warehouse, policy=policy, epsilon=8.0, ledger=":memory:", seed=4) as c:
+        cursor = c.cursor()
+        cursor.execute(f"EXPLAIN {sql}")
+        lines = cursor.fetchall()
+        histogram = [d for item, d in lines if item.strip() == "sql"][-1]
+        sensitivity = int(next(d for item, d in lines if item.strip() == "rank sensitivity"))
+        cursor.execute(sql)
+        rows = cursor.fetchall()
+        assert rows and any("the relation" in note for note in cursor.notes)
+    full = _histogram(warehouse, histogram)
+    customers = [row[0] for row in warehouse.execute("SELECT c_custkey FROM customer").fetchall()]
+    changes = []
+    for customer in customers[:: len(customers) // 8][:8]:
+        near = _histogram(_without_customer(warehouse, customer), histogram)
+        changes.append(sum(abs(full[cell] - near[cell]) for cell in full.keys() | near.keys()))
+    assert max(changes) <= sensitivity and max(changes) > 0, (sql, changes)

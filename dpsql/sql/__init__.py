@@ -11,7 +11,7 @@ from sqlglot import exp
 from dpsql.accounting import Cost, split_epsilon
 from dpsql.policy import Policy, Table
 from dpsql.sql.analyze import analyze
-from dpsql.sql.check import AGGREGATES, check_query
+from dpsql.sql.check import AGGREGATES, ORDER_STATISTICS, check_query
 from dpsql.sql.local import plan_local
 from dpsql.sql.normalize import normalize
 from dpsql.sql.parse import nested_too_deeply
@@ -188,9 +188,12 @@ def _relational(select: exp.Select, context: PlanContext) -> Plan:
         select, context.policy, context.dialect, context.unique_references, context.seed
     )
     check_query(related.select, _Only(related.table))
-    plan = DirectPlan(
-        analyze(related.select, related.table), context.options, context.dialect, context.seed
-    )
+    if related.select.find(*ORDER_STATISTICS) is not None:  # the quantiles' own planner
+        plan = plan_quantiles(related.select, related.table, context)
+    else:
+        plan = DirectPlan(
+            analyze(related.select, related.table), context.options, context.dialect, context.seed
+        )
     plan.notes.append(f"the relation: {related.description}")
     return plan
 

@@ -366,7 +366,8 @@ class QuantilePlan:
             return Release(names, out, notes=[self._note()])
         values = [_column(released[index]) for index in range(len(self.analysis.aggregates))]
         _, out_rows, _ = project_rows(self.analysis, self.keys, values)
-        return Release(self.names, out_rows, accuracy=self.accuracy(), notes=[self._note()])
+        notes = [self._note(), *self.notes]
+        return Release(self.names, out_rows, accuracy=self.accuracy(), notes=notes)
 
     def accuracy(self) -> dict[str, Accuracy]:
         """The accuracy of each output that is a quantile as such, by its name."""
@@ -451,6 +452,7 @@ class QuantileStages(StagedPlan):
     the keys it released, combined and post-processed (the module docstring)."""
 
     plan_keys: Callable[[list[tuple] | None], QuantilePlan] | None = None
+    notes: list[str] = field(default_factory=list)  # as DirectPlan's: how it was read
 
     def finish(self, releases: Sequence[Release]) -> Plan:
         (first,) = releases
@@ -486,7 +488,8 @@ class QuantileStages(StagedPlan):
             )
             if found is not None:
                 accuracy[name] = _reindexed(found, groups)
-        return Release(self.outer.names, rows, accuracy=accuracy, notes=first.notes + outer.notes)
+        notes = first.notes + outer.notes + self.notes
+        return Release(self.outer.names, rows, accuracy=accuracy, notes=notes)
 
     def explain(self) -> list[tuple[str, str]]:
         (first,) = self.parts
@@ -499,7 +502,7 @@ class QuantileStages(StagedPlan):
             f"epsilon split evenly over every measurement of both releases, charged once "
             f"before either runs: total {self.cost}",
         ))  # fmt: skip
-        return rows
+        return rows + [("note", note) for note in self.notes]
 
 
 def _reindexed(accuracy: Accuracy, groups: list[int]) -> Accuracy:
