@@ -558,3 +558,20 @@ def test_quantiles_over_relations_are_answered_and_bounded(warehouse, sql: str) 
         near = _histogram(_without_customer(warehouse, customer), histogram)
         changes.append(sum(abs(full[cell] - near[cell]) for cell in full.keys() | near.keys()))
     assert max(changes) <= sensitivity and max(changes) > 0, (sql, changes)
+
+
+@pytest.mark.parametrize(
+    ("epsilon", "query", "buckets"),
+    [
+        (1.0, "SELECT MEDIAN(x) FROM t", "4096 buckets of width 0.244141 from 0.0"),
+        (0.01, "SELECT MEDIAN(x) FROM t", "256 buckets of width 3.90625 from 0.0"),
+        (100.0, "SELECT MEDIAN(x) FROM t", "16384 buckets of width 0.0610352 from 0.0"),
+        (1.0, "SELECT MEDIAN(n) FROM t", "500 buckets of width 1 from 0"),  # one per value
+        (1.0, "SELECT MEDIAN(d) FROM t", "366 buckets of width 1 days from 2020-01-01"),
+    ],
+)
+def test_the_buckets_follow_epsilon_and_the_domain(cursor, epsilon, query, buckets) -> None:
+    """About 4096 buckets per unit of a quantile's epsilon, within [256, 16384], never
+    more than an integer or date domain has values; EXPLAIN states them."""
+    cursor.execute(f"SET dpsql.epsilon = {epsilon}")
+    assert _explain(cursor, query)["buckets"] == buckets

@@ -105,7 +105,7 @@ class Grid:
             return _EPOCH + dt.timedelta(days=int(offset))
         if self.kind == "timestamp":  # to the microsecond, as the database stores it
             return _MIDNIGHT + dt.timedelta(microseconds=round(offset * 1e6))
-        return offset
+        return int(offset) if self.kind == "int" else offset
 
     def describe(self) -> str:
         unit = {"date": " days", "timestamp": " seconds"}.get(self.kind, "")
