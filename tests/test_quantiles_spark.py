@@ -19,3 +19,16 @@ def test_quantiles_on_spark(spark_session, tmp_path) -> None:
         spark_session, policy=pums_only(), epsilon=1.0, ledger=tmp_path / "l.sqlite", seed=6
     ) as connection:
         check_quantiles(connection.cursor(), truth)
+
+
+def test_timestamps_on_spark(spark_session) -> None:
+    """The timestamp checks of test_quantiles (epoch seconds by UNIX_TIMESTAMP)."""
+    from test_quantiles import _EVENT_ROWS, EVENTS, _check_events
+
+    frame = spark_session.createDataFrame(_EVENT_ROWS, "uid long, k long, ts timestamp")
+    frame.createOrReplaceTempView("e")
+    try:
+        with dpsql.connect(spark_session, policy=EVENTS, epsilon=1.0, ledger=":memory:") as c:
+            _check_events(c.cursor())
+    finally:
+        spark_session.catalog.dropTempView("e")
