@@ -45,6 +45,8 @@ class Aggregate:
     measurements: tuple[int, ...]  # indexes into Analysis.measurements (avg: sum, count)
     bounds: Interval | None = None  # AVG is clamped to these after division
     node: exp.Expression | None = None  # a quantile's aggregate as written: none measured
+    # AVG: its SUM measures the values less this centre (AVG = centre + SUM / COUNT)
+    centre: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,8 @@ def analyze(select: exp.Select, table: Table, *, quantiles: bool = False) -> Ana
         keys=group_keys(select, items, resolver),
         outputs=[],
     )
-    builder = Builder(analysis, resolver, ranges, quantiles=quantiles)
+    summed = frozenset(node.this for node in select.find_all(exp.Sum))
+    builder = Builder(analysis, resolver, ranges, summed, quantiles=quantiles)
     for name, item in items:
         if name.lower().startswith(RESERVED_PREFIX):
             raise QueryRefused(
