@@ -77,10 +77,11 @@ HOSTILE = [
     # joins, subqueries, CTEs, set operations, windows
     "SELECT COUNT(*) FROM pums JOIN pums_pid ON pums.age = pums_pid.age",
     "SELECT COUNT(*) FROM pums, pums_pid",
-    "SELECT COUNT(*) FROM (SELECT * FROM pums) AS t",
+    # (a subquery or CTE over pums alone is a row-level relation, answered)
+    "SELECT COUNT(*) FROM (SELECT * FROM pums) AS t JOIN pums_pid p ON t.age = p.age",
     "SELECT COUNT(*) FROM pums WHERE age IN (SELECT age FROM pums_pid)",
     "SELECT COUNT(*) FROM pums WHERE EXISTS (SELECT 1 FROM pums_pid)",
-    "WITH t AS (SELECT * FROM pums) SELECT COUNT(*) FROM t",
+    "WITH t AS (SELECT age, COUNT(*) AS n FROM pums GROUP BY age) SELECT SUM(n) FROM t",
     "SELECT COUNT(*) FROM pums UNION SELECT COUNT(*) FROM pums_pid",
     "SELECT COUNT(*) OVER () FROM pums",
     "SELECT SUM(income) OVER (ORDER BY age) FROM pums",
