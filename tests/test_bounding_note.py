@@ -188,6 +188,12 @@ def test_a_session_shows_the_note_explains_it_and_turns_it_off(tmp_path):
     cur = con.cursor()
     cur.execute("SELECT COUNT(*) FROM sales")
     assert any(n.startswith("contribution bounding cut at least") for n in cur.notes)
+    # a scalar subquery's own note says which subquery it is about
+    cur.execute("SELECT COUNT(*) FROM sales WHERE amount > (SELECT AVG(amount) FROM sales)")
+    assert any(
+        n.startswith("in the scalar subquery (SELECT AVG(amount) FROM sales): contribution")
+        for n in cur.notes
+    )
     cur.execute("EXPLAIN SELECT COUNT(*) FROM sales")
     explained = dict(cur.fetchall())
     assert "bounding note" in explained["cost"]
@@ -197,7 +203,7 @@ def test_a_session_shows_the_note_explains_it_and_turns_it_off(tmp_path):
     assert cur.fetchall() == [("off",)]
     cur.execute("SELECT COUNT(*) FROM sales WHERE amount >= 0")
     assert not any(n.startswith("contribution bounding") for n in cur.notes)
-    assert con.budget().epsilon_spent == pytest.approx(2.0)  # one epsilon each, on or off
+    assert con.budget().epsilon_spent == pytest.approx(3.0)  # one epsilon each, on or off
     with pytest.raises(dpsql.ProgrammingError, match="on or off"):
         cur.execute("SET dpsql.bounding_note = maybe")
     cur.execute("RESET dpsql.bounding_note")

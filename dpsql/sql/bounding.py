@@ -34,6 +34,8 @@ CAP = 4
 SHARE_PARTS = 10
 #: The lower end of the cut share's 95% interval from which the note is shown.
 NOTE_FROM = 0.10
+#: How the note begins (sql/scalars.py passes a subquery's note on by it).
+NOTE_START = "contribution bounding cut at least"
 # Two noisy totals, each within its half-width but for half the miss: both at 95%.
 _MISS = 0.025
 
@@ -86,7 +88,7 @@ class BoundingNote:
             )
             raise_them += " or dpsql.max_groups_per_unit"
         return [
-            f"contribution bounding cut at least {math.floor(low * 100)}% of the rows this "
+            f"{NOTE_START} {math.floor(low * 100)}% of the rows this "
             f"query read (about {round(about * 100)}%): each unit kept at most {bounds}; a "
             "noisy estimate (95% confident), which counts at most "
             f"{CAP} times the kept rows of each unit, so the true share may be larger. "
