@@ -232,8 +232,8 @@ class DirectPlan(_Batched):
         self.kinds = key_kinds(analysis)  # refuses keys with no canonical form
         self.selection = None if analysis.public_keys else self._selection_needed(options)
         parts = len(analysis.measurements) + (self.selection is not None)
-        bounded = bool(table.privacy_unit) and not table.unique_unit
-        noted = bounded and options.bounding_note == "on"
+        # a note where the rewrite bounds rows: a unit not kept unique (sql/bounding.py)
+        noted = bool(table.privacy_unit) and not table.unique_unit and options.bounding_note == "on"
         self.note_epsilon, epsilon = (
             set_aside(options.epsilon, SHARE_PARTS) if noted else (0.0, options.epsilon)
         )
