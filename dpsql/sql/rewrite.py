@@ -34,8 +34,8 @@ UNITS_COLUMN = "__dpsql_units"
 UNIT_KEY = "__dpsql_unit"  # the unit, a last group key, for per_unit
 BUCKET_KEY = "__dpsql_bucket"  # a histogram's bucket, a last group key
 DIGEST_COLUMN = "__dpsql_digest"
-BEFORE_COLUMN = "__dpsql_before"  # each unit's rows before the bounding, capped
-KEPT_COLUMN = "__dpsql_kept"  # the rows the bounding kept
+BEFORE_COLUMN = "__dpsql_cut_before"  # each unit's rows before the bounding, capped
+KEPT_COLUMN = "__dpsql_cut_kept"  # the rows the bounding kept (no KEY_PREFIX in it)
 # Dialects whose keyed hash is an integer, which a digest sums (elsewhere it is MD5 text)
 DIGEST_DIALECTS = frozenset({"duckdb", "spark", "postgres"})
 _DIGEST_MODULUS = 2**31 - 1  # a sum of a billion terms stays within BIGINT
