@@ -20,6 +20,7 @@ import dpsql
 from dpsql.sql.analysis import KEY_PREFIX, VALUE_PREFIX
 from dpsql.sql.parse import parse_statement
 from dpsql.sql.plan import ConstantPlan, DirectPlan, DomainPlan
+from dpsql.sql.quantiles import QuantilePlan, QuantileStages
 
 
 @dataclass
@@ -67,6 +68,13 @@ def check_outcome(session: Any, adapter: Any, empty: Any, sql: str, params: Any)
         for row in cursor.fetchall():
             for value, domain in zip(row, domains, strict=True):
                 assert domain is None or _comparable(value) in domain, sql
+        return Outcome("answered")
+    if isinstance(plan, QuantileStages):
+        _assert_staged(plan, adapter.statements, adapter.dialect)
+        return Outcome("answered")
+    if isinstance(plan, QuantilePlan):
+        for text in adapter.statements:
+            _assert_reads_bounded(text, plan.analysis, adapter.dialect)
         return Outcome("answered")
     assert isinstance(plan, DirectPlan), f"unexpected plan {type(plan).__name__} for {sql!r}"
     _assert_outputs_protected(plan, cursor, sql)
@@ -119,8 +127,27 @@ def assert_rewritten_is_bounded(text: str, plan: DirectPlan, dialect: str) -> No
     clamped source (or as stored,
     when no column needs clamping or widening), with the
     unit NULL filter and rank windows over the unit, and every SUM clamped to its bounds."""
+    tree = _assert_reads_bounded(text, plan.analysis, dialect)
+    _assert_items_aggregated(tree, len(plan.analysis.keys), text)
+    _assert_sums_clamped(tree, plan, text)
+
+
+def _assert_staged(plan: Any, statements: list[str], dialect: str) -> None:
+    """A quantile query beside other aggregates (sql/quantiles.py): its first release's
+    SQL is a direct plan's, its histogram's reads the rows as bounded as any."""
+    (first,) = plan.parts
+    if statements:  # none when the release came from the cache
+        assert_rewritten_is_bounded(statements[0], first, dialect)
+    for text in statements[1:]:
+        _assert_reads_bounded(text, plan.outer.analysis, dialect)
+
+
+def _assert_reads_bounded(text: str, analysis: Any, dialect: str) -> exp.Select:
+    """The reading half of assert_rewritten_is_bounded: the policy's table and its
+    declared columns through the clamped source, the unit NULL filter and the rank
+    windows over the unit. Returns the parsed SQL."""
     tree = sqlglot.parse_one(text, read=dialect)
-    table = plan.analysis.table
+    table = analysis.table
     assert {t.name.lower() for t in tree.find_all(exp.Table)} == {
         table.name.split(".")[-1].lower()
     }, text
@@ -131,17 +158,15 @@ def assert_rewritten_is_bounded(text: str, plan: DirectPlan, dialect: str) -> No
     for column in tree.find_all(exp.Column):
         name = column.name.lower()
         assert name in declared or name.startswith("__dpsql_"), f"reads {name}: {text}"
-    _assert_items_aggregated(tree, len(plan.analysis.keys), text)
-    _assert_sums_clamped(tree, plan, text)
     unit = table.privacy_unit
     if unit is None:
-        return
+        return tree
     assert any(
         isinstance(n.this, exp.Is) and isinstance(n.this.this, exp.Column)
         and n.this.this.name.lower() == unit for n in tree.find_all(exp.Not)
     ), f"no unit NULL filter: {text}"  # fmt: skip
     if table.unique_unit:
-        return
+        return tree
     ranks = {_window_kind(w): w for w in tree.find_all(exp.Window)}
     assert _partitioned_by_unit(ranks.get("row_number"), unit), text
     limits = _rank_limits(tree)
@@ -150,10 +175,11 @@ def assert_rewritten_is_bounded(text: str, plan: DirectPlan, dialect: str) -> No
         # one window over the unit alone keeps one row of each unit: one group too
         partition = ranks["row_number"].args["partition_by"]
         assert [p.name.lower() for p in partition] == [unit], text
-        return
-    if plan.analysis.keys:
+        return tree
+    if analysis.keys:
         assert _partitioned_by_unit(ranks.get("dense_rank"), unit), text
         assert limits.get("__dpsql_group_rank") == table.max_groups_per_unit, text
+    return tree
 
 
 def _assert_items_aggregated(tree: exp.Select, keys: int, text: str) -> None:
