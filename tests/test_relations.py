@@ -32,6 +32,7 @@ from dpsql.errors import QueryRefused
 from dpsql.policy import load_policy
 from dpsql.sql import Options, PlanContext, plan_query
 from dpsql.sql.parse import parse_statement
+from dpsql.sql import rewrite
 from dpsql.sql.rewrite import in_dialect
 
 SCALE = 0.001  # 150 customers, about 1,200 orders and 4,800 lineitems
@@ -913,6 +914,33 @@ def test_set_bounds_hold_on_neighbours(warehouse):
     _check_neighbours(plans, full, [neighbour.execute(p.sql).fetchall() for p in plans])
     neighbour.close()
 
+
+
+@pytest.mark.parametrize("bounds", [(1, 2), (3, 2), None])
+def test_bounding_per_group_keeps_the_rows_the_windows_keep(warehouse, monkeypatch, bounds):
+    """On DuckDB, COUNTs and SUMs are bounded per unit and group first
+    (rewrite._per_group_query; its neighbours: test_set_bounds_hold_on_neighbours and
+    test_neighbouring_databases_duckdb). At one secret its exact aggregates are the row
+    windows' exactly: with most units over small bounds, and with the policy's bounds,
+    which no unit exceeds."""
+    policy = _loaded_policy(warehouse)
+    options = _options()
+    if bounds is not None:
+        options = dataclasses.replace(
+            options, max_rows_per_unit=bounds[0], max_groups_per_unit=bounds[1]
+        )
+
+    def answers(dialects: frozenset) -> list[tuple[str, list[str]]]:
+        monkeypatch.setattr(rewrite, "_PER_GROUP_DIALECTS", dialects)
+        context = PlanContext(policy, options, "duckdb", seed=11, unique_references=UNIQUE)
+        plans = [plan_query(parse_statement(sql, "duckdb").tree, context) for sql in ACCEPTED]
+        return [(p.sql, sorted(map(repr, warehouse.execute(p.sql).fetchall()))) for p in plans]
+
+    per_group, windows = answers(frozenset({"duckdb"})), answers(frozenset())
+    changed = [i for i, (a, b) in enumerate(zip(per_group, windows, strict=True)) if a[0] != b[0]]
+    assert len(changed) > len(ACCEPTED) / 2
+    for i in changed:
+        assert per_group[i][1] == windows[i][1], (ACCEPTED[i], per_group[i][0])
 
 def test_the_shell_shows_public_tables_and_references(warehouse):
     """`\\policy` and completion read policy_schema: public tables and units read through
