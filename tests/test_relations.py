@@ -30,9 +30,8 @@ from test_sensitivity import _l1_change
 import dpsql
 from dpsql.errors import QueryRefused
 from dpsql.policy import load_policy
-from dpsql.sql import Options, PlanContext, plan_query
+from dpsql.sql import Options, PlanContext, plan_query, rewrite
 from dpsql.sql.parse import parse_statement
-from dpsql.sql import rewrite
 from dpsql.sql.rewrite import in_dialect
 
 SCALE = 0.001  # 150 customers, about 1,200 orders and 4,800 lineitems
@@ -915,7 +914,6 @@ def test_set_bounds_hold_on_neighbours(warehouse):
     neighbour.close()
 
 
-
 @pytest.mark.parametrize("bounds", [(1, 2), (3, 2), None])
 def test_bounding_per_group_keeps_the_rows_the_windows_keep(warehouse, monkeypatch, bounds):
     """On DuckDB, COUNTs and SUMs are bounded per unit and group first
@@ -941,6 +939,7 @@ def test_bounding_per_group_keeps_the_rows_the_windows_keep(warehouse, monkeypat
     assert len(changed) > len(ACCEPTED) / 2
     for i in changed:
         assert per_group[i][1] == windows[i][1], (ACCEPTED[i], per_group[i][0])
+
 
 def test_the_shell_shows_public_tables_and_references(warehouse):
     """`\\policy` and completion read policy_schema: public tables and units read through

@@ -146,10 +146,7 @@ def rewrite(
         query = _per_group_query(
             analysis, source, unit, keys, where, seed, dialect, measures, with_units
         )
-        _require_declared(query, table)
-        if table.relation is not None:
-            _read_relation(query, table)
-        return in_dialect(query, dialect, table)
+        return _checked_sql(query, table, dialect)
     if one_row_per_unit:
         # one row per unit (row-level, or a unit the database keeps unique): nothing to bound
         relation: exp.Expression = source
@@ -173,6 +170,12 @@ def rewrite(
         query = query.where(filters, copy=False)
     if grouped:
         query = query.group_by(*grouped, copy=False)
+    return _checked_sql(query, table, dialect)
+
+
+def _checked_sql(query: exp.Select, table: Table, dialect: str) -> str:
+    """The query's text, once it names only declared columns, reading the relation's rows
+    in place of the virtual table's name."""
     _require_declared(query, table)
     if table.relation is not None:
         _read_relation(query, table)
@@ -737,12 +740,13 @@ def _per_group_query(
                 + [exp.Ordered(this=c.copy()) for c in key_columns]
             ),
         ).as_(_GROUP_RANK, copy=False)
-        kept = (
-            exp.select(exp.Star(), group_rank, copy=False)
-            .from_(kept.subquery(_KEPT, copy=False), copy=False)
+        kept = exp.select(exp.Star(), group_rank, copy=False).from_(
+            kept.subquery(_KEPT, copy=False), copy=False
         )
-        kept = exp.select(exp.Star()).from_(kept.subquery(_BOUNDED, copy=False), copy=False).where(
-            exp.LTE(this=exp.column(_GROUP_RANK), expression=exp.convert(max_groups))
+        kept = (
+            exp.select(exp.Star())
+            .from_(kept.subquery(_BOUNDED, copy=False), copy=False)
+            .where(exp.LTE(this=exp.column(_GROUP_RANK), expression=exp.convert(max_groups)))
         )
     summed = [
         exp.Coalesce(this=exp.Sum(this=c.copy()), expressions=[exp.convert(0)]).as_(
