@@ -693,7 +693,8 @@ def _per_group_query(
     table = analysis.table
     max_rows, max_groups = table.max_rows_per_unit, table.max_groups_per_unit
     owned = exp.Not(this=exp.Is(this=unit.copy(), expression=exp.Null()))
-    filtered = exp.select(exp.Star(), copy=False).from_(source, copy=False).where(owned)
+    filtered = exp.select(exp.Star(), copy=False).from_(source, copy=False)
+    filtered = filtered.where(owned, copy=False)
     if where is not None:
         filtered = filtered.where(where, copy=False)
     unit_column = exp.column(UNIT_KEY, quoted=True)
@@ -708,27 +709,28 @@ def _per_group_query(
             *([exp.Count(this=exp.Star()).as_(_ROWS, copy=False)] if counted else []),
         ]
         grouped = [unit.copy(), *[_groupable(key) for key in keys]]
-        return exp.select(*items, copy=False).from_(rows, copy=False).group_by(*grouped)
+        select = exp.select(*items, copy=False).from_(rows, copy=False)
+        return select.group_by(*grouped, copy=False)
 
-    over = (
-        exp.select(unit_column.copy())
-        .from_(_PER_GROUP)
-        .where(exp.GT(this=exp.column(_ROWS, quoted=True), expression=exp.convert(max_rows)))
+    over = exp.select(unit_column.copy(), copy=False).from_(_named(_PER_GROUP), copy=False)
+    over = over.where(
+        exp.GT(this=exp.column(_ROWS, quoted=True), expression=exp.convert(max_rows)), copy=False
     )
-    within = (
-        exp.select(unit_column.copy(), *[c.copy() for c in key_columns + measured])
-        .from_(_PER_GROUP)
-        .where(exp.Not(this=exp.In(this=unit_column.copy(), query=over.subquery())))
+    within = exp.select(
+        unit_column.copy(), *[c.copy() for c in key_columns + measured], copy=False
+    ).from_(_named(_PER_GROUP), copy=False)
+    within = within.where(
+        exp.Not(this=exp.In(this=unit_column.copy(), query=over.subquery())), copy=False
     )
     ranked = _bounded(
-        analysis, exp.to_table(_FILTERED), unit, keys, None, seed, dialect, group_rank=False
+        analysis, _named(_FILTERED), unit, keys, None, seed, dialect, group_rank=False
     )
     ranked.this.set("where", None)  # its rows are owned and filtered already
     ranked.this.where(exp.In(this=unit.copy(), query=over.subquery()), copy=False)
     beyond = per_group(ranked, counted=False).where(
-        exp.LTE(this=exp.column(_ROW_RANK), expression=exp.convert(max_rows))
+        exp.LTE(this=exp.column(_ROW_RANK), expression=exp.convert(max_rows)), copy=False
     )
-    kept: exp.Expression = exp.union(within, beyond, distinct=False)
+    kept: exp.Expression = exp.union(within, beyond, distinct=False, copy=False)
     if keys:
         # one row per unit and group: ROW_NUMBER ranks groups as DENSE_RANK ranked rows
         group_hash = keyed_hash(dialect, seed + 1, [unit_column, *key_columns])
@@ -743,10 +745,11 @@ def _per_group_query(
         kept = exp.select(exp.Star(), group_rank, copy=False).from_(
             kept.subquery(_KEPT, copy=False), copy=False
         )
-        kept = (
-            exp.select(exp.Star())
-            .from_(kept.subquery(_BOUNDED, copy=False), copy=False)
-            .where(exp.LTE(this=exp.column(_GROUP_RANK), expression=exp.convert(max_groups)))
+        kept = exp.select(exp.Star(), copy=False).from_(
+            kept.subquery(_BOUNDED, copy=False), copy=False
+        )
+        kept = kept.where(
+            exp.LTE(this=exp.column(_GROUP_RANK), expression=exp.convert(max_groups)), copy=False
         )
     summed = [
         exp.Coalesce(this=exp.Sum(this=c.copy()), expressions=[exp.convert(0)]).as_(
@@ -760,5 +763,18 @@ def _per_group_query(
     ).from_(kept.subquery(_KEPT, copy=False), copy=False)
     if keys:
         query = query.group_by(*[c.copy() for c in key_columns], copy=False)
-    query = query.with_(_FILTERED, as_=filtered, copy=False)
-    return query.with_(_PER_GROUP, as_=per_group(exp.to_table(_FILTERED), True), copy=False)
+    ctes = [(_FILTERED, filtered), (_PER_GROUP, per_group(_named(_FILTERED), True))]
+    query.set(
+        "with_",
+        exp.With(
+            expressions=[
+                exp.CTE(this=q, alias=exp.TableAlias(this=exp.to_identifier(n))) for n, q in ctes
+            ]
+        ),
+    )
+    return query
+
+
+def _named(name: str) -> exp.Table:
+    """The table (a CTE) of this name, built without parsing it (exp.to_table parses)."""
+    return exp.Table(this=exp.to_identifier(name))
