@@ -121,7 +121,9 @@ def assert_rewritten_is_bounded(text: str, plan: DirectPlan, dialect: str) -> No
     unit NULL filter and rank windows over the unit, and every SUM clamped to its bounds."""
     tree = sqlglot.parse_one(text, read=dialect)
     table = plan.analysis.table
-    assert {t.name.lower() for t in tree.find_all(exp.Table)} == {
+    ctes = {cte.alias.lower() for cte in tree.find_all(exp.CTE)}
+    assert ctes <= {"__dpsql_filtered", "__dpsql_per_group"}, text
+    assert {t.name.lower() for t in tree.find_all(exp.Table)} - ctes == {
         table.name.split(".")[-1].lower()
     }, text
     # the clamped source, or the table itself when every column it reads is read as stored
@@ -132,7 +134,12 @@ def assert_rewritten_is_bounded(text: str, plan: DirectPlan, dialect: str) -> No
         name = column.name.lower()
         assert name in declared or name.startswith("__dpsql_"), f"reads {name}: {text}"
     _assert_items_aggregated(tree, len(plan.analysis.keys), text)
-    _assert_sums_clamped(tree, plan, text)
+    if ctes:  # aggregated per unit and group first: the clamps are there, on both sides
+        union = tree.find(exp.Union)
+        for side in (_cte(tree, "__dpsql_per_group"), union.expression):
+            _assert_sums_clamped(side, plan, text, scope=tree)
+    else:
+        _assert_sums_clamped(tree, plan, text)
     unit = table.privacy_unit
     if unit is None:
         return
@@ -141,6 +148,9 @@ def assert_rewritten_is_bounded(text: str, plan: DirectPlan, dialect: str) -> No
         and n.this.this.name.lower() == unit for n in tree.find_all(exp.Not)
     ), f"no unit NULL filter: {text}"  # fmt: skip
     if table.unique_unit:
+        return
+    if ctes:
+        _assert_bounded_per_group(tree, plan, text)
         return
     ranks = {_window_kind(w): w for w in tree.find_all(exp.Window)}
     assert _partitioned_by_unit(ranks.get("row_number"), unit), text
@@ -156,18 +166,59 @@ def assert_rewritten_is_bounded(text: str, plan: DirectPlan, dialect: str) -> No
         assert limits.get("__dpsql_group_rank") == table.max_groups_per_unit, text
 
 
+def _cte(tree: exp.Expression, name: str) -> exp.Select:
+    return next(cte.this for cte in tree.find_all(exp.CTE) if cte.alias.lower() == name)
+
+
+def _assert_bounded_per_group(tree: exp.Select, plan: DirectPlan, text: str) -> None:
+    """rewrite._per_group_query's shape: the rows aggregated per unit and group; a unit
+    with a group of more than max_rows_per_unit rows on one side (its rows ranked by a
+    row window over the unit and keys, at most max_rows_per_unit kept), every other unit
+    on the other (`NOT unit IN` the same units); then at most max_groups_per_unit groups
+    per unit, ranked over the unit."""
+    table, keys = plan.analysis.table, plan.analysis.keys
+    unit, rows, groups = table.privacy_unit, table.max_rows_per_unit, table.max_groups_per_unit
+    per_group = _cte(tree, "__dpsql_per_group")
+    assert per_group.args["group"].expressions[0].name.lower() == unit, text
+    assert len(per_group.args["group"].expressions) == 1 + len(keys), text
+    union = tree.find(exp.Union)
+    within, beyond = union.this, union.expression
+    over = within.args["where"].this
+    assert isinstance(over, exp.Not) and isinstance(over.this, exp.In), text
+    ranked = beyond.args["from_"].this.this  # the rows ranked, in its FROM
+    chosen = ranked.args["where"].this
+    assert isinstance(chosen, exp.In) and chosen.this.name.lower() == unit, text
+    assert chosen.args["query"] == over.this.args["query"], text
+    condition = chosen.args["query"].this.args["where"].this
+    assert isinstance(condition, exp.GT) and condition.this.name == "__dpsql_rows", text
+    assert int(condition.expression.this) == rows, text
+    windows = {w.parent.alias: w for w in tree.find_all(exp.Window)}
+    row_rank = windows["__dpsql_row_rank"]
+    assert _partitioned_by_unit(row_rank, unit), text
+    assert len(row_rank.args["partition_by"]) == 1 + len(keys), text
+    assert _rank_limits(beyond) == {"__dpsql_row_rank": rows}, text
+    if keys:
+        group_rank = windows["__dpsql_group_rank"]
+        assert _partitioned_by_unit(group_rank, "__dpsql_unit"), text
+        limits = [_rank_limits(s) for s in tree.find_all(exp.Select)]
+        assert {"__dpsql_group_rank": groups} in limits, text
+
+
 def _assert_items_aggregated(tree: exp.Select, keys: int, text: str) -> None:
     """Besides the keys, the outer query returns only aggregates: no raw value gets out."""
     for item in tree.expressions[keys:]:
         assert item.find(exp.AggFunc) is not None, f"raw item {item.sql()} in {text}"
 
 
-def _assert_sums_clamped(tree: exp.Select, plan: DirectPlan, text: str) -> None:
+def _assert_sums_clamped(
+    tree: exp.Select, plan: DirectPlan, text: str, scope: exp.Expression | None = None
+) -> None:
     """Every SUM is clamped to its bounds, but for a side that a condition every
-    summed row passes (a top-level conjunct of a WHERE) already keeps its bare
-    column on."""
+    summed row passes (a top-level conjunct of a WHERE in `scope`, by default `tree`)
+    already keeps its bare column on."""
     measured = {item.alias: item.this for item in tree.expressions}
-    conditions = [c for where in tree.find_all(exp.Where) for c in conjuncts(where.this)]
+    wheres = (scope or tree).find_all(exp.Where)
+    conditions = [c for where in wheres for c in conjuncts(where.this)]
     for index, measurement in enumerate(plan.analysis.measurements):
         if measurement.kind != "sum":
             continue
