@@ -41,6 +41,7 @@ _BOUNDED = "__dpsql_bounded"
 _SOURCE = "__dpsql_source"
 _ROWS = "__dpsql_rows"  # a unit's rows in one group (_per_group_query)
 _FILTERED, _PER_GROUP, _KEPT = "__dpsql_filtered", "__dpsql_per_group", "__dpsql_kept"
+_GROUPS = "__dpsql_groups"  # one row per unit and group, each group's rows bounded
 # Dialects where _per_group_query was measured faster than the row windows (DuckDB: a
 # COUNT over lineitem joined to orders 3x faster, a grouped SUM 4-6x, unless most units
 # exceed max_rows_per_unit, where it is up to 1.6x slower)
@@ -683,7 +684,8 @@ def _per_group_query(
     """The bounded COUNTs and SUMs aggregated per unit and group first (docs/relations.md,
     "Bounding per unit and group"): the same rows kept as by _bounded's windows, with the
     row window run only over the units that have a group of more than max_rows_per_unit
-    rows, and the group rank over one row per unit and group.
+    rows, and the group rank over one row per unit and group of the units with more
+    than max_groups_per_unit groups only (the others keep all theirs).
 
     A unit none of whose groups has more than max_rows_per_unit rows keeps every row
     (the row window's ranks would all be within the bound); the others' rows are ranked
@@ -731,8 +733,17 @@ def _per_group_query(
         exp.LTE(this=exp.column(_ROW_RANK), expression=exp.convert(max_rows)), copy=False
     )
     kept: exp.Expression = exp.union(within, beyond, distinct=False, copy=False)
+    ctes = [(_FILTERED, filtered), (_PER_GROUP, per_group(_named(_FILTERED), True))]
     if keys:
-        # one row per unit and group: ROW_NUMBER ranks groups as DENSE_RANK ranked rows
+        # one row per unit and group: ROW_NUMBER ranks groups as DENSE_RANK ranked rows,
+        # for the units with more than max_groups_per_unit groups only (the others keep
+        # all theirs), each unit on one side as above
+        ctes.append((_GROUPS, kept))
+        crowded = exp.select(unit_column.copy(), copy=False).from_(_named(_PER_GROUP), copy=False)
+        crowded = crowded.group_by(unit_column.copy(), copy=False).having(
+            exp.GT(this=exp.Count(this=exp.Star()), expression=exp.convert(max_groups)),
+            copy=False,
+        )
         group_hash = keyed_hash(dialect, seed + 1, [unit_column, *key_columns])
         group_rank = exp.Window(
             this=exp.RowNumber(),
@@ -742,15 +753,26 @@ def _per_group_query(
                 + [exp.Ordered(this=c.copy()) for c in key_columns]
             ),
         ).as_(_GROUP_RANK, copy=False)
-        kept = exp.select(exp.Star(), group_rank, copy=False).from_(
-            kept.subquery(_KEPT, copy=False), copy=False
+        columns = [unit_column, *key_columns, *measured]
+        few = exp.select(*[c.copy() for c in columns], copy=False).from_(
+            _named(_GROUPS), copy=False
         )
-        kept = exp.select(exp.Star(), copy=False).from_(
-            kept.subquery(_BOUNDED, copy=False), copy=False
+        few = few.where(
+            exp.Not(this=exp.In(this=unit_column.copy(), query=crowded.subquery())), copy=False
         )
-        kept = kept.where(
+        ranked_groups = exp.select(exp.Star(), group_rank, copy=False).from_(
+            _named(_GROUPS), copy=False
+        )
+        ranked_groups = ranked_groups.where(
+            exp.In(this=unit_column.copy(), query=crowded.copy().subquery()), copy=False
+        )
+        chosen = exp.select(*[c.copy() for c in columns], copy=False).from_(
+            ranked_groups.subquery(_BOUNDED, copy=False), copy=False
+        )
+        chosen = chosen.where(
             exp.LTE(this=exp.column(_GROUP_RANK), expression=exp.convert(max_groups)), copy=False
         )
+        kept = exp.union(few, chosen, distinct=False, copy=False)
     summed = [
         exp.Coalesce(this=exp.Sum(this=c.copy()), expressions=[exp.convert(0)]).as_(
             c.name, quoted=True, copy=False
@@ -763,7 +785,6 @@ def _per_group_query(
     ).from_(kept.subquery(_KEPT, copy=False), copy=False)
     if keys:
         query = query.group_by(*[c.copy() for c in key_columns], copy=False)
-    ctes = [(_FILTERED, filtered), (_PER_GROUP, per_group(_named(_FILTERED), True))]
     query.set(
         "with_",
         exp.With(

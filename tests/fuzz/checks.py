@@ -122,7 +122,7 @@ def assert_rewritten_is_bounded(text: str, plan: DirectPlan, dialect: str) -> No
     tree = sqlglot.parse_one(text, read=dialect)
     table = plan.analysis.table
     ctes = {cte.alias.lower() for cte in tree.find_all(exp.CTE)}
-    assert ctes <= {"__dpsql_filtered", "__dpsql_per_group"}, text
+    assert ctes <= {"__dpsql_filtered", "__dpsql_per_group", "__dpsql_groups"}, text
     assert {t.name.lower() for t in tree.find_all(exp.Table)} - ctes == {
         table.name.split(".")[-1].lower()
     }, text
@@ -135,7 +135,7 @@ def assert_rewritten_is_bounded(text: str, plan: DirectPlan, dialect: str) -> No
         assert name in declared or name.startswith("__dpsql_"), f"reads {name}: {text}"
     _assert_items_aggregated(tree, len(plan.analysis.keys), text)
     if ctes:  # aggregated per unit and group first: the clamps are there, on both sides
-        union = tree.find(exp.Union)
+        union = _rows_union(tree)
         for side in (_cte(tree, "__dpsql_per_group"), union.expression):
             _assert_sums_clamped(side, plan, text, scope=tree)
     else:
@@ -181,27 +181,44 @@ def _assert_bounded_per_group(tree: exp.Select, plan: DirectPlan, text: str) -> 
     per_group = _cte(tree, "__dpsql_per_group")
     assert per_group.args["group"].expressions[0].name.lower() == unit, text
     assert len(per_group.args["group"].expressions) == 1 + len(keys), text
-    union = tree.find(exp.Union)
-    within, beyond = union.this, union.expression
-    over = within.args["where"].this
-    assert isinstance(over, exp.Not) and isinstance(over.this, exp.In), text
-    ranked = beyond.args["from_"].this.this  # the rows ranked, in its FROM
-    chosen = ranked.args["where"].this
-    assert isinstance(chosen, exp.In) and chosen.this.name.lower() == unit, text
-    assert chosen.args["query"] == over.this.args["query"], text
-    condition = chosen.args["query"].this.args["where"].this
+    within, _ = _sides(_rows_union(tree), unit, text)
+    condition = within.args["query"].this.args["where"].this
     assert isinstance(condition, exp.GT) and condition.this.name == "__dpsql_rows", text
     assert int(condition.expression.this) == rows, text
     windows = {w.parent.alias: w for w in tree.find_all(exp.Window)}
     row_rank = windows["__dpsql_row_rank"]
     assert _partitioned_by_unit(row_rank, unit), text
     assert len(row_rank.args["partition_by"]) == 1 + len(keys), text
-    assert _rank_limits(beyond) == {"__dpsql_row_rank": rows}, text
+    assert _rank_limits(_rows_union(tree).expression) == {"__dpsql_row_rank": rows}, text
     if keys:
         group_rank = windows["__dpsql_group_rank"]
         assert _partitioned_by_unit(group_rank, "__dpsql_unit"), text
-        limits = [_rank_limits(s) for s in tree.find_all(exp.Select)]
-        assert {"__dpsql_group_rank": groups} in limits, text
+        groups_union = next(u for u in tree.find_all(exp.Union) if u is not _rows_union(tree))
+        few, _ = _sides(groups_union, "__dpsql_unit", text)
+        crowded = few.args["query"].this
+        assert crowded.args["group"].expressions[0].name == "__dpsql_unit", text
+        condition = crowded.args["having"].this
+        assert isinstance(condition, exp.GT) and isinstance(condition.this, exp.Count), text
+        assert int(condition.expression.this) == groups, text
+        assert _rank_limits(groups_union.expression) == {"__dpsql_group_rank": groups}, text
+
+
+def _rows_union(tree: exp.Select) -> exp.Union:
+    """The union of the units within max_rows_per_unit and those ranked by the row window."""
+    if any(cte.alias == "__dpsql_groups" for cte in tree.find_all(exp.CTE)):
+        return _cte(tree, "__dpsql_groups")
+    return tree.find(exp.Union)
+
+
+def _sides(union: exp.Union, unit: str, text: str) -> tuple[exp.In, exp.In]:
+    """A union's two sides' conditions: `NOT unit IN (q)` on the first, and on the rows
+    ranked in the second's FROM `unit IN (q)`, the same q: each unit on one side."""
+    first = union.this.args["where"].this
+    assert isinstance(first, exp.Not) and isinstance(first.this, exp.In), text
+    second = union.expression.args["from_"].this.this.args["where"].this
+    assert isinstance(second, exp.In) and second.this.name.lower() == unit, text
+    assert second.args["query"] == first.this.args["query"], text
+    return first.this, second
 
 
 def _assert_items_aggregated(tree: exp.Select, keys: int, text: str) -> None:
