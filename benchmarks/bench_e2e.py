@@ -21,6 +21,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -74,15 +75,18 @@ def paired(runs: list, repeat: int) -> list[tuple[float, float]]:
     return [(statistics.median(walls), statistics.median(cpus)) for walls, cpus in samples]
 
 
-def census(doc: str) -> tuple[argparse.Namespace, Path, duckdb.DuckDBPyConnection]:
+def census(
+    doc: str, built: Callable[[int], Path] = build
+) -> tuple[argparse.Namespace, Path, duckdb.DuckDBPyConnection]:
     """The command line (--rows, --repeat) of a benchmark described by `doc`, after printing
-    the machine; the census table's file, and a raw read-only connection to it."""
+    the machine; the census table's file (`built` for the rows), and a raw read-only
+    connection to it."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     print(describe())
-    path = build(args.rows)
+    path = built(args.rows)
     return args, path, duckdb.connect(str(path), read_only=True, config=LOCKED)
 
 

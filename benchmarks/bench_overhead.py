@@ -10,6 +10,11 @@ prints, per query, the median time dpsql adds around the database call:
   the ledger file (also measured bare, as the disk's floor), and the cold
   overhead without it (the CPU part dpsql controls);
 * cached: a repeat of a text already answered, served from the release cache;
+* planned: the cold text again, by another analyst (a release of its own, charged),
+  its plan from the plan cache (docs/plan-cache.md): the figure for a statement
+  already planned. A text with new constants is planned afresh: the cold figure;
+* each of those beside its target in probe units (the machine's Python probe), so
+  figures from different days compare: cold <= 10 probes, planned <= 2.5 probes;
 * the cold overhead in CPU time of this thread (the proxy's own work, which
   neither the disk's wait nor other processes' load inflate much);
 * parse and plan alone for new texts, back to back and with a trivial
@@ -30,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from machine import describe
+from machine import describe, python_probe_us
 
 from dpsql import demo
 from dpsql.accounting import Cost
@@ -137,45 +142,52 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=50)
     args = parser.parse_args()
-    policy = load_policy(
-        demo.DEMO_POLICY | {"analysts": {"default": {"epsilon": 1e6, "delta": 0.5}}}
-    )
+    budget = {"epsilon": 1e6, "delta": 0.5}
+    policy = load_policy(demo.DEMO_POLICY | {"analysts": {"default": budget, "other": budget}})
     adapter = TimedAdapter(demo.demo_connection())
     print(describe())
     with tempfile.TemporaryDirectory() as folder:
         ledger = TimedLedger(Path(folder) / "ledger.sqlite")
         session = Session(adapter, policy, ledger)
+        other = session.for_analyst("other")  # shares the session's plan cache
         rows, run = [], 0
-        print(f"{'query':<66} {'cold ms':>8} {'charge':>7} {'cold-charge':>11} {'cached':>7} "
-              f"{'cold cpu':>8}")  # fmt: skip
+        print(f"{'query':<58} {'cold ms':>8} {'charge':>7} {'cold-charge':>11} {'cached':>7} "
+              f"{'cold cpu':>8} {'planned':>8} {'pl. cpu':>8}")  # fmt: skip
         for sql in QUERIES:
-            cold, charge, cached, cpu = [], [], [], []
+            cold, charge, cached, cpu, planned, planned_cpu = [], [], [], [], [], []
             session.execute(sql)  # the first run builds the sampler's tables
             for _ in range(args.repeat):
                 run += 1
-                for text, samples in ((fresh_text(sql, run), cold), (sql, cached)):
+                text = fresh_text(sql, run)
+                for who, query, samples in (
+                    (session, text, cold), (session, sql, cached), (other, text, planned)
+                ):  # fmt: skip
                     adapter.database_seconds = adapter.database_cpu = ledger.charge_seconds = 0.0
                     start, thread = time.perf_counter(), time.thread_time()
-                    session.execute(text)
+                    who.execute(query)
                     samples.append(time.perf_counter() - start - adapter.database_seconds)
+                    used = time.thread_time() - thread - adapter.database_cpu
                     if samples is cold:
                         charge.append(ledger.charge_seconds)
-                        cpu.append(time.thread_time() - thread - adapter.database_cpu)
+                        cpu.append(used)
+                    elif samples is planned:
+                        planned_cpu.append(used)
             row = [statistics.median(v) * 1e3 for v in (cold, charge)]
             row += [statistics.median(c - g for c, g in zip(cold, charge, strict=True)) * 1e3]
-            row += [statistics.median(cached) * 1e3, statistics.median(cpu) * 1e3]
+            row += [statistics.median(v) * 1e3 for v in (cached, cpu, planned, planned_cpu)]
             rows.append(row)
-            print(f"{sql[:64]:<66} {row[0]:>8.3f} {row[1]:>7.3f} {row[2]:>11.3f} {row[3]:>7.3f} "
-                  f"{row[4]:>8.3f}")  # fmt: skip
+            print(f"{sql[:56]:<58} {row[0]:>8.3f} {row[1]:>7.3f} {row[2]:>11.3f} {row[3]:>7.3f} "
+                  f"{row[4]:>8.3f} {row[5]:>8.3f} {row[6]:>8.3f}")  # fmt: skip
         floor = fsync_floor(folder, args.repeat) * 1e3
         warm = parse_and_plan(session, args.repeat, lambda: None) * 1e3
         database = demo.demo_connection()
         after_call = parse_and_plan(
             session, args.repeat, lambda: database.execute("SELECT 1").fetchall()
         )
-    cold, charge, rest, cached, cpu = (
+    cold, charge, rest, cached, cpu, planned, planned_cpu = (
         statistics.median(column) for column in zip(*rows, strict=True)
     )
+    probe = python_probe_us() / 1e3  # ms
     print(
         f"\nmedian over {len(QUERIES)} queries (load average {os.getloadavg()[0]:.2f}):\n"
         f"  cold overhead     {cold:.3f} ms (target <= 1 ms; SmartNoise SQL 1.0.10 adds 23-95 ms)\n"
@@ -184,8 +196,15 @@ def main() -> None:
         f"  cold minus charge {rest:.3f} ms\n"
         f"  cold, CPU time    {cpu:.3f} ms (this thread, outside the database)\n"
         f"  cached repeat     {cached:.3f} ms\n"
+        f"  planned before    {planned:.3f} ms (another analyst, the plan from the plan cache), "
+        f"CPU time {planned_cpu:.3f} ms\n"
         f"  parse and plan    {warm:.3f} ms back to back, {after_call * 1e3:.3f} ms after a "
-        "database call (SELECT 1): the CPU caches it leaves cold"
+        "database call (SELECT 1): the CPU caches it leaves cold\n"
+        f"in probe units ({probe * 1e3:.0f} us now):\n"
+        f"  cold              {cold / probe:5.1f} probes (target <= 10), CPU time "
+        f"{cpu / probe:.1f}\n"
+        f"  planned before    {planned / probe:5.1f} probes (target <= 2.5), CPU time "
+        f"{planned_cpu / probe:.1f}; a text with new constants is planned afresh: the cold figure"
     )
 
 

@@ -53,7 +53,7 @@ _DEFAULT_KEYS = {"epsilon_per_query", "delta", "mechanism"}
 _ANALYST_KEYS = {"epsilon", "delta", "password"}
 _TABLE_KEYS = {
     "privacy_unit", "max_groups_per_unit", "max_rows_per_unit", "columns", "local", "source",
-    "public",
+    "public", "trust_statistics",
 }  # fmt: skip
 SOURCE_FORMATS = ("parquet", "csv")
 _LOCAL_KEYS = {"mechanism", "epsilon", "domain", "report", "value", "branching"}
@@ -151,6 +151,10 @@ class Column:
     public: bool = False
     synopsis: SynopsisSpec | None = None
     continual: ContinualSpec | None = None
+    # `nullable: false`: the owner says the column holds no NULLs, so COUNT(col) is
+    # COUNT(*) and one measurement serves both (sql/outputs.py). A wrong claim biases an
+    # AVG, never its privacy: both counts move by the same bound on neighbours.
+    nullable: bool = True
     # Stored in a number type the database compares (or converts) through a conversion
     # that can fail row by row: every query reads it as a DOUBLE (read_as_double, set
     # from the database's columns by Policy.as_stored).
@@ -189,6 +193,18 @@ class Reference:
 
 
 @dataclass(frozen=True)
+class Proven:
+    """A range the database proves every stored value of a column lies in, NULL aside
+    (sql/proofs.py); a side it proves nothing of is infinite. A finite upper side also
+    proves there is no NaN (NaN compares above every number)."""
+
+    column: str  # lower case
+    lower: float
+    upper: float
+    by: str  # what proves it, as EXPLAIN says it
+
+
+@dataclass(frozen=True)
 class Table:
     """A table analysts may query, with its privacy unit and contribution bounds."""
 
@@ -205,10 +221,20 @@ class Table:
     # For a relation built from several tables (sql/relations.py): the SELECT (a sqlglot
     # tree) computing its rows, which the rewrite reads in place of a stored table.
     relation: Any = None
+    # Ranges the database proves of its columns' values, read at connect like unique_unit
+    # (sql/proofs.py): the rewrite leaves out the clamps they make redundant.
+    proven: tuple[Proven, ...] = ()
+    # The owner lets the database's column statistics prove bounds (sql/proofs.py): their
+    # proofs show, noiselessly, whether the stored values lie within the declared bounds.
+    trust_statistics: bool = False
 
     def column(self, name: str) -> Column | None:
         """The declared column called `name`, matched case-insensitively as SQL does."""
         return self.columns.get(name.lower())
+
+    def proven_range(self, name: str) -> Proven | None:
+        """What the database proves of column `name`'s values, if anything."""
+        return next((p for p in self.proven if p.column == name.lower()), None)
 
 
 @dataclass(frozen=True)
@@ -834,7 +860,16 @@ def _table(read: _Reader, name: str, spec: dict) -> Table:
             "a table read from files is registered under its name, which cannot have a "
             f"schema; name it without one (e.g. '{name.rsplit('.', 1)[1]}')",
         )
-    return Table(name=name, columns=columns, privacy_unit=unit, source=source, via=via, **bounds)
+    trust = _flag(read, spec, "trust_statistics", key)
+    return Table(
+        name=name,
+        columns=columns,
+        privacy_unit=unit,
+        source=source,
+        via=via,
+        trust_statistics=trust,
+        **bounds,
+    )
 
 
 def _reference(read: _Reader, spec: Mapping, columns: dict[str, Column], key: str) -> Reference:
@@ -1029,10 +1064,10 @@ def _public_values(read: _Reader, values: Any, kind: str, key: str) -> tuple[Any
     return tuple(values)
 
 
-def _flag(read: _Reader, spec: dict, name: str, key: str) -> bool:
+def _flag(read: _Reader, spec: dict, name: str, key: str, default: bool = False) -> bool:
     """A yes/no setting, written true or false: bool() made a quoted 'false' or 'no'
     true (a public key domain nobody asked for)."""
-    value = spec.get(name, False)
+    value = spec.get(name, default)
     if not isinstance(value, bool):
         raise read.fail(f"{key}.{name}", f"must be true or false (unquoted), got {value!r}")
     return value
@@ -1073,6 +1108,7 @@ def _column(read: _Reader, name: str, spec: dict, key: str) -> Column:
         upper=upper,
         values=values,
         public=public,
+        nullable=_flag(read, spec, "nullable", key, default=True),
         synopsis=_synopsis(read, spec.get("synopsis"), kind, lower, f"{key}.synopsis"),
         continual=_continual(read, spec.get("continual"), kind, lower, f"{key}.continual"),
     )

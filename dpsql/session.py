@@ -31,19 +31,29 @@ import numpy as np
 
 from dpsql.accounting import Cost, round_down, round_up
 from dpsql.adapters import is_url, open_adapter
-from dpsql.adapters.base import Adapter
+from dpsql.adapters.base import Adapter, fetch_all
 from dpsql.errors import InterfaceError, OperationalError, ProgrammingError, QueryRefused
 from dpsql.ldp.postprocess import METHODS as LDP_METHODS
 from dpsql.ledger import Charge, Ledger, open_ledger
 from dpsql.mechanisms.samplers import secure_generator
-from dpsql.policy import CONTINUAL_MECHANISMS, MAX_EPSILON, MECHANISMS, Policy, load_policy
+from dpsql.policy import (
+    CONTINUAL_MECHANISMS,
+    MAX_EPSILON,
+    MECHANISMS,
+    Policy,
+    Proven,
+    load_policy,
+)
 from dpsql.results import MAX_GROUPS, Accuracy, Release
-from dpsql.sql import PlanContext, StagedPlan, plan_query
+from dpsql.sql import GroupingSetsPlan, PlanContext, StagedPlan, plan_query
 from dpsql.sql.check import refuse_statement
 from dpsql.sql.describe import column_types, described_columns
 from dpsql.sql.parse import Statement, parse_statement, repeat_key, setting_name, tokenize
 from dpsql.sql.plan import ConstantPlan, Options, Plan, check_known_groups, release_stream
+from dpsql.sql.plan_cache import PlanCache
+from dpsql.sql.proofs import proven_ranges
 from dpsql.sql.public import PublicPlan
+from dpsql.sql.row_level import row_level
 from dpsql.sql.running import STATE_PREFIX as STREAM_PREFIX
 from dpsql.sql.running import RunningPlan
 from dpsql.sql.synopsis import PREFIX as SYNOPSIS_PREFIX
@@ -271,6 +281,9 @@ class Session:
         # Released groups per query: the result is read in batches and only kept
         # groups are held, so this bounds a query's memory (TooManyGroups above).
         self.max_groups = max_groups
+        # Plans by statement and all their other inputs (sql/plan_cache.py), shared with
+        # the sessions this one opens for other analysts: they plan under this policy.
+        self.plans = PlanCache()
 
     def for_analyst(
         self,
@@ -282,10 +295,12 @@ class Session:
         """Another analyst's Session on this one's database, policy and ledger (the wire
         server opens one per client connection), with noise of its own. Close this one,
         not those: they share what it opened."""
-        return Session(
+        session = Session(
             self.adapter, self.policy, self.ledger, analyst, settings=settings,
             max_groups=self.max_groups if max_groups is None else max_groups,
         )  # fmt: skip
+        session.plans = self.plans
+        return session
 
     @property
     def seeded(self) -> bool:
@@ -358,7 +373,7 @@ class Session:
         if statement.kind == "explain":
             self.plan(statement.tree)  # refused as EXPLAIN would refuse it
             return Release(["item", "detail"], [], types=["string", "string"])
-        plan = self.plan(statement.tree)
+        plan = self.plan(statement.tree, statement.key)
         if isinstance(plan, ConstantPlan | PublicPlan):
             return self._release(plan)
         check_known_groups(plan, self.max_groups)
@@ -390,9 +405,35 @@ class Session:
                 f"{via.table}.{via.target}"
                 for via in {table.via for table in self.policy.tables.values() if table.via}
                 if via.target in self.adapter.unique_columns(via.table)
+            ) | frozenset(  # public tables' keys, joined to row-level tables (sql/row_level.py)
+                f"{key}.{column.lower()}"
+                for key, table in self.policy.tables.items()
+                if table.public and any(row_level(t) for t in self.policy.tables.values())
+                for column in self.adapter.unique_columns(key)
             )
+            self._proven = self._read_proofs()
             self._units_read_at = now
         return self._unique_units
+
+    def _read_proofs(self) -> dict[str, tuple[Proven, ...]]:
+        """The value ranges the database proves of each private table's columns (its
+        CHECK constraints, trusted statistics: sql/proofs.py), read with the unique
+        units and as often: a dropped constraint brings its clamps back."""
+        proofs = {}
+        for key, table in self.policy.tables.items():
+            if table.public or table.source is not None or table.relation is not None:
+                continue
+            facts = self.adapter.value_facts(key, statistics=table.trust_statistics)
+            found = proven_ranges(facts.checks, facts.statistics, table, self.adapter.dialect)
+            if found:
+                proofs[key] = found
+        return proofs
+
+    @property
+    def proven(self) -> dict[str, tuple[Proven, ...]]:
+        """Per table (policy key), the value ranges the database proves (_read_proofs)."""
+        self.unique_units  # noqa: B018 -- reads them when they are old
+        return self._proven
 
     @property
     def unique_references(self) -> frozenset[str]:
@@ -401,21 +442,67 @@ class Session:
         self.unique_units  # noqa: B018 -- reads both when they are old
         return self._unique_references
 
-    def plan(self, tree: Any) -> Plan:
+    def plan(self, tree: Any, key: str = "") -> Plan:
+        """The plan of a parsed SELECT; `key` (its Statement.key) lets it come from the
+        plan cache, with a secret of its own."""
         with self._rng_lock:
             secret = int(self._rng.integers(0, 2**62))
+        # read once, for both the cache key and the planning
+        units, references, proven = self.unique_units, self.unique_references, self.proven
+        cache_key = self._plan_key(key, units, references, proven) if key else None
+        if cache_key is not None:
+            cached = self.plans.get(cache_key, secret)
+            if cached is not None:
+                return cached
+        public_reads: list[str] = []
+
+        def read_public(sql: str) -> list[tuple]:
+            # public tables' key domains (sql/join_domains.py): read afresh per plan, so
+            # a plan that read them is not cached (the public table may change)
+            public_reads.append(sql)
+            return fetch_all(self.adapter, sql)[1]
+
         context = PlanContext(
             self.policy,
             self.options,
             self.adapter.dialect,
             secret,
-            self.unique_units,
+            units,
             _AnalystState(self.ledger, self.analyst),
             self.total,
             self.adapter.identity,
-            self.unique_references,
+            references,
+            read_public,
+            proven,
         )
-        return plan_query(tree, context)
+        plan = plan_query(tree, context)
+        if cache_key is not None and not public_reads:
+            self.plans.put(cache_key, plan, secret)
+        return plan
+
+    def _plan_key(
+        self,
+        key: str,
+        units: frozenset[str],
+        references: frozenset[str],
+        proven: dict[str, tuple[Proven, ...]],
+    ) -> tuple:
+        """Everything planning reads besides the secret and stored state (which the plans
+        the cache keeps do not read): the statement with its constants, the policy, the
+        options, the backend, the analyst's budget, and the unique keys and proven value
+        ranges as just read (a clamp left out on a proof returns when the proof goes)."""
+        return (
+            key,
+            self.policy.digest,
+            self.policy.data_version,
+            tuple(vars(self.options).values()),
+            self.adapter.dialect,
+            self.adapter.identity,
+            self.total,
+            units,
+            references,
+            tuple(sorted(proven.items())),
+        )
 
     def _answer(
         self, statement: Statement, *, stream: bool = False, fingerprint: str | None = None
@@ -447,7 +534,7 @@ class Session:
 
     def _run(self, statement: Statement, fingerprint: str) -> Release:
         """Plan, charge and release one statement (_StateTaken: plan it again)."""
-        plan = self.plan(statement.tree)
+        plan = self.plan(statement.tree, statement.key)
         if not plan.cost.epsilon and not plan.cost.delta and not plan.cost.rho:
             # Free: a statement without a table, or one answered from stored state.
             return self._keep_state(self._release(plan))
@@ -467,10 +554,13 @@ class Session:
 
     def _release(self, plan: Plan) -> Release:
         """Run the plan's SQL and release its result as it streams in (a staged plan:
-        each scalar subquery's, then the outer query's over their values)."""
+        each scalar subquery's, then the outer query's over their values; a grouping-sets
+        plan: each set's, concatenated)."""
         if isinstance(plan, StagedPlan):
             parts = [self._release(part) for part in plan.parts]
             return plan.combine(parts, self._release(plan.finish(parts)))
+        if isinstance(plan, GroupingSetsPlan):
+            return plan.combine([self._release(part) for part in plan.parts], self.max_groups)
         if not plan.sql:
             with self._rng_lock:
                 return release_stream(plan, [], [], self._rng, self.max_groups)

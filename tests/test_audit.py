@@ -154,3 +154,24 @@ def test_command_line_teaches_and_refuses_unknown_names(capsys):
     assert "lower bound" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="unknown query: max; choose from count"):
         main(["--queries", "max"])
+
+
+def test_a_join_whose_relation_is_not_bounded_is_flagged(monkeypatch):
+    # A broken relation builder that takes the joined relation for one row per unit (as
+    # if each table's unit were kept unique), so the rewrite skips the bound on it while
+    # the plan still claims max_rows_per_unit = 2: unit 0's 5 x 6 = 30 joined rows all
+    # count. COUNT (half the epsilon, sensitivity 2) moves by 30: a ratio of e^7.5, past
+    # what 10^4 evaluation runs can show, so the bound is limited by the runs (about 6
+    # at this seed), far above the claim of 1; the honest plan stays below it (above).
+    import dataclasses
+
+    import dpsql.sql.relations as relations
+
+    built = relations._virtual_table
+    monkeypatch.setattr(
+        relations,
+        "_virtual_table",
+        lambda *args: dataclasses.replace(built(*args), unique_unit=True),
+    )
+    epsilon, _, finding = audit_query(QUERIES["join"], 20_000, seed=24)
+    assert epsilon == 1.0 and finding.epsilon_bound > 2 * epsilon, finding

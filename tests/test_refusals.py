@@ -157,6 +157,9 @@ class RecordingAdapter:
     def unique_columns(self, name: str) -> set[str]:
         return self.adapter.unique_columns(name)
 
+    def value_facts(self, name: str, statistics: bool = False):
+        return self.adapter.value_facts(name, statistics)
+
     def close(self) -> None:
         self.adapter.close()
 

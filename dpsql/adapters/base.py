@@ -11,8 +11,9 @@ types, so a policy can be checked against the database. It knows nothing of priv
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dpsql.errors import BackendError
@@ -22,6 +23,22 @@ from dpsql.errors import BackendError
 BATCH_ROWS = 10_000
 
 Batches = Iterator[list[tuple]]
+
+
+@dataclass(frozen=True)
+class ValueFacts:
+    """What the database itself guarantees about the values of one table's columns.
+
+    `checks`: (constraint name, its condition as SQL in the adapter's dialect) of each
+    CHECK constraint the database enforces on every row the table's name reads (in
+    PostgreSQL: validated ones). `statistics`: lower-case column to (min, max) of the
+    column's stored values as the database keeps them, only where no one can write the
+    table while it is read (a DuckDB file dpsql opened read-only); None for an end the
+    database does not know. Neither says anything of privacy: sql/proofs.py reads them.
+    """
+
+    checks: tuple[tuple[str, str], ...] = ()
+    statistics: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
 
 
 class Adapter(Protocol):
@@ -52,6 +69,11 @@ class Adapter(Protocol):
     def unique_columns(self, name: str) -> set[str]:
         """Lower-case columns of table `name` that the database itself keeps unique
         (a single-column PRIMARY KEY or UNIQUE constraint)."""
+
+    def value_facts(self, name: str, statistics: bool = False) -> ValueFacts:
+        """The CHECK constraints of table `name` and, with `statistics`, the column
+        statistics that hold for every row read (ValueFacts); empty for a view, or
+        where the database cannot prove them."""
 
     def table_names(self) -> list[str]:
         """Every table and view of the database a policy could name (`dpsql policy init`

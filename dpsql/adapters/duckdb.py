@@ -18,8 +18,14 @@ from contextlib import contextmanager, suppress
 
 import duckdb
 
-from dpsql.adapters.base import BATCH_ROWS, Batches, Running, fetch_all
+from dpsql.adapters.base import BATCH_ROWS, Batches, Running, ValueFacts, fetch_all
 from dpsql.errors import BackendError
+
+# Column types whose statistics are numbers (DECIMAL(p, s) too)
+_NUMBERS = (
+    "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
+    "UINTEGER", "UBIGINT", "UHUGEINT", "FLOAT", "DOUBLE",
+)  # fmt: skip
 
 # DuckDB shares one instance per file within a process, and every connection to
 # it must ask for the same configuration: open files only with this one.
@@ -58,6 +64,10 @@ class DuckDBAdapter:
                 raise _open_error(database, exc) from None
         self._local = threading.local()
         self._running = Running()
+        # A file dpsql opened read-only cannot change while open, its schema included
+        # (nothing can be attached either): what value_facts reads of it is read once.
+        self._frozen = self._owned and database != ":memory:"
+        self._facts: dict[tuple[str, bool], ValueFacts] = {}
 
     @property
     def connection(self) -> duckdb.DuckDBPyConnection:
@@ -210,7 +220,7 @@ class DuckDBAdapter:
 
     def _plan(self, parts: list[str]) -> str | None:
         """DuckDB's plan of reading every column of the relation named by `parts`."""
-        quoted = ".".join('"' + part.replace('"', '""') + '"' for part in parts)
+        quoted = ".".join(_quoted(part) for part in parts)
         try:
             rows = self._cursor().execute(f"EXPLAIN (FORMAT JSON) SELECT * FROM {quoted}")
             return str(rows.fetchall())
@@ -259,6 +269,75 @@ class DuckDBAdapter:
             keyed.setdefault((database, schema), set()).add(columns[0].lower())
         return set.intersection(*(keyed.get(table[:2], set()) for table in tables))
 
+    def value_facts(self, name: str, statistics: bool = False) -> ValueFacts:
+        """The CHECK constraints of the one table `name` reads (none for a view) and,
+        with `statistics`, where dpsql opened the file read-only itself, its numeric
+        columns' statistics.
+
+        DuckDB checks a CHECK constraint on every row written, and has none that a
+        table's old rows may break. Its statistics (min and max, what its optimizer
+        relies on) are conservative: a DELETE or UPDATE leaves the old range. They
+        hold for every row read only while no one can write the file: a file opened
+        read-only by dpsql (no writer, this process included, can open it meanwhile;
+        its configuration is locked, so nothing can be attached over it). A connection
+        the caller passed in stays theirs to write to or to attach other files to:
+        its statistics prove nothing. Read once from a file dpsql opened read-only.
+        """
+        if not self._frozen:
+            return self._value_facts(name, statistics)
+        if (name, statistics) not in self._facts:
+            self._facts[name, statistics] = self._value_facts(name, statistics)
+        return self._facts[name, statistics]
+
+    def _value_facts(self, name: str, statistics: bool) -> ValueFacts:
+        tables, _ = self._relations(name)
+        identity = self.table_identities(name)
+        if len(identity) != 1 or next(iter(identity)) not in tables:
+            return ValueFacts()
+        database, schema, table = next(iter(identity))
+        checks = self._cursor().execute(
+            "SELECT constraint_name, expression FROM duckdb_constraints() "
+            "WHERE constraint_type = 'CHECK' AND database_name = ? AND schema_name = ? "
+            "AND lower(table_name) = ?",
+            [database, schema, table],
+        )
+        facts = tuple((str(n), str(e)) for n, e in checks.fetchall())
+        stored = self._statistics(database, schema, table) if statistics else {}
+        return ValueFacts(facts, stored)
+
+    def _statistics(self, database: str, schema: str, table: str) -> dict[str, tuple]:
+        """(min, max) of each numeric column of a table of a file dpsql opened read-only
+        (value_facts); {} elsewhere."""
+        cursor = self._cursor()
+        readonly = cursor.execute(
+            "SELECT readonly FROM duckdb_databases() WHERE database_name = ?", [database]
+        ).fetchall()
+        if not self._owned or readonly != [(True,)]:
+            return {}
+        columns = [
+            column
+            for column, kind in cursor.execute(
+                "SELECT column_name, data_type FROM information_schema.columns "
+                "WHERE table_catalog = ? AND table_schema = ? AND lower(table_name) = ?",
+                [database, schema, table],
+            ).fetchall()
+            if kind in _NUMBERS or kind.startswith("DECIMAL(")
+        ]
+        if not columns:
+            return {}
+        quoted = [_quoted(column) for column in columns]
+        rows = cursor.execute(
+            f"SELECT {', '.join(f'stats({c})' for c in quoted)} "
+            f"FROM {'.'.join(_quoted(part) for part in (database, schema, table))} LIMIT 1"
+        ).fetchall()
+        if not rows:
+            return {}  # no rows: nothing to prove
+        return {
+            column.lower(): (stats.get("min"), stats.get("max"))
+            for column, stats in zip(columns, rows[0], strict=True)
+            if isinstance(stats, dict)
+        }
+
     def table_names(self) -> list[str]:
         """The tables and views of the current database (attached ones are left out: a
         policy names them database-qualified, which the owner writes)."""
@@ -297,3 +376,7 @@ class DuckDBAdapter:
     def close(self) -> None:
         if self._owned:
             self._connection.close()
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'

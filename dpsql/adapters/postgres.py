@@ -32,7 +32,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from dpsql.adapters.base import BATCH_ROWS, INTERRUPTED, Batches, Running
+from dpsql.adapters.base import BATCH_ROWS, INTERRUPTED, Batches, Running, ValueFacts
 from dpsql.errors import BackendError
 
 _QUERY_CANCELED = "57014"
@@ -65,6 +65,18 @@ WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indnkeyatts = 1
   AND i.indpred IS NULL AND i.indexprs IS NULL
   AND (c.relkind = 'p' OR NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhparent = c.oid))
   AND a.attname = lower(a.attname) -- the names the rewrite reads (table_columns)
+"""
+
+# CHECK constraints PostgreSQL enforces on every row the table's name reads: validated
+# ones (NOT VALID ones skip the rows already there), of a table or partitioned table (a
+# foreign table's constraints are only assumed), inherited by its children unless it has
+# none (a NO INHERIT one does not cover the children's rows, which a plain FROM reads).
+CHECKS = """
+SELECT k.conname, pg_get_expr(k.conbin, k.conrelid) FROM pg_constraint k
+JOIN pg_class c ON c.oid = k.conrelid
+WHERE k.conrelid = to_regclass(%s) AND k.contype = 'c' AND k.convalidated
+  AND c.relkind IN ('r', 'p')
+  AND (NOT k.connoinherit OR NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhparent = c.oid))
 """
 
 
@@ -272,6 +284,15 @@ class PostgresAdapter:
         except BackendError:
             return set()
         return {row[0] for row in rows}
+
+    def value_facts(self, name: str, statistics: bool = False) -> ValueFacts:
+        """The table's enforced CHECK constraints (CHECKS). No statistics: other sessions
+        write while dpsql reads, and pg_statistic samples the rows anyway."""
+        try:
+            _, rows = self._run(CHECKS, [name])
+        except BackendError:
+            return ValueFacts()
+        return ValueFacts(tuple((str(n), str(e)) for n, e in rows))
 
     def table_names(self) -> list[str]:
         return [row[0] for row in self._run(TABLE_NAMES)[1]]

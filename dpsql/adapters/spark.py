@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from dpsql.adapters.base import BATCH_ROWS, Batches, Running, fetch_all
+from dpsql.adapters.base import BATCH_ROWS, Batches, Running, ValueFacts, fetch_all
 from dpsql.errors import BackendError
 from dpsql.policy import Source
 
@@ -298,6 +298,9 @@ class SparkAdapter:
 
     def unique_columns(self, name: str) -> set[str]:
         return set()  # Spark declares no enforced keys: every unit is bounded
+
+    def value_facts(self, name: str, statistics: bool = False) -> ValueFacts:
+        return ValueFacts()  # Spark enforces no CHECK constraint: every value is clamped
 
     def table_names(self) -> list[str]:
         """The tables and views of the current database (temporary views too)."""

@@ -25,7 +25,7 @@ import sqlalchemy
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from dpsql.adapters.base import BATCH_ROWS, Batches, Running
+from dpsql.adapters.base import BATCH_ROWS, Batches, Running, ValueFacts
 from dpsql.errors import BackendError, NotSupportedError
 
 # SQLAlchemy dialect name -> sqlglot dialect name, where the two differ.
@@ -202,6 +202,9 @@ class SQLAlchemyAdapter:
                 return {(oid,)} if oid is not None else set()
             default = sqlalchemy.inspect(connection).default_schema_name or ""
         return {((schema or default).lower(), table.lower())}
+
+    def value_facts(self, name: str, statistics: bool = False) -> ValueFacts:
+        return ValueFacts()  # not read through SQLAlchemy: every value is clamped
 
     def unique_columns(self, name: str) -> set[str]:
         """One-column keys the database enforces on what `name` reads: on PostgreSQL the

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from sqlglot import exp
 
 from dpsql.accounting import Cost, split_epsilon
-from dpsql.policy import Policy, Table
+from dpsql.policy import Policy, Proven, Table
 from dpsql.sql.analyze import analyze
 from dpsql.sql.check import AGGREGATES, check_query
+from dpsql.sql.grouping_sets import GroupingSetsPlan, has_grouping_sets, plan_grouping_sets
 from dpsql.sql.local import plan_local
 from dpsql.sql.normalize import normalize
 from dpsql.sql.parse import nested_too_deeply
@@ -72,6 +73,10 @@ class PlanContext:
     database: str = ""  # the adapter's identity: streams and synopses are kept per database
     # referenced columns ("table.column") the database keeps unique (sql/relations.py)
     unique_references: frozenset[str] = frozenset()
+    # runs a query over public tables alone: key domains of their columns (join_domains.py)
+    read_public: Callable[[str], list[tuple]] | None = None
+    # per table (policy key): the value ranges the database proves (sql/proofs.py)
+    proven: Mapping[str, tuple[Proven, ...]] = field(default_factory=dict)
 
 
 def plan_domain(select: exp.Select, table: Table, context: PlanContext) -> Plan | None:
@@ -110,6 +115,9 @@ def plan_query(select: exp.Select, context: PlanContext) -> Plan:
 
 def _planned(select: exp.Select, context: PlanContext) -> Plan:
     select = normalize(select)
+    # GROUPING SETS, ROLLUP, CUBE: one query per set (over public tables alone, run as written)
+    if has_grouping_sets(select) and _reads_private(select, context.policy):
+        return plan_grouping_sets(select, context.policy, _share_planner(context))
     plan = plan_running(select, context)  # a stream keeps the policy's bounds throughout
     if plan is not None:
         return plan
@@ -132,8 +140,11 @@ def _planned(select: exp.Select, context: PlanContext) -> Plan:
         plan = planner(select, table, context)
         if plan is not None:
             return plan
+    # With the value ranges the database proves, whose clamps the rewrite leaves out and
+    # DirectPlan.explain names (the other planners keep every clamp).
+    proven = replace(table, proven=context.proven.get(table.name.lower(), ()))
     return DirectPlan(
-        analyze(select, bounded_table(table, context)),
+        analyze(select, bounded_table(proven, context)),
         context.options,
         context.dialect,
         context.seed,
@@ -145,21 +156,30 @@ def _staged(select: exp.Select, context: PlanContext) -> StagedPlan | None:
     (sql/scalars.py); None for any other."""
     if not value_subqueries(select) or not _reads_private(select, context.policy):
         return None  # over public tables alone, it is run as written
+    return plan_staged(
+        select,
+        context.policy,
+        _share_planner(context),
+        lambda query: _reads_private(query, context.policy),
+    )
 
-    def stage(query: exp.Select, index: int, shares: int) -> Plan:
+
+def _share_planner(context: PlanContext) -> Callable[[exp.Select, int, int], Plan]:
+    """Plans part `index` of a query released in parts (scalar subqueries, grouping sets)
+    with one of `shares` equal shares of its epsilon and delta, and a secret of its own."""
+
+    def planned_part(query: exp.Select, index: int, shares: int) -> Plan:
         options = context.options
         share = replace(
             options,
             epsilon=split_epsilon(options.epsilon, shares, binary_too=True),
             delta=split_epsilon(options.delta, shares, binary_too=True),
         )
-        # a secret of its own per stage, drawn from the plan's
+        # a secret of its own per part, drawn from the plan's
         seed = (context.seed * 1_000_003 + index + 1) % 2**62
         return _planned(query, replace(context, options=share, seed=seed))
 
-    return plan_staged(
-        select, context.policy, stage, lambda query: _reads_private(query, context.policy)
-    )
+    return planned_part
 
 
 def _reads_private(select: exp.Select, policy: Policy) -> bool:
@@ -185,7 +205,12 @@ def _relational(select: exp.Select, context: PlanContext) -> Plan:
     if all(table.public for table in tables.values()):
         return plan_public(select, tables, context.dialect)
     related = relation(
-        select, context.policy, context.dialect, context.unique_references, context.seed
+        select,
+        context.policy,
+        context.dialect,
+        context.unique_references,
+        context.seed,
+        context.read_public,
     )
     check_query(related.select, _Only(related.table))
     plan = DirectPlan(
@@ -213,6 +238,7 @@ def bounded_table(table: Table, context: PlanContext) -> Table:
 
 
 __all__ = [
+    "GroupingSetsPlan",
     "Options",
     "Plan",
     "PlanContext",

@@ -44,6 +44,8 @@ class Aggregate:
     function: str  # "count", "sum", "avg"
     measurements: tuple[int, ...]  # indexes into Analysis.measurements (avg: sum, count)
     bounds: Interval | None = None  # AVG is clamped to these after division
+    # AVG: its SUM measures the values less this centre (AVG = centre + SUM / COUNT)
+    centre: float = 0.0
 
 
 @dataclass(frozen=True)

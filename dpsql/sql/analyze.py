@@ -49,7 +49,8 @@ def analyze(select: exp.Select, table: Table) -> Analysis:
         keys=group_keys(select, items, resolver),
         outputs=[],
     )
-    builder = Builder(analysis, resolver, ranges)
+    summed = frozenset(node.this for node in select.find_all(exp.Sum))
+    builder = Builder(analysis, resolver, ranges, summed)
     for name, item in items:
         if name.lower().startswith(RESERVED_PREFIX):
             raise QueryRefused(

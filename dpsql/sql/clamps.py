@@ -1,5 +1,6 @@
-"""Clamp expressions: the SQL that holds a value to an interval, and a summed
-argument with each column in a value position clamped to its bounds.
+"""Clamp expressions: the SQL that holds a value to an interval, a summed argument
+with each column in a value position clamped to its bounds, and which sides of a
+column's clamp the database's proofs make redundant.
 """
 
 from __future__ import annotations
@@ -53,6 +54,18 @@ def clamp(
         )
         ifs.append(exp.If(this=near, true=exp.convert(0)))
     return exp.Case(ifs=ifs, default=value.copy()) if ifs else value.copy()
+
+
+def needed_sides(table: Table, name: str, interval: Interval) -> tuple[bool, bool]:
+    """Whether a clamp of column `name` to `interval` needs its (lower, upper) side: not
+    where the database proves every value of the column lies on that side of it
+    (Table.proven), since there the clamp changes no value. NULL stays NULL either way,
+    and a NaN fails only the upper side's test, which a proof leaves out only when its
+    upper end is finite: then the database holds no NaN."""
+    proof = table.proven_range(name)
+    if proof is None:
+        return True, True
+    return proof.lower < interval.lower, proof.upper > interval.upper
 
 
 def clamp_columns(

@@ -37,7 +37,7 @@ def column_types(select: exp.Expression | None, policy: Policy) -> list[str] | N
     for selected in select.selects:
         inner = selected.this if isinstance(selected, exp.Alias) else selected
         counted = inner.this if isinstance(inner, exp.Filter) else inner  # COUNT(*) FILTER (...)
-        if isinstance(counted, exp.Count):
+        if isinstance(counted, exp.Count | exp.Grouping):  # GROUPING(...): a bit mask
             types.append("int")
         elif isinstance(inner, exp.Column):
             types.append(_policy_type(inner.name, policy))

@@ -86,46 +86,68 @@ def half_range(bounds: Interval) -> float:
     return max(bounds.upper - m, m - bounds.lower)
 
 
+def centred_sums(
+    argument: exp.Expression,
+    bounds: Interval,
+    note: str,
+    clamped: Callable[[exp.Expression], exp.Expression],
+    interval: Callable[[exp.Expression], Interval | None],
+    total: Callable[[exp.Expression], None],
+    squares: bool,
+) -> list[Measurement]:
+    """The SUM of `argument` - m (and with `squares`, of its square too), m the bounds'
+    centre: each a measurement whose per-row bounds the interval arithmetic finds.
+    `clamped` and `interval` are the analysis's clamp of columns and interval arithmetic,
+    `total` its refusal of a row expression that could fail for some row (a square of
+    a large value overflows BIGINT or a double, of a tiny one underflows in PostgreSQL):
+    the centred values and squares are row expressions the database computes too.
+    Raises QueryRefused with the reason when one cannot be computed or bounded."""
+    m = centre(bounds)
+    literal = exp.convert(int(m) if bounds.integer else m)
+    centred = exp.Sub(this=exp.paren(argument.copy(), copy=False), expression=literal)
+    values = [(centred, "centred on")]
+    if squares:
+        squared = exp.Mul(
+            this=exp.paren(centred.copy(), copy=False),
+            expression=exp.paren(centred.copy(), copy=False),
+        )
+        values.append((squared, "squared about"))
+    # A bare column reaches the aggregate clamped to its declared bounds and filtered by
+    # the WHERE that tightened them (rewrite._clamped_source), so its centred values lie
+    # within the bounds the interval arithmetic finds for them: no clamp is needed.
+    bare = isinstance(argument, exp.Column)
+    measurements = []
+    for value, what in values:
+        total(value)
+        value_bounds = interval(value)
+        if value_bounds is None:
+            raise QueryRefused(what, "its squares are beyond what dpsql can bound", "")
+        detail = f"{note}; {what} {m:g}, each row within +/-{value_bounds.magnitude:g}"
+        computed = value.copy() if bare else clamped(value)
+        measurements.append(Measurement("sum", value, value_bounds, computed, detail, within=bare))
+    return measurements
+
+
 def decompose(
     node: exp.Expression,
     argument: exp.Expression,
     bounds: Interval,
     note: str,
     measure: Callable[[Measurement], int],
+    counted: Callable[[exp.Expression], Measurement],
     clamped: Callable[[exp.Expression], exp.Expression],
     interval: Callable[[exp.Expression], Interval | None],
     total: Callable[[exp.Expression], None],
 ) -> Aggregate:
     """The aggregate of a VAR/STDDEV `node` over `argument`, clamped to `bounds`: its three
-    measurements (COUNT, centred SUM, centred SUM of squares), found or added by `measure`;
-    `clamped` and `interval` are the analysis's clamp of columns and interval arithmetic,
-    `total` its refusal of a row expression that could fail for some row (a square of
-    a large value overflows BIGINT or a double, of a tiny one underflows in PostgreSQL):
-    the centred values and squares are row expressions the database computes too."""
-    m = centre(bounds)
-    literal = exp.convert(int(m) if bounds.integer else m)
-    centred = exp.Sub(this=exp.paren(argument.copy(), copy=False), expression=literal)
-    squared = exp.Mul(
-        this=exp.paren(centred.copy(), copy=False), expression=exp.paren(centred.copy(), copy=False)
-    )
-    indexes = [measure(Measurement("count", argument))]
-    # A bare column reaches the aggregate clamped to its declared bounds and filtered by
-    # the WHERE that tightened them (rewrite._clamped_source), so its centred values lie
-    # within the bounds the interval arithmetic finds for them: no clamp is needed.
-    bare = isinstance(argument, exp.Column)
-    for value, what in ((centred, "centred on"), (squared, "squared about")):
-        try:
-            total(value)
-        except QueryRefused as refused:
-            raise _out_of_reach(node, argument, refused.reason) from None
-        value_bounds = interval(value)
-        if value_bounds is None:
-            raise _out_of_reach(node, argument, "its squares are beyond what dpsql can bound")
-        detail = f"{note}; {what} {m:g}, each row within +/-{value_bounds.magnitude:g}"
-        computed = value.copy() if bare else clamped(value)
-        indexes.append(
-            measure(Measurement("sum", value, value_bounds, computed, detail, within=bare))
-        )
+    measurements (COUNT, centred SUM, centred SUM of squares), found or added by `measure`
+    (`counted` gives the COUNT's measurement: COUNT(*) where `argument` cannot be NULL);
+    the rest as `centred_sums` takes them."""
+    try:
+        sums = centred_sums(argument, bounds, note, clamped, interval, total, squares=True)
+    except QueryRefused as refused:
+        raise _out_of_reach(node, argument, refused.reason) from None
+    indexes = [measure(counted(argument))] + [measure(m) for m in sums]
     return Aggregate(FUNCTIONS[type(node)], tuple(indexes), bounds)
 
 

@@ -65,12 +65,6 @@ def group_keys(
     group = select.args.get("group")
     if group is None:
         return []
-    if group.args.get("rollup") or group.args.get("cube") or group.args.get("grouping_sets"):
-        raise QueryRefused(
-            "ROLLUP, CUBE or GROUPING SETS",
-            "dpsql releases one grouping per query",
-            "run one GROUP BY query per grouping",
-        )
     aliases = {name.lower(): item for name, item in items}
     nodes = group.expressions
     if group.args.get("all") and not nodes:

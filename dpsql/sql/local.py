@@ -230,7 +230,7 @@ class LocalPlan:
         if aggregate.function != "avg":
             return first
         count = sums[aggregate.measurements[1]]
-        mean = first / np.maximum(count, 1.0)
+        mean = aggregate.centre + first / np.maximum(count, 1.0)
         return np.clip(mean, aggregate.bounds.lower, aggregate.bounds.upper)
 
     def _accuracy(self, variances: list[np.ndarray]) -> dict[str, Accuracy]:

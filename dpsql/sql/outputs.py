@@ -19,8 +19,9 @@ from dpsql.sql.analysis import (
 )
 from dpsql.sql.check import AGGREGATES
 from dpsql.sql.clamps import clamp_columns
-from dpsql.sql.dispersion import DISPERSION, decompose, refuse_text, unbounded
+from dpsql.sql.dispersion import DISPERSION, centre, centred_sums, decompose, refuse_text, unbounded
 from dpsql.sql.intervals import Interval, interval_with
+from dpsql.sql.ranges import non_null_columns
 from dpsql.sql.resolve import Resolver, resolve_reference
 from dpsql.sql.total import require_total
 
@@ -30,8 +31,15 @@ MAX_ROWS = 2**62  # LIMIT and OFFSET beyond this are the same as this (int64 for
 class Builder:
     """Turns select items, HAVING and ORDER BY into expressions over released values."""
 
-    def __init__(self, analysis: Analysis, resolver: Resolver, ranges: dict[str, Interval]):
+    def __init__(
+        self,
+        analysis: Analysis,
+        resolver: Resolver,
+        ranges: dict[str, Interval],
+        summed: frozenset[exp.Expression] = frozenset(),
+    ):
         self.analysis = analysis
+        self.summed = summed  # arguments the query SUMs: an AVG of one shares that SUM
         self.resolver = resolver
         self.ranges = ranges
         # Expressions are matched by sqlglot's structural equality (hashed once per
@@ -39,6 +47,7 @@ class Builder:
         # every output was most of the cost of planning a query.
         self.key_index = {key.expression: i for i, key in enumerate(analysis.keys)}
         self.aggregate_index: dict[exp.Expression, int] = {}
+        self.non_null = non_null_columns(analysis.where)
 
     def post_expression(
         self, node: exp.Expression, clause: str, *, windows: bool = False
@@ -117,12 +126,40 @@ class Builder:
         if isinstance(node, DISPERSION):
             return self._dispersion(node, argument)
         bounds, note = self._bounds(argument)
+        if isinstance(node, exp.Avg) and argument not in self.summed and centre(bounds):
+            centred = self._centred_avg(argument, bounds, note)
+            if centred is not None:
+                return centred
         clamped = clamp_columns(argument, self.resolver.table, self.ranges)
         total = self._measure(Measurement("sum", argument, bounds, clamped, note))
         if isinstance(node, exp.Sum):
             return Aggregate("sum", (total,))
-        count = self._measure(Measurement("count", argument))
+        count = self._measure(self._counted(argument))
         return Aggregate("avg", (total, count), bounds)
+
+    def _centred_avg(
+        self, argument: exp.Expression, bounds: Interval, note: str
+    ) -> Aggregate | None:
+        """AVG as centre + SUM(x - centre) / COUNT: the centred SUM moves by at most
+        half the bounds' width per row, not their largest magnitude, and the mean's error
+        (SUM's noise + (mean - centre) times the COUNT's, over the count) is never larger
+        for any data (docs/mechanisms.md). None where the centred values cannot be
+        computed safely: the plain SUM then serves."""
+        table = self.resolver.table
+        try:
+            (total,) = centred_sums(
+                argument,
+                bounds,
+                note,
+                lambda value: clamp_columns(value, table, self.ranges),
+                lambda value: interval_with(value, table, self.ranges),
+                lambda value: require_total(value, table, "AVG"),
+                squares=False,
+            )
+        except QueryRefused:
+            return None
+        measured = self._measure(total), self._measure(self._counted(argument))
+        return Aggregate("avg", measured, bounds, centre(bounds))
 
     def _dispersion(self, node: exp.Expression, argument: exp.Expression) -> Aggregate:
         """VAR/STDDEV from three measurements (sql/dispersion.py)."""
@@ -140,6 +177,7 @@ class Builder:
             bounds,
             note,
             self._measure,
+            self._counted,
             lambda value: clamp_columns(value, table, self.ranges),
             lambda value: interval_with(value, table, self.ranges),
             lambda value: require_total(value, table, node.sql_name()),
@@ -172,6 +210,18 @@ class Builder:
             self._require_safe(inner[0], "COUNT(DISTINCT ...)")
             return Measurement("count_distinct", inner[0])
         self._require_safe(argument, "COUNT")
+        return self._counted(argument)
+
+    def _counted(self, argument: exp.Expression) -> Measurement:
+        """The count of rows where `argument` is not NULL: COUNT(*) itself when it is a
+        column that cannot be NULL (declared `nullable: false`, or tested by WHERE), so
+        one measurement serves COUNT(*), COUNT(col) and AVG(col), and the query's epsilon
+        is split over fewer measurements."""
+        column = argument.unnest()
+        if isinstance(column, exp.Column):
+            spec = self.resolver.table.column(column.name)
+            if column.name.lower() in self.non_null or (spec is not None and not spec.nullable):
+                return Measurement("count")
         return Measurement("count", argument)
 
     def _measure(self, measurement: Measurement) -> int:

@@ -33,7 +33,7 @@ from dpsql.mechanisms.staircase import Staircase
 from dpsql.mechanisms.tree import l2_sensitivity
 from dpsql.policy import MAX_PUBLIC_KEYS
 from dpsql.results import Accuracy, Release
-from dpsql.sql import dispersion
+from dpsql.sql import dispersion, proofs
 from dpsql.sql.analysis import KEY_PREFIX, VALUE_PREFIX, Aggregate, Analysis
 from dpsql.sql.avg_interval import AvgWidths, avg_intervals, avg_widths
 from dpsql.sql.intervals import Interval
@@ -420,7 +420,7 @@ class DirectPlan(_Batched):
         if aggregate.function in dispersion.NAMES:
             return dispersion.estimate(aggregate.function, *self._spread(aggregate, noisy))
         count = noisy[aggregate.measurements[1]]
-        mean = total / np.maximum(count, 1)
+        mean = aggregate.centre + total / np.maximum(count, 1)
         # dividing noisy values is post-processing; clamping to the bounds too
         return np.clip(mean, aggregate.bounds.lower, aggregate.bounds.upper)
 
@@ -463,10 +463,12 @@ class DirectPlan(_Batched):
             )
         if aggregate.function == "avg":
             total, count = (noisy[i] for i in aggregate.measurements)
-            bounds = (aggregate.bounds.lower, aggregate.bounds.upper)
+            m = aggregate.centre  # the interval of the centred mean, shifted back
+            bounds = (aggregate.bounds.lower - m, aggregate.bounds.upper - m)
             low, high = avg_intervals(
                 total * measure.step, count, self._avg_widths[aggregate.measurements], bounds
             )
+            low, high = low + m, high + m
             return Accuracy(
                 noise.name,
                 scale,
@@ -530,11 +532,15 @@ class DirectPlan(_Batched):
             lines.append(("VAR/STDDEV interval", dispersion.explanation(spread)))
         if analysis.grouped:
             lines.append(("group keys", self._keys_explanation()))
+        lines += [("clamps", line) for line in proofs.explanations(analysis)]
         return lines + [("note", note) for note in self.notes]
 
     def _keys_explanation(self) -> str:
         if self.selection is None:
-            return "public domain from the policy: every key is released, empty groups included"
+            return (
+                "public domain (the policy's, or a public table's): every key is released, "
+                "empty groups included"
+            )
         return (
             f"from the data: released when the noisy count of distinct units reaches "
             f"{self.selection.tau} (epsilon {self.selection.epsilon:.6g}, delta "

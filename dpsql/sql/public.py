@@ -26,14 +26,15 @@ from dpsql.sql.qualify import qualified
 from dpsql.sql.rewrite import in_dialect
 
 # What a query over public data may use besides the private gate's structure and
-# scalar functions: joins, subqueries, CTEs, DISTINCT, windows and the common
-# aggregates. Each is deterministic and reads nothing but its arguments.
+# scalar functions: joins, subqueries, CTEs, DISTINCT, windows, grouping sets and the
+# common aggregates. Each is deterministic and reads nothing but its arguments.
 _PUBLIC_ONLY: tuple[type[exp.Expression], ...] = (
     exp.Join, exp.Subquery, exp.With, exp.CTE, exp.Union, exp.Except, exp.Intersect,
     exp.Exists, exp.Window, exp.WindowSpec, exp.Filter, exp.WithinGroup, exp.RowNumber,
     exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Median, exp.Stddev, exp.StddevPop,
     exp.StddevSamp, exp.Variance, exp.VariancePop, exp.PercentileCont, exp.PercentileDisc,
     exp.Quantile, exp.CountIf, exp.Qualify, exp.Star, exp.Distinct,
+    exp.GroupingSets, exp.Rollup, exp.Cube, exp.Grouping,
 )  # fmt: skip
 _ALLOWED = STRUCTURE + SCALAR_FUNCTIONS + _PUBLIC_ONLY
 _CLAUSES = {

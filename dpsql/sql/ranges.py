@@ -18,7 +18,7 @@ def where_ranges(where: exp.Expression | None, table: Table) -> dict[str, Interv
     """Bounds implied by range predicates in the top-level conjunction of WHERE."""
     ranges: dict[str, Interval] = {}
     for condition in conjuncts(where):
-        found = _range_of(condition)
+        found = range_of(condition)
         if found is None:
             continue
         name, lower, upper = found
@@ -48,7 +48,7 @@ def where_range(where: exp.Expression | None, column: Column) -> tuple[float, fl
     """
     lower, upper = -math.inf, math.inf
     for condition in conjuncts(where):
-        found = _range_of(condition)
+        found = range_of(condition)
         if found is None or found[0].lower() != column.name.lower():
             continue
         _, low, high = found
@@ -57,6 +57,24 @@ def where_range(where: exp.Expression | None, column: Column) -> tuple[float, fl
             high = math.floor(high) if math.isfinite(high) else high
         lower, upper = max(lower, low), min(upper, high)
     return lower, upper
+
+
+def non_null_columns(where: exp.Expression | None) -> set[str]:
+    """Columns (lower case) that no row passing `where` holds NULL in: those the
+    top-level conjunction tests with IS NOT NULL or compares with a literal (a NULL
+    fails such a comparison)."""
+    found = set()
+    for condition in conjuncts(where):
+        if (
+            isinstance(condition, exp.Not)
+            and isinstance(condition.this, exp.Is)
+            and isinstance(condition.this.this, exp.Column)
+            and isinstance(condition.this.expression, exp.Null)
+        ):
+            found.add(condition.this.this.name.lower())
+        elif (ranged := range_of(condition)) is not None:
+            found.add(ranged[0].lower())
+    return found
 
 
 def conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
@@ -70,7 +88,7 @@ def conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
     return [node]
 
 
-def _range_of(condition: exp.Expression) -> tuple[str, float, float] | None:
+def range_of(condition: exp.Expression) -> tuple[str, float, float] | None:
     """(column, lower, upper) for `col op literal`, BETWEEN, IN and =; None otherwise.
 
     The bounds are floats on the safe side of the literals as written: the databases

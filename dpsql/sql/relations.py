@@ -40,9 +40,11 @@ from dpsql.errors import QueryRefused
 from dpsql.policy import Column, Policy, Table
 from dpsql.sql.analysis import RESERVED_PREFIX
 from dpsql.sql.check import check_clauses
+from dpsql.sql.join_domains import ReadPublic, public_key_domains
 from dpsql.sql.per_unit import aggregates_per_unit, per_unit_table, shown
 from dpsql.sql.public import require_public_query
 from dpsql.sql.qualify import qualified, tables_read
+from dpsql.sql.row_level import require_one_row_each, require_unit
 from dpsql.sql.total import require_total
 from dpsql.sql.unions import union_branches, union_table
 
@@ -230,13 +232,6 @@ def _base(node: exp.Expression, tables: dict[str, Table]) -> _Base:
         )
     name = ".".join(part.name for part in node.parts)
     table = tables[name.lower()]
-    if not table.public and table.privacy_unit is None and table.via is None:
-        raise QueryRefused(
-            f"a join of {table.name}, a table with row-level privacy",
-            "a join can repeat one of its rows, and with no unit column dpsql cannot bound "
-            "how often",
-            f"declare a privacy_unit for {table.name} (a column identifying whose row it is)",
-        )
     return _Base(node.alias_or_name, table, node)
 
 
@@ -294,17 +289,19 @@ def relation(
     dialect: str,
     unique: frozenset[str] = frozenset(),
     seed: int = 0,
+    read_public: ReadPublic | None = None,
 ) -> Relation:
     """The query over one unit-carrying relation built from its FROM clause; `unique`
     names the columns ("table.column") the database keeps unique; `seed` keys the hash
-    that bounds the rows of a subquery aggregating per unit."""
+    that bounds the rows of a subquery aggregating per unit; `read_public` reads the
+    key domains of public tables' columns (sql/join_domains.py; None: not read)."""
     tables = tables_read(select, policy)
     outer = select.copy()
     outer.set("joins", None)
     outer.set("with_", None)
     check_clauses(outer)
     resolved = qualified(select, tables, dialect)
-    return _Builder(tables, policy, unique, dialect, seed).build(resolved)
+    return _Builder(tables, policy, unique, dialect, seed, read_public).build(resolved)
 
 
 @dataclass
@@ -317,6 +314,7 @@ class _Builder:
     unique: frozenset[str]
     dialect: str
     seed: int
+    read_public: ReadPublic | None = None
     descriptions: dict[str, str] = field(default_factory=dict)
 
     def build(self, resolved: exp.Select) -> Relation:
@@ -324,16 +322,20 @@ class _Builder:
         merged = inline(resolved, self._per_unit)
         on, moved = _join_conditions(merged)
         bases = _joined(merged, self.tables, self.policy, self.unique, [*on, *moved])
+        require_one_row_each(bases, [*on, *moved], self.unique)  # a row-level table's joins
         names = _virtual_names(merged, bases)
         virtual = _virtual_table(bases, names)
         _check_conditions([*on, *moved], bases, names, virtual)
+        virtual, keys = public_key_domains(
+            merged, bases, names, virtual, moved, self.read_public, self.dialect
+        )
         outer = _outer(merged, names, virtual)
         sql = _relation_sql(merged, bases, names, [*moved, *filters])
         for base in bases:
             if base.table.relation is not None:  # a per-unit subquery: its SQL in place
                 node = next(n for n in sql.find_all(exp.Table) if n.name == base.table.name)
                 node.replace(base.table.relation.copy().subquery(base.alias))
-        description = _describe(bases, self.descriptions)
+        description = "; ".join([_describe(bases, self.descriptions), *keys])
         return Relation(outer, replace(virtual, relation=sql), description)
 
     def _per_unit(self, query: exp.Query, name: str) -> str:
@@ -363,6 +365,7 @@ class _Builder:
             shown = " UNION ALL ".join(f"({b.description})" for b in branches)
         else:
             (inner,) = branches
+            require_unit(inner.table, name)
             table = per_unit_table(inner.select, inner.table, name, self.dialect, self.seed)
             shown = f"per unit of ({inner.description})"
         self.tables[name.lower()] = table
@@ -457,7 +460,7 @@ def _virtual_names(select: exp.Select, bases: list[_Base]) -> dict[tuple[str, st
         for column in base.table.columns:
             counts[column] = counts.get(column, 0) + 1
     first = _unit_source(bases)
-    unit = first.unit if counts[first.unit] == 1 else _UNIT
+    unit = None if first is None else first.unit if counts[first.unit] == 1 else _UNIT
     read = {(c.table.lower(), c.name.lower()) for c in select.find_all(exp.Column)}
     names: dict[tuple[str, str], str] = {}
     for base in bases:
@@ -470,9 +473,10 @@ def _virtual_names(select: exp.Select, bases: list[_Base]) -> dict[tuple[str, st
     return names
 
 
-def _unit_source(bases: list[_Base]) -> _Base:
-    """The table whose unit column is the relation's: the first with a unit of its own."""
-    return next(base for base in bases if base.private and base.unit)
+def _unit_source(bases: list[_Base]) -> _Base | None:
+    """The table whose unit column is the relation's: the first with a unit of its own
+    (None: a row-level table's relation, one row per private row, sql/row_level.py)."""
+    return next((base for base in bases if base.private and base.unit), None)
 
 
 def _virtual_table(bases: list[_Base], names: dict[tuple[str, str], str]) -> Table:
@@ -487,7 +491,7 @@ def _virtual_table(bases: list[_Base], names: dict[tuple[str, str], str]) -> Tab
     return Table(
         name=" JOIN ".join(base.table.name.split(".")[-1] for base in bases),
         columns=columns,
-        privacy_unit=names[(first.alias.lower(), first.unit)],
+        privacy_unit=names[(first.alias.lower(), first.unit)] if first else None,
         max_groups_per_unit=max(base.table.max_groups_per_unit for base in private),
         max_rows_per_unit=max(base.table.max_rows_per_unit for base in private),
     )
@@ -699,8 +703,10 @@ def _relation_sql(
     the first private table as the unit), the joins with their ON conditions, and the
     join conditions the query wrote in its WHERE."""
     first = _unit_source(bases)
-    unit = names[(first.alias.lower(), first.unit)]
-    items = [exp.alias_(exp.column(first.unit, table=first.alias), unit, quoted=True)]
+    unit = names[(first.alias.lower(), first.unit)] if first else None
+    items = (
+        [exp.alias_(exp.column(first.unit, table=first.alias), unit, quoted=True)] if first else []
+    )
     for (alias, column), name in names.items():
         if name != unit:
             items.append(exp.alias_(exp.column(column, table=alias), name, quoted=True))
@@ -724,6 +730,8 @@ def _describe(bases: list[_Base], per_unit: dict[str, str]) -> str:
         elif b.table.via is not None:
             via = b.table.via
             units.append(f"{b.alias}.{via.column} -> {via.table}.{via.target}")
+        elif b.private:
+            units.append(f"each row of {b.alias} (row-level)")
     public = [b.table.name for b in shown if not b.private]
     inner = [f"{b.table.name} {per_unit[b.table.name.lower()]}" for b in shown
              if b.table.name.lower() in per_unit]  # fmt: skip

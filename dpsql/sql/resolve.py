@@ -142,6 +142,27 @@ class Resolver:
             raise QueryRefused(f"an aggregate in {where}", "it is not allowed there", hint)
 
 
+def select_position(node: exp.Expression, count: int, clause: str) -> int | None:
+    """The select-list position (from 1) a number in `clause` names, of `count` items;
+    None for anything but a number."""
+    if not isinstance(node, exp.Literal) or node.is_string:
+        return None
+    if not node.this.isdigit():
+        raise QueryRefused(
+            f"{clause} {node.this}",
+            "a number there is a position in the select list, and positions are whole",
+            f"write {clause} 1 for the first item of the select list",
+        )
+    position = int(node.this)
+    if not 1 <= position <= count:
+        raise QueryRefused(
+            f"{clause} {position}",
+            f"the select list has {count} items",
+            f"use a position between 1 and {count}",
+        )
+    return position
+
+
 def resolve_reference(
     node: exp.Expression,
     items: list[tuple[str, exp.Expression]],
@@ -150,20 +171,8 @@ def resolve_reference(
     clause: str,
 ) -> exp.Expression:
     """A GROUP BY/ORDER BY item: a select-list position, an alias, or an expression."""
-    if isinstance(node, exp.Literal) and not node.is_string:
-        if not node.this.isdigit():
-            raise QueryRefused(
-                f"{clause} {node.this}",
-                "a number there is a position in the select list, and positions are whole",
-                f"write {clause} 1 for the first item of the select list",
-            )
-        position = int(node.this)
-        if not 1 <= position <= len(items):
-            raise QueryRefused(
-                f"{clause} {position}",
-                f"the select list has {len(items)} items",
-                f"use a position between 1 and {len(items)}",
-            )
+    position = select_position(node, len(items), clause)
+    if position is not None:
         return items[position - 1][1]
     if (
         isinstance(node, exp.Column)

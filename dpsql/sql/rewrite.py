@@ -16,7 +16,7 @@ from sqlglot import exp
 
 from dpsql.policy import NEAR_ZERO, Column, Table
 from dpsql.sql.analysis import KEY_PREFIX, RESERVED_PREFIX, Analysis, Measurement
-from dpsql.sql.clamps import clamp
+from dpsql.sql.clamps import clamp, needed_sides
 from dpsql.sql.intervals import MIN_NONZERO, Interval, column_interval
 from dpsql.sql.keys import canonical_sql, key_kinds
 from dpsql.sql.kinds import compared_operands, dates_only, is_day_count
@@ -103,7 +103,7 @@ def rewrite(
     table = analysis.table
     keys = _canonical_keys(analysis, dialect)
     where = _where(analysis, keys)
-    source = _clamped_source(table, *_columns_read(analysis), dialect, analysis.where)
+    source = _clamped_source(table, *columns_read(analysis), dialect, analysis.where)
     unit = (
         exp.column(table.column(table.privacy_unit).name, quoted=True)
         if table.privacy_unit
@@ -222,7 +222,7 @@ _COMPARISONS = (
 )  # fmt: skip
 
 
-def _columns_read(analysis: Analysis) -> tuple[set[str], set[str], set[str]]:
+def columns_read(analysis: Analysis) -> tuple[set[str], set[str], set[str]]:
     """Lower-case names of the columns the query reads; of those it computes with
     (arithmetic, functions, CASE values); and of those it groups by or aggregates
     bare (an aggregate clamps its own argument). The rest it only compares."""
@@ -312,7 +312,8 @@ def _clamped_source(
         ):
             if name in computed:
                 zero_below = near_zero(interval, dialect) if column.type == "float" else None
-                value = clamp(value, interval, zero_below=zero_below)
+                lower, upper = needed_sides(table, name, interval)  # proven sides left out
+                value = clamp(value, interval, lower=lower, upper=upper, zero_below=zero_below)
             if name in computed or not doubled:  # a clamp's CASE is typed by its branches
                 widened = _BIGINT if column.type == "int" else _DOUBLE
                 value = exp.Cast(this=value, to=widened.copy())
@@ -518,6 +519,7 @@ def _grid_steps(
     already DOUBLE there. Other values are cast to DOUBLE, scaled by 1/step (a
     power of two, so exactly the division by step) and rounded to BIGINT:
     whatever the rounding mode, each lies in [floor(lower/step), ceil(upper/step)].
+    A side the database proves (clamps.needed_sides) is skipped alike.
     """
     column = _bare_column(measurement, analysis.table)
     zero_below = _scaled_to_zero(grid, column, dialect)
@@ -531,11 +533,12 @@ def _grid_steps(
         value = clamp(measurement.clamped, grid.bounds, zero_below=zero_below)
     else:
         low, high = where_range(analysis.where, column)
+        lower, upper = needed_sides(analysis.table, column.name, grid.bounds)
         value = clamp(
             measurement.clamped,
             grid.bounds,
-            lower=low < grid.bounds.lower,
-            upper=high > grid.bounds.upper,
+            lower=lower and low < grid.bounds.lower,
+            upper=upper and high > grid.bounds.upper,
             zero_below=zero_below,
         )
         if column.type == "int" and grid.bounds.integer and grid.step == 1.0:

@@ -240,24 +240,49 @@ def _assert_sums_clamped(
         if measurement.kind != "sum":
             continue
         total = measured[f"__dpsql_m{index}"].find(exp.Sum)
-        clamp = total.find(exp.Case)
+        column, offset = _centred(measurement.argument)
+        clamp, shift = total.find(exp.Case), 0.0
+        if clamp is None and column is not measurement.argument and measurement.within:
+            # a bare column's centred values: its clamp is the source's, less the centre
+            clamp, shift = _source_clamp(tree, column), offset
         sides = {}
         for branch in clamp.args["ifs"] if clamp is not None else []:
             side = {exp.LT: "lower", exp.GT: "upper"}.get(type(branch.this))
             value = written_number(branch.args["true"])
             if side is not None and value is not None:
-                sides[side] = value
+                sides[side] = value - shift
         bounds = measurement.bounds
         assert sides.get("lower", bounds.lower) == bounds.lower, text
         assert sides.get("upper", bounds.upper) == bounds.upper, text
         for side in {"lower", "upper"} - set(sides):
-            column = measurement.argument
             assert isinstance(column, exp.Column), f"unclamped SUM in {text}"
-            limit = getattr(bounds, side)
+            limit = getattr(bounds, side) + offset
             assert any(
                 _keeps(condition, column.name, side, limit, bounds.integer)
                 for condition in conditions
             ), f"SUM without its {side} clamp, which no WHERE implies, in {text}"
+
+
+def _centred(argument: exp.Expression) -> tuple[exp.Expression, float]:
+    """(x, m) for a SUM of x - m (an AVG's or a STDDEV's centred values); (argument, 0)
+    otherwise."""
+    if isinstance(argument, exp.Sub):
+        centre = written_number(argument.expression)
+        if centre is not None:
+            return argument.this.unnest(), centre
+    return argument, 0.0
+
+
+def _source_clamp(tree: exp.Select, column: exp.Expression) -> exp.Case | None:
+    """The CASE that clamps `column` where the clamped source computes it, if any."""
+    if not isinstance(column, exp.Column):
+        return None
+    for source in tree.find_all(exp.Subquery):
+        if source.alias == "__dpsql_source":
+            for item in source.this.expressions:
+                if item.alias_or_name.lower() == column.name.lower():
+                    return item.find(exp.Case)
+    return None
 
 
 def conjuncts(node: exp.Expression) -> list[exp.Expression]:

@@ -1,0 +1,278 @@
+"""The plan cache (dpsql/sql/plan_cache.py): the cached path plans exactly as the cold path.
+
+Differential: random query shapes, constants and options over a small table
+of units with several rows each (so the rewrite bounds them by the keyed
+hash); for each, a session whose plans go through one cache shared by every
+example and a session without a cache, drawing the same secrets, give the
+same plan type, SQL, cost, explanation (sensitivities, scales) and, run on
+the same rows with the same noise, the same release, on DuckDB and on
+PostgreSQL (whose SQL keys the hash differently). Then the cases the key
+exists for: a constant that tightens a clamp or filters public keys, an
+option, the policy, the unique keys; and a fresh secret per release.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import pytest
+from conftest import postgres_server_url, postgres_tables
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import dpsql.session
+from dpsql.errors import QueryRefused
+from dpsql.ledger import Ledger
+from dpsql.policy import load_policy
+from dpsql.session import Session, open_session
+from dpsql.sql.parse import parse_statement
+from dpsql.sql.plan_cache import PlanCache
+
+POLICY = {
+    "version": 1,
+    "defaults": {"epsilon_per_query": 1.0, "delta": 1.0e-6, "mechanism": "laplace"},
+    "analysts": {
+        "default": {"epsilon": 1e6, "delta": 0.5},
+        "other": {"epsilon": 1e6, "delta": 0.5},
+    },
+    "tables": {
+        "visits": {
+            "privacy_unit": "pid",
+            "max_groups_per_unit": 2,
+            "max_rows_per_unit": 2,
+            "columns": {
+                "pid": {"type": "int", "private": True},
+                "age": {"type": "int", "lower": 0, "upper": 100},
+                "sex": {"type": "int", "values": [0, 1]},
+                "educ": {"type": "int", "lower": 1, "upper": 16, "public": True},
+                "income": {"type": "float", "lower": 0, "upper": 100_000},
+                "city": {"type": "string"},
+            },
+        }
+    },
+}
+
+
+ROWS = [
+    (i % 60, (i * 37) % 101, i % 2, 1 + (i * 7) % 16, float((i * 7919) % 100_000),
+     ("north", "south", "east")[i % 3])
+    for i in range(240)
+]  # fmt: skip
+TABLE = "visits (pid INT, age INT, sex INT, educ INT, income DOUBLE PRECISION, city TEXT)"
+
+
+@pytest.fixture(scope="module", params=["duckdb", "postgres"])
+def database(request):
+    """The table on each backend: DuckDB in memory, PostgreSQL in a schema of its own."""
+    if request.param == "postgres":
+        with postgres_tables(postgres_server_url(), {TABLE: ROWS}) as url:
+            yield url
+        return
+    connection = duckdb.connect(":memory:")
+    connection.execute(f"CREATE TABLE {TABLE}")
+    connection.executemany("INSERT INTO visits VALUES (?, ?, ?, ?, ?, ?)", ROWS)
+    yield connection  # closed with the session on it
+
+
+@pytest.fixture(scope="module")
+def base(database):
+    """A session on the table, its policy checked against the schema as always."""
+    with open_session(database, POLICY, ledger=":memory:") as session:
+        yield session
+
+
+@pytest.fixture(scope="module")
+def adapter(base):
+    return base.adapter
+
+
+@pytest.fixture(scope="module")
+def policy(base):
+    return base.policy
+
+
+def sessions(adapter, policy, plans: PlanCache, seed: int, options=()) -> tuple[Session, Session]:
+    """A session planning through `plans` and one without a cache, drawing the same secrets."""
+    cached = Session(adapter, policy, Ledger(":memory:"), seed=seed)
+    cached.plans = plans
+    cold = Session(adapter, policy, Ledger(":memory:"), seed=seed)
+    cold.plans = PlanCache(0)
+    for name, value in options:
+        cached.set_option(name, value)
+        cold.set_option(name, value)
+    return cached, cold
+
+
+def planned(session: Session, sql: str):
+    """The plan of `sql` through the session's cache, or the refusal it raised."""
+    statement = parse_statement(sql, session.adapter.dialect)
+    try:
+        return session.plan(statement.tree, statement.key)
+    except QueryRefused as refusal:
+        return refusal
+
+
+def assert_same(adapter, cached, cold) -> None:
+    """Same refusal, or the same plan: SQL, cost, explanation, and release of the same rows."""
+    if isinstance(cold, QueryRefused):
+        assert isinstance(cached, QueryRefused) and str(cached) == str(cold)
+        return
+    assert type(cached) is type(cold)
+    assert cached.sql == cold.sql
+    assert cached.cost == cold.cost
+    assert cached.explain() == cold.explain()
+    sensitivities = [
+        [m.noise.sensitivity * m.step for m in plan.measures] for plan in (cached, cold)
+    ]
+    assert sensitivities[0] == sensitivities[1]
+    columns, rows = adapter.execute(cold.sql)
+    one, two = (plan.release(columns, rows, np.random.default_rng(7)) for plan in (cached, cold))
+    assert (one.columns, one.rows, one.notes) == (two.columns, two.rows, two.notes)
+    assert one.accuracy == two.accuracy
+
+
+AGGREGATES = ["COUNT(*)", "SUM(income)", "AVG(age)", "SUM(age)", "COUNT(DISTINCT pid)",
+              "SUM(income / 1000)", "STDDEV(age)"]  # fmt: skip
+GROUPS = ["", "sex", "educ", "city", "sex, educ"]
+NUMBER = st.one_of(st.integers(-10, 120), st.floats(-10, 120).map(lambda x: round(x, 2)))
+
+
+@st.composite
+def queries(draw) -> str:
+    """A query of a random shape with random constants over `visits`."""
+    group = draw(st.sampled_from(GROUPS))
+    aggregates = draw(st.lists(st.sampled_from(AGGREGATES), min_size=1, max_size=2, unique=True))
+    conditions = draw(st.lists(st.sampled_from(
+        ["age > {}", "age < {}", "age BETWEEN {} AND {}", "income < {}000", "educ >= {}",
+         "sex = {}", "city = '{}'", "educ IN ({}, {})"]
+    ), max_size=3))  # fmt: skip
+    filled = []
+    for condition in conditions:
+        if "city" in condition:
+            values = [draw(st.sampled_from(["north", "south", "west"]))]
+        else:
+            values = [draw(NUMBER) for _ in range(condition.count("{}"))]
+        filled.append(condition.format(*values))
+    select = ", ".join([*filter(None, [group]), *aggregates])
+    sql = f"SELECT {select} FROM visits"
+    if draw(st.booleans()) and filled:  # the same as a relation: a subquery's WHERE
+        sql = f"SELECT {select} FROM (SELECT * FROM visits WHERE {filled.pop()}) AS v"
+    if filled:
+        sql += " WHERE " + " AND ".join(filled)
+    if group:
+        sql += f" GROUP BY {group}"
+        if draw(st.booleans()):
+            sql += f" ORDER BY 1 LIMIT {draw(st.integers(1, 5))}"
+    return sql
+
+
+OPTIONS = st.lists(
+    st.one_of(
+        st.tuples(st.just("epsilon"), st.sampled_from([0.5, 1.0, 3.0])),
+        st.tuples(st.just("mechanism"), st.sampled_from(["laplace", "gaussian", "auto"])),
+        st.tuples(st.just("max_rows_per_unit"), st.sampled_from(["policy", 1, 3])),
+        st.tuples(st.just("max_groups_per_unit"), st.sampled_from(["policy", 1, 4])),
+    ),
+    max_size=2,
+)
+SHARED = PlanCache()  # one cache across every example: constants and options must not mix
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(sql=queries(), options=OPTIONS, seed=st.integers(0, 2**32))
+def test_cached_path_plans_as_the_cold_path(adapter, policy, sql, options, seed):
+    cached, cold = sessions(adapter, policy, SHARED, seed, options)
+    for _ in range(2):  # the second is a hit on the first (or on an earlier example's)
+        assert_same(adapter, planned(cached, sql), planned(cold, sql))
+
+
+def test_the_cache_is_used_and_each_hit_has_a_fresh_secret(adapter, policy):
+    cached, cold = sessions(adapter, policy, PlanCache(), seed=3)
+    sql = "SELECT city, SUM(income) FROM visits WHERE age > 20 GROUP BY city"
+    first, second = planned(cached, sql), planned(cached, sql)
+    assert second is not first and second.analysis is first.analysis  # a hit: the same analysis
+    assert second.sql != first.sql  # a secret of its own: the hash that bounds units differs
+    assert_same(adapter, first, planned(cold, sql))
+    assert_same(adapter, second, planned(cold, sql))
+
+
+def test_a_constant_that_tightens_a_clamp_is_in_the_key(adapter, policy):
+    cached, cold = sessions(adapter, policy, PlanCache(), seed=4)
+    wide, narrow = (
+        planned(cached, f"SELECT SUM(age) FROM visits WHERE age < {c}") for c in (90, 30)
+    )
+    assert narrow.measures[0].noise.sensitivity < wide.measures[0].noise.sensitivity
+    for plan, c in ((wide, 90), (narrow, 30)):
+        assert_same(adapter, plan, planned(cold, f"SELECT SUM(age) FROM visits WHERE age < {c}"))
+
+
+def test_a_constant_that_filters_public_keys_is_in_the_key(adapter, policy):
+    cached, cold = sessions(adapter, policy, PlanCache(), seed=5)
+    sql = "SELECT educ, COUNT(*) FROM visits WHERE educ >= {} GROUP BY educ"
+    ten, fourteen = (planned(cached, sql.format(c)) for c in (10, 14))
+    assert [k for (k,) in ten.public_keys] == list(range(10, 17))
+    assert [k for (k,) in fourteen.public_keys] == [14, 15, 16]
+    for plan, c in ((ten, 10), (fourteen, 14)):
+        assert_same(adapter, plan, planned(cold, sql.format(c)))
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [("epsilon", 0.25), ("mechanism", "gaussian"), ("max_rows_per_unit", 1), ("delta", 1e-9)],
+)
+def test_a_changed_option_plans_afresh(adapter, policy, option, value):
+    cached, cold = sessions(adapter, policy, PlanCache(), seed=6)
+    sql = "SELECT city, SUM(income) FROM visits GROUP BY city"  # keys from the data: delta too
+    before = planned(cached, sql)
+    cached.set_option(option, value)
+    cold.set_option(option, value)
+    planned(cold, sql)  # the secret the cached session drew for `before`
+    after = planned(cached, sql)
+    assert after.explain()[1:] != before.explain()[1:]
+    assert_same(adapter, after, planned(cold, sql))
+
+
+def test_a_reloaded_policy_plans_afresh(adapter, policy):
+    plans = PlanCache()
+    sql = "SELECT SUM(income) FROM visits"
+    old, _ = sessions(adapter, policy, plans, seed=8)
+    before = planned(old, sql)
+    table = POLICY["tables"]["visits"] | {"max_rows_per_unit": 5}
+    reloaded = load_policy(POLICY | {"tables": {"visits": table}})
+    new, cold = sessions(adapter, reloaded, plans, seed=9)  # even sharing the old one's cache
+    after = planned(new, sql)
+    assert after.cost == before.cost
+    sensitivity = [
+        plan.measures[0].noise.sensitivity * plan.measures[0].step for plan in (before, after)
+    ]
+    assert sensitivity[1] == 5 * sensitivity[0] / 2  # 5 rows a unit, not 2
+    assert_same(adapter, after, planned(cold, sql))
+
+
+def test_unique_units_read_again_plan_afresh(adapter, policy):
+    cached, cold = sessions(adapter, policy, PlanCache(), seed=10)
+    sql = "SELECT COUNT(*) FROM visits"
+    bounded = planned(cached, sql)
+    for session in (cached, cold):  # as if the database now kept each unit's key unique
+        session.unique_units  # noqa: B018 -- read now, then replaced
+        session._unique_units = frozenset({"visits"})
+    planned(cold, sql)
+    unique = planned(cached, sql)
+    assert "ROW_NUMBER" in bounded.sql.upper() and "ROW_NUMBER" not in unique.sql.upper()
+    assert_same(adapter, unique, planned(cold, sql))
+
+
+def test_another_analyst_reuses_the_plan_and_is_charged(adapter, policy, monkeypatch):
+    calls = []
+    plan_query = dpsql.session.plan_query
+    monkeypatch.setattr(dpsql.session, "plan_query", lambda *a: calls.append(a) or plan_query(*a))
+    first = Session(adapter, policy, Ledger(":memory:"))
+    second = first.for_analyst("other")
+    sql = "SELECT city, COUNT(*) FROM visits GROUP BY city"
+    first.execute(sql)
+    second.execute(sql)
+    assert len(calls) == 1  # planned once, for both analysts
+    assert first.budget().epsilon_spent == second.budget().epsilon_spent == 1.0
+    assert second.execute(sql).rows == second.execute(sql).rows  # its own release, kept
