@@ -76,6 +76,17 @@ def split_epsilon(epsilon: float, parts: int, *, binary_too: bool = False) -> fl
     return share
 
 
+def set_aside(epsilon: float, parts: int) -> tuple[float, float]:
+    """One part in `parts` of `epsilon` (at most), set aside, and the largest float left
+    for the rest: the two, read as the decimals they print as, sum within `epsilon`."""
+    aside = split_epsilon(epsilon, parts)
+    left = _as_written(float(epsilon)) - _as_written(aside)
+    rest = float(left)
+    while rest > 0 and _as_written(rest) > left:
+        rest = math.nextafter(rest, 0.0)
+    return aside, rest
+
+
 @dataclass(frozen=True, order=False)
 class Cost:
     """A privacy cost: (epsilon, delta) plus zCDP rho; composition is addition."""

@@ -1256,7 +1256,10 @@ def _bound(read: _Reader, value: Any, kind: str, key: str) -> Any:
         if isinstance(value, dt.date):
             return value
         try:
+            if kind == "timestamp" and len(str(value)) > 10:  # a time of day too
+                return dt.datetime.fromisoformat(str(value)).replace(tzinfo=None)
             return dt.date.fromisoformat(str(value))
         except ValueError:
-            raise read.fail(key, f"must be a date like 2014-01-01, got {value!r}") from None
+            example = "2014-01-01 or 2014-01-01 12:00:00" if kind == "timestamp" else "2014-01-01"
+            raise read.fail(key, f"must be a date like {example}, got {value!r}") from None
     raise read.fail(key, f"a {kind} column has no bounds; remove '{key.rsplit('.', 1)[1]}'")

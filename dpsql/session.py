@@ -63,7 +63,7 @@ from dpsql.sql.synopsis import declared as declared_synopses
 
 _SETTABLE = (
     "dpsql.epsilon", "dpsql.delta", "dpsql.mechanism", "dpsql.ldp_postprocess", "dpsql.continual",
-    "dpsql.max_rows_per_unit", "dpsql.max_groups_per_unit",
+    "dpsql.max_rows_per_unit", "dpsql.max_groups_per_unit", "dpsql.bounding_note",
 )  # fmt: skip
 #: The largest contribution bound SET may choose: far past any useful bound (the noise
 #: grows with it), and small enough that every backend compares a rank with it exactly.
@@ -606,7 +606,8 @@ class Session:
 
     def set_option(self, name: str, value: Any) -> None:
         """Set a per-session option: epsilon, delta, mechanism, ldp_postprocess, continual,
-        max_rows_per_unit or max_groups_per_unit ('policy': each table's own bounds)."""
+        max_rows_per_unit or max_groups_per_unit ('policy': each table's own bounds), or
+        bounding_note ('on', 'off')."""
         name = name.lower().removeprefix("dpsql.")
         if name in ("epsilon", "delta"):
             number = _number(value, name)
@@ -642,6 +643,8 @@ class Session:
             self.options = replace(self.options, continual=value)
         elif name in ("max_rows_per_unit", "max_groups_per_unit"):
             self.options = replace(self.options, **{name: _bound(value, name)})
+        elif name == "bounding_note":
+            self.options = replace(self.options, bounding_note=_switch(value, name))
         else:
             raise ProgrammingError(f"unknown option dpsql.{name}; settable: {', '.join(_SETTABLE)}")
 
@@ -866,6 +869,16 @@ def _bound(value: Any, name: str) -> int | None:
             f"each table's own bound), got {value!r}"
         )
     return int(number)
+
+
+def _switch(value: Any, name: str) -> str:
+    """An on/off option as PostgreSQL reads a boolean setting: 'on' or 'off'."""
+    text = str(value).strip().lower()
+    if text in ("on", "true", "1", "yes"):
+        return "on"
+    if text in ("off", "false", "0", "no"):
+        return "off"
+    raise ProgrammingError(f"dpsql.{name} must be on or off, got {value!r}")
 
 
 def _number(value: Any, name: str) -> float:

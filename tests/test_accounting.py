@@ -154,6 +154,8 @@ def test_a_plans_measurements_and_selection_cost_no_more_than_its_charge():
             spent = sum((m.noise.cost for m in plan.measures), Cost())
             if plan.selection is not None:  # its noise reads the share in binary
                 spent += Cost(Fraction(plan.selection.epsilon), plan.selection.cost.delta)
+            if plan.bounding is not None:  # pums_dup's bounding note
+                spent += plan.bounding.cost
             assert spent.epsilon <= plan.cost.epsilon, (epsilon, shape)
 
 

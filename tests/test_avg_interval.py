@@ -29,6 +29,11 @@ SIZES = {0: 0, 1: 2, 2: 12, 3: 80, 4: 3000}
 TRIALS = 600
 MISS = 0.05
 AVG = "SELECT g, AVG(v) AS m FROM t GROUP BY g"
+# An interval this much narrower about the value must miss too often in the large group.
+# Conservative by design (both measurements at their extremes at once), the interval is
+# about 1.7 times the width a tight one would need there: the group's mean, 800, is far
+# from the centre 2500 its SUM is measured about, so the COUNT's term is a third of it.
+NARROWED = 0.4
 
 
 def _policy() -> dict:
@@ -89,7 +94,7 @@ def test_the_interval_covers_the_true_mean_in_every_group(
     connection = _connect(path, tmp_path, mechanism=mechanism, epsilon=0.5)
     _, releases = _releases(connection, AVG, TRIALS)
     covered = dict.fromkeys(truth, 0)
-    halved = dict.fromkeys(truth, 0)
+    narrowed = dict.fromkeys(truth, 0)
     for release in releases:
         intervals = release.accuracy["m"].intervals
         assert len(intervals) == len(release.rows) == len(SIZES)
@@ -97,14 +102,16 @@ def test_the_interval_covers_the_true_mean_in_every_group(
             assert 0 <= low <= value <= high <= UPPER  # the released value lies inside
             if group in truth:  # the empty group has no mean to cover
                 covered[group] += low <= truth[group] <= high
-                halved[group] += (
-                    value - (value - low) / 2 <= truth[group] <= value + (high - value) / 2
+                narrowed[group] += (
+                    value - (value - low) * NARROWED
+                    <= truth[group]
+                    <= value + (high - value) * NARROWED
                 )
     floor = (1 - MISS) - _coverage_tolerance(TRIALS)
     assert all(covered[g] / TRIALS >= floor for g in truth), covered
-    # the check has power, and the interval is not needlessly wide: half as wide about the
+    # the check has power, and the interval is not needlessly wide: narrowed about the
     # value, it misses far too often in the large group
-    assert halved[4] / TRIALS < floor, halved
+    assert narrowed[4] / TRIALS < floor, narrowed
     connection.close()
 
 
@@ -112,8 +119,10 @@ def test_the_interval_is_never_narrower_than_the_sums_noise(table, tmp_path: Pat
     path, truth = table
     connection = _connect(path, tmp_path, epsilon=0.5)
     plan, releases = _releases(connection, AVG, 200)
-    total = plan.measures[0]
+    total, count = plan.measures
     sum_width = total.noise.interval95() * total.step  # the SUM's own 95% half-width
+    # the noisy count C~ the interval divides by is at most this far above the true one
+    count_slack = count.noise.half_width(1e-9)
     unclipped = 0
     for release in releases:
         for (group, _), (low, high) in zip(
@@ -121,8 +130,8 @@ def test_the_interval_is_never_narrower_than_the_sums_noise(table, tmp_path: Pat
         ):
             if group in truth and low > 0 and high < UPPER:
                 unclipped += 1
-                # even with the count known exactly, the SUM's noise allows no less
-                assert (high - low) / 2 >= sum_width / SIZES[group]
+                # the SUM's noise at the noisy count allows no less (a / C~)
+                assert (high - low) / 2 >= sum_width / (SIZES[group] + count_slack)
     assert unclipped >= 200  # the large groups' intervals lie inside the bounds
     connection.close()
 

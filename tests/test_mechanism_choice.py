@@ -112,6 +112,7 @@ def test_gaussian_noise_is_calibrated_to_the_l2_sensitivity_across_groups():
     with dpsql.connect(
         database, policy=policy, ledger=":memory:", seed=5, mechanism="gaussian"
     ) as connection:
+        connection.execute("SET dpsql.bounding_note = off")  # its one measurement only
         cursor = connection.execute("SELECT race, COUNT(*) AS n FROM visits GROUP BY race")
         cursor.fetchall()
         accuracy = cursor.accuracy["n"]

@@ -61,9 +61,9 @@ HOSTILE = [
     "SELECT sex AS s, SUM(s) FROM pums GROUP BY sex",
     "SELECT COUNT(*) AS n FROM pums_pid WHERE CASE WHEN n > 1 THEN true END",
     # unsupported aggregates
-    "SELECT MAX(income), COUNT(*) FROM pums",
+    "SELECT COUNT(*) FROM pums WHERE income > MEDIAN(income)",
     "SELECT quantile_cont(income, 1.5) FROM pums",
-    "SELECT MEDIAN(income) + 1 FROM pums",
+    "SELECT MEDIAN(income + 1) FROM pums",
     "SELECT STRING_AGG(CAST(age AS VARCHAR), ',') FROM pums",
     "SELECT LIST(income) FROM pums",
     "SELECT COVAR_POP(income, age) FROM pums",
@@ -77,10 +77,11 @@ HOSTILE = [
     # joins, subqueries, CTEs, set operations, windows
     "SELECT COUNT(*) FROM pums JOIN pums_pid ON pums.age = pums_pid.age",
     "SELECT COUNT(*) FROM pums, pums_pid",
-    "SELECT COUNT(*) FROM (SELECT * FROM pums) AS t",
+    # (a subquery or CTE over pums alone is a row-level relation, answered)
+    "SELECT COUNT(*) FROM (SELECT * FROM pums) AS t JOIN pums_pid p ON t.age = p.age",
     "SELECT COUNT(*) FROM pums WHERE age IN (SELECT age FROM pums_pid)",
     "SELECT COUNT(*) FROM pums WHERE EXISTS (SELECT 1 FROM pums_pid)",
-    "WITH t AS (SELECT * FROM pums) SELECT COUNT(*) FROM t",
+    "WITH t AS (SELECT age, COUNT(*) AS n FROM pums GROUP BY age) SELECT SUM(n) FROM t",
     "SELECT COUNT(*) FROM pums UNION SELECT COUNT(*) FROM pums_pid",
     "SELECT COUNT(*) OVER () FROM pums",
     "SELECT SUM(income) OVER (ORDER BY age) FROM pums",

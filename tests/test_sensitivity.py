@@ -67,6 +67,9 @@ def _by_key(rows, keys):
 
 def _l1_change(before, after, keys, columns):
     first, second = _by_key(before, keys), _by_key(after, keys)
+    # the measurements' columns only: the bounding note's are checked as totals
+    first = {k: v[:columns] for k, v in first.items()}
+    second = {k: v[:columns] for k, v in second.items()}
     zero = np.zeros(columns, dtype=np.int64)
     return sum(
         np.abs(first.get(k, zero) - second.get(k, zero)) for k in first.keys() | second.keys()
@@ -83,14 +86,29 @@ def _assert_sensitivities(database, plans, table, source, column, removed, max_g
         for index, plan in enumerate(plans):
             keys = len(plan.analysis.keys)
             width = keys + len(plan.measures) + (plan.selection is not None)
-            change = _l1_change(full[index], database.rows(plan.sql), keys, width - keys)
+            after = database.rows(plan.sql)
+            change = _l1_change(full[index], after, keys, width - keys)
             limits = [m.noise.sensitivity for m in plan.measures]
             if plan.selection is not None:  # distinct units per group, for key selection
                 limits.append(max_groups)
             assert np.all(change <= np.array(limits)), (plan.sql, value, change, limits)
             reached[index] |= bool(change[0] == limits[0])
+            if plan.bounding is not None:
+                moved = note_change(full[index], after)
+                assert moved <= plan.bounding.noise.sensitivity, (plan.sql, value, moved)
     # the bounds are tight for the counts: some removal moves a COUNT(*) by its sensitivity
     assert reached[0]
+
+
+def note_change(before, after) -> int:
+    """The L1 change of the bounding note's exact totals (rows cut, rows kept): the last
+    two columns (capped rows before the bounding, rows kept) summed over the groups."""
+
+    def totals(rows):
+        capped, kept = (sum(int(row[i] or 0) for row in rows) for i in (-2, -1))
+        return np.array([capped - kept, kept])
+
+    return int(np.abs(totals(before) - totals(after)).sum())
 
 
 def _plans(shapes, table, policy, dialect, unique_units=frozenset()):

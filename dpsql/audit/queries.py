@@ -15,7 +15,9 @@ once per run, each group key replaced by a tag that says (run, group), and
 the tags are read back from the released rows. DirectPlan draws noise and
 selects keys group by group, so the copies are independent runs of the
 query. `per_release=True` calls `release` once per run instead: slower, and
-the path to use for a plan that treats its groups jointly.
+the path to use for a plan that treats its groups jointly; a plan without
+`release_batches` (a quantile's: it releases the policy's keys only, so tagged
+copies would not come back) is always released once per run.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ QUERIES = {
     # a join on the unit repeats each person's rows: bounding on the joined relation
     "join": f"SELECT COUNT(*) AS n, SUM(o.amount) AS total FROM {ORDERS} o "
     f"JOIN {TABLE} p ON o.pid = p.pid WHERE p.grp <> 'z'",
+    # the exponential mechanism over a bounded histogram, one release per run: slow at
+    # large epsilons (about 4096 buckets per unit of epsilon)
+    "median": f"SELECT MEDIAN(income) AS m FROM {TABLE}",
 }
 UPPER = 100.0
 POLICY = {
@@ -123,6 +128,7 @@ def audit_query(
     try:
         session = first.session
         plan = session.plan(parse_statement(sql, session.adapter.dialect).tree)
+        per_release = per_release or not hasattr(plan, "release_batches")
         rng = secure_generator(None if seed is None else seed + 1)
         outputs = []
         for connection in (first, second):

@@ -29,10 +29,14 @@ through it.
 
 Sampling is exact: a candidate is proposed uniformly (`uniform_below`) and
 accepted with probability e^-x(i), x(i) = epsilon d(i) / 2 + prior(i) - min_j(...),
-d(i) = |rank(i) - q n|, decided by an exact Bernoulli of e^-x with x rational
-(`samplers.bernoulli`); rejection from a uniform proposal yields exactly the
-exponential mechanism's distribution. Gumbel-max over floating-point
-log-weights would only approximate it.
+d(i) = |rank(i) - q n|. The exponents are computed in integers on a lattice, x(i) =
+m(i) step with step rational and m(i) a non-negative integer (`exponent_lattice`), and
+e^-(m step) is the product over the bits j of m of e^-(2^j step): a proposal is
+accepted iff it passes an independent exact Bernoulli of e^-(2^j step) at each bit of
+its m (`samplers.bernoulli`, x rational), one vectorised draw per bit level for all
+proposals at once. Rejection from a uniform proposal yields exactly the exponential
+mechanism's distribution. Gumbel-max over floating-point log-weights would only
+approximate it.
 
 Timing. It serves `dpsql policy init` and analysts' quantiles (sql/quantiles.py).
 The number of proposals is geometric with success probability sum_i e^-x(i) / B,
@@ -45,18 +49,16 @@ candidate has x = 0, the success probability is at least 1 / B, so all rounds
 fail with probability at most (1 - 1/B)^(ROUNDS_PER_CANDIDATE B) <= e^-ROUNDS_PER_CANDIDATE,
 below 2^-40; only then does it draw a further block. The count of blocks (and so
 of proposals) is then data dependent only with that probability. What remains
-data dependent is the cost of each candidate's decisions, which grows with x
-(the AND of floor(x) exact Bernoullis of e^-1, stopped once every one of that
-candidate's proposals is rejected); the candidates proposed are data
-independent (uniform), so the set whose x is evaluated is too. This is an
-argument about counts of operations, not a constant-time implementation:
-Python's Fraction arithmetic still takes time that varies with the size of
-x's numerator and denominator.
+data dependent is how many proposals reach each bit level (those with that bit of m
+set that passed the levels above): the candidates proposed are data independent
+(uniform), and each level's draw costs the same per proposal. This is an argument
+about counts of operations, not a constant-time implementation.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Sequence
 from fractions import Fraction
@@ -94,26 +96,51 @@ def quantile_weights(
     e^-x(i), and the likeliest candidates have x = 0 (the closed form the tests check).
     `prior` (one non-negative Fraction per candidate, or none: uniform) is -log mu;
     `sensitivity` is how many values one privacy unit may add (see the privacy map)."""
+    step, multiples = exponent_lattice(counts, q, epsilon, prior, sensitivity)
+    return [step * int(m) for m in multiples]
+
+
+def exponent_lattice(
+    counts: Sequence[int],
+    q: Fraction,
+    epsilon: Fraction,
+    prior: Sequence[Fraction] = (),
+    sensitivity: int = 1,
+) -> tuple[Fraction, np.ndarray]:
+    """The exponents of `quantile_weights` as x(i) = m(i) step: a rational `step` and
+    integers m(i) >= 0 (int64 when they fit, else Python ints in an object array),
+    computed in integers: with q = a / D, |rank(i) - q n| = |D rank(i) - a n| / D."""
     if sensitivity < 1:
         raise ValueError(f"the sensitivity must be a positive integer, got {sensitivity}")
     if not 0 < q < 1:
         raise ValueError(f"the quantile must lie strictly between 0 and 1, got {q}")
     if epsilon <= 0:
         raise ValueError(f"epsilon must be positive, got {epsilon}")
-    if not counts or any(c < 0 for c in counts):
+    if len(counts) == 0 or any(c < 0 for c in counts):
         raise ValueError("counts must be a non-empty histogram of non-negative counts")
-    prior = list(prior) or [Fraction(0)] * len(counts)
-    if len(prior) != len(counts) or any(p < 0 for p in prior):
+    if prior and (len(prior) != len(counts) or any(p < 0 for p in prior)):
         raise ValueError("the prior needs one non-negative exponent per candidate")
-    target = Fraction(q) * sum(counts)
-    rank, exponents = 0, []
-    for count, base in zip(counts, prior, strict=True):
-        rank += int(count)
-        exponents.append(
-            Fraction(epsilon) * abs(rank - target) / (2 * sensitivity) + Fraction(base)
-        )
-    least = min(exponents)
-    return [x - least for x in exponents]
+    q, rate = Fraction(q), Fraction(epsilon) / (2 * sensitivity * Fraction(q).denominator)
+    ranks = list(itertools.accumulate(int(c) for c in counts))
+    target = q.numerator * ranks[-1]
+    distances = [abs(q.denominator * rank - target) for rank in ranks]
+    if prior:  # on one denominator with the prior's exponents
+        denominator = math.lcm(rate.denominator, *(Fraction(p).denominator for p in prior))
+        scale = rate.numerator * (denominator // rate.denominator)
+        values = [
+            d * scale + Fraction(p).numerator * (denominator // Fraction(p).denominator)
+            for d, p in zip(distances, prior, strict=True)
+        ]
+        step = Fraction(1, denominator)
+    else:
+        values, step = distances, rate
+    least = min(values)
+    multiples = [value - least for value in values]
+    if max(multiples) < 2**62:
+        return step, np.array(multiples, dtype=np.int64)
+    wide = np.empty(len(multiples), dtype=object)
+    wide[:] = multiples
+    return step, wide
 
 
 def exponential_quantile(
@@ -125,19 +152,31 @@ def exponential_quantile(
     sensitivity: int = 1,
 ) -> int:
     """The index of the released candidate (see the module docstring): epsilon-DP."""
-    exponents = quantile_weights(counts, Fraction(q), Fraction(epsilon), prior, sensitivity)
-    size = np.array(len(exponents), dtype=np.uint64)
-    block = ROUNDS_PER_CANDIDATE * len(exponents)
+    step, multiples = exponent_lattice(counts, Fraction(q), Fraction(epsilon), prior, sensitivity)
+    size = np.array(len(multiples), dtype=np.uint64)
+    block = ROUNDS_PER_CANDIDATE * len(multiples)
     while True:
         proposals = uniform_below(size, rng.bit_generator.random_raw(block), rng)
-        # every proposal is decided, accepted or not, so the work does not stop early;
-        # each proposed candidate's decisions are drawn at once (one exact threshold each)
-        accepted = np.zeros(block, dtype=bool)
-        for index in np.unique(proposals):
-            at = proposals == index
-            accepted[at] = _decisions(exponents[int(index)], int(at.sum()), rng)
+        # every proposal is decided, accepted or not, so the work does not stop early
+        accepted = _accepted(multiples[proposals.astype(np.int64)], step, rng)
         if accepted.any():
             return int(proposals[int(accepted.argmax())])
+
+
+def _accepted(multiples: np.ndarray, step: Fraction, rng: np.random.Generator) -> np.ndarray:
+    """One exact Bernoulli(e^-(m step)) decision per proposal, all at once: e^-(m step) is
+    the product over the bits j of m of e^-(2^j step), so a proposal is accepted iff it
+    passes an independent exact Bernoulli of e^-(2^j step) at each of its bits. Levels
+    go from the highest bit down, where candidates far from the quantile fail first;
+    each level is one vectorised draw (`_decisions`) for every proposal still alive
+    with that bit set."""
+    alive = np.ones(len(multiples), dtype=bool)
+    top = int(multiples.max()).bit_length() if len(multiples) else 0
+    for bit in reversed(range(top)):
+        chosen = alive & ((multiples >> bit) & 1 == 1)
+        if chosen.any():
+            alive[chosen] = _decisions(step * 2**bit, int(chosen.sum()), rng)
+    return alive
 
 
 def _decisions(x: Fraction, size: int, rng: np.random.Generator) -> np.ndarray:
@@ -147,12 +186,18 @@ def _decisions(x: Fraction, size: int, rng: np.random.Generator) -> np.ndarray:
     alive = np.ones(size, dtype=bool)
     whole = math.floor(x)
     if x != whole:
-        alive &= bernoulli(ExactReal.exp_neg(x - whole), size, rng)
+        alive &= bernoulli(_exp_neg(x - whole), size, rng)
     for _ in range(whole):
         if not alive.any():
             break
         alive[alive] = bernoulli(_exp_minus_one(), int(alive.sum()), rng)
     return alive
+
+
+# A query's groups share their bit levels' exponents: their thresholds are computed once.
+@functools.lru_cache(maxsize=4096)
+def _exp_neg(x: Fraction) -> ExactReal:
+    return ExactReal.exp_neg(x)
 
 
 @functools.cache

@@ -11,7 +11,7 @@ from sqlglot import exp
 from dpsql.accounting import Cost, split_epsilon
 from dpsql.policy import Policy, Proven, Table
 from dpsql.sql.analyze import analyze
-from dpsql.sql.check import AGGREGATES, check_query
+from dpsql.sql.check import AGGREGATES, ORDER_STATISTICS, check_query
 from dpsql.sql.grouping_sets import GroupingSetsPlan, has_grouping_sets, plan_grouping_sets
 from dpsql.sql.local import plan_local
 from dpsql.sql.normalize import normalize
@@ -213,9 +213,12 @@ def _relational(select: exp.Select, context: PlanContext) -> Plan:
         context.read_public,
     )
     check_query(related.select, _Only(related.table))
-    plan = DirectPlan(
-        analyze(related.select, related.table), context.options, context.dialect, context.seed
-    )
+    if related.select.find(*ORDER_STATISTICS) is not None:  # the quantiles' own planner
+        plan = plan_quantiles(related.select, related.table, context)
+    else:
+        plan = DirectPlan(
+            analyze(related.select, related.table), context.options, context.dialect, context.seed
+        )
     plan.notes.append(f"the relation: {related.description}")
     return plan
 

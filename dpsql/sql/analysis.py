@@ -41,11 +41,12 @@ class Measurement:
 class Aggregate:
     """An aggregate the query releases: COUNT/SUM straight from a measurement, AVG from two."""
 
-    function: str  # "count", "sum", "avg"
+    function: str  # "count", "sum", "avg", ..., or "quantile" (sql/quantiles.py)
     measurements: tuple[int, ...]  # indexes into Analysis.measurements (avg: sum, count)
     bounds: Interval | None = None  # AVG is clamped to these after division
     # AVG: its SUM measures the values less this centre (AVG = centre + SUM / COUNT)
     centre: float = 0.0
+    node: exp.Expression | None = None  # a quantile's aggregate as written: none measured
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,11 @@ from dpsql.sql.resolve import Resolver, expand_aliases, output_name, unalias
 from dpsql.sql.total import require_total
 
 
-def analyze(select: exp.Select, table: Table) -> Analysis:
+def analyze(select: exp.Select, table: Table, *, quantiles: bool = False) -> Analysis:
     """Resolve, bound and decompose a checked SELECT over `table`.
+
+    `quantiles`: order statistics become aggregates of their own ("quantile", measured
+    by sql/quantiles.py, not here); without it they are left to be refused.
 
     When the database guarantees that the privacy unit is unique (one row per
     unit), pass a `table` whose bounds are 1: see `unique_unit_table`.
@@ -50,7 +53,7 @@ def analyze(select: exp.Select, table: Table) -> Analysis:
         outputs=[],
     )
     summed = frozenset(node.this for node in select.find_all(exp.Sum))
-    builder = Builder(analysis, resolver, ranges, summed)
+    builder = Builder(analysis, resolver, ranges, summed, quantiles=quantiles)
     for name, item in items:
         if name.lower().startswith(RESERVED_PREFIX):
             raise QueryRefused(
@@ -68,6 +71,6 @@ def analyze(select: exp.Select, table: Table) -> Analysis:
     analysis.order = order_by(select, items, builder)
     analysis.limit = count_literal(select.args.get("limit"), "LIMIT")
     analysis.offset = count_literal(select.args.get("offset"), "OFFSET")
-    if not analysis.measurements:
+    if not analysis.aggregates:
         require_public_release(analysis)
     return analysis

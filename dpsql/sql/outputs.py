@@ -17,7 +17,7 @@ from dpsql.sql.analysis import (
     Analysis,
     Measurement,
 )
-from dpsql.sql.check import AGGREGATES
+from dpsql.sql.check import AGGREGATES, ORDER_STATISTICS
 from dpsql.sql.clamps import clamp_columns
 from dpsql.sql.dispersion import DISPERSION, centre, centred_sums, decompose, refuse_text, unbounded
 from dpsql.sql.intervals import Interval, interval_with
@@ -37,9 +37,12 @@ class Builder:
         resolver: Resolver,
         ranges: dict[str, Interval],
         summed: frozenset[exp.Expression] = frozenset(),
+        *,
+        quantiles: bool = False,
     ):
         self.analysis = analysis
         self.summed = summed  # arguments the query SUMs: an AVG of one shares that SUM
+        self.quantiles = quantiles
         self.resolver = resolver
         self.ranges = ranges
         # Expressions are matched by sqlglot's structural equality (hashed once per
@@ -69,6 +72,8 @@ class Builder:
                 return exp.column(f"{KEY_PREFIX}{self.key_index[sub]}")
             if isinstance(sub, AGGREGATES) and not isinstance(sub.parent, exp.Window):
                 return exp.column(f"{VALUE_PREFIX}{self.aggregate(sub)}")
+            if self.quantiles and isinstance(sub, ORDER_STATISTICS):
+                return exp.column(f"{VALUE_PREFIX}{self.quantile(sub)}")
             return sub  # a window's own function (check.over_the_release) runs on released values
 
         # In place: `node` belongs to analyze's own copy of the query and is read no
@@ -95,7 +100,11 @@ class Builder:
         return f"{name} is private and never released: select a non-private column of {table.name}"
 
     def aggregate(self, node: exp.Expression) -> int:
-        if any(True for _ in node.this.find_all(*AGGREGATES)) if node.this else False:
+        if (
+            any(True for _ in node.this.find_all(*AGGREGATES, *ORDER_STATISTICS))
+            if node.this
+            else False
+        ):
             raise QueryRefused(
                 "a nested aggregate",
                 "an aggregate of an aggregate is not supported",
@@ -104,6 +113,21 @@ class Builder:
         if node not in self.aggregate_index:
             self.aggregate_index[node] = len(self.analysis.aggregates)
             self.analysis.aggregates.append(self._decompose(node))
+        return self.aggregate_index[node]
+
+    def quantile(self, node: exp.Expression) -> int:
+        """An order statistic's aggregate: its column is checked here (public, no
+        aggregate inside), its histogram is sql/quantiles.py's to measure."""
+        if node not in self.aggregate_index:
+            self.resolver.require_public(node, f"the aggregate {node.sql()[:60]}")
+            if node.find(*AGGREGATES) is not None:
+                raise QueryRefused(
+                    "a nested aggregate",
+                    "an aggregate of an aggregate is not supported",
+                    "compute it from the released values afterwards",
+                )
+            self.aggregate_index[node] = len(self.analysis.aggregates)
+            self.analysis.aggregates.append(Aggregate("quantile", (), node=node))
         return self.aggregate_index[node]
 
     def _decompose(self, node: exp.Expression) -> Aggregate:

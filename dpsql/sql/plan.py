@@ -21,7 +21,7 @@ from typing import Protocol
 import numpy as np
 from sqlglot import exp
 
-from dpsql.accounting import Cost, round_up, split_epsilon, zcdp_rho
+from dpsql.accounting import Cost, round_up, set_aside, split_epsilon, zcdp_rho
 from dpsql.errors import QueryRefused, TooManyGroups
 from dpsql.mechanisms.base import NoiseMechanism, OutOfRange, drawable
 from dpsql.mechanisms.choice import choose
@@ -36,6 +36,7 @@ from dpsql.results import Accuracy, Release
 from dpsql.sql import dispersion, proofs
 from dpsql.sql.analysis import KEY_PREFIX, VALUE_PREFIX, Aggregate, Analysis
 from dpsql.sql.avg_interval import AvgWidths, avg_intervals, avg_widths
+from dpsql.sql.bounding import SHARE_PARTS, BoundingNote
 from dpsql.sql.intervals import Interval
 from dpsql.sql.keys import canonical_keys, key_kinds
 from dpsql.sql.postprocess import RELEASED, project, project_rows, query_released
@@ -82,6 +83,9 @@ class Options:
     # contribution bounds for this query's private tables (None: each table's own)
     max_rows_per_unit: int | None = None
     max_groups_per_unit: int | None = None
+    # 'on': a query whose rows are bounded spends 1/SHARE_PARTS of its epsilon on the
+    # bounding note (sql/bounding.py); 'off' gives it to the measurements
+    bounding_note: str = "on"
 
 
 class Plan(Protocol):
@@ -228,7 +232,12 @@ class DirectPlan(_Batched):
         self.kinds = key_kinds(analysis)  # refuses keys with no canonical form
         self.selection = None if analysis.public_keys else self._selection_needed(options)
         parts = len(analysis.measurements) + (self.selection is not None)
-        self.share = split_epsilon(options.epsilon, parts, binary_too=self.selection is not None)
+        # a note where the rewrite bounds rows: a unit not kept unique (sql/bounding.py)
+        noted = bool(table.privacy_unit) and not table.unique_unit and options.bounding_note == "on"
+        self.note_epsilon, epsilon = (
+            set_aside(options.epsilon, SHARE_PARTS) if noted else (0.0, options.epsilon)
+        )
+        self.share = split_epsilon(epsilon, parts, binary_too=self.selection is not None)
         if self.selection is not None:
             self.selection = PartitionSelection(self.share, options.delta, self._groups_per_unit)
             try:
@@ -269,11 +278,17 @@ class DirectPlan(_Batched):
             for aggregate in analysis.aggregates
             if aggregate.function in dispersion.NAMES
         }
+        self.bounding = self._bounding_note() if noted else None
         pure = sum((m.noise.cost for m in self.measures), Cost())
         if self.selection is not None:
             pure = pure + self.selection.cost
+        if self.bounding is not None:
+            pure = pure + self.bounding.cost
         self.cost = pure if pure.rho else Cost.of(options.epsilon, pure.delta)
-        self.sql = rewrite(analysis, grids, dialect, seed, with_units=self.selection is not None)
+        cap = self.bounding.cap if self.bounding is not None else None
+        self.sql = rewrite(
+            analysis, grids, dialect, seed, with_units=self.selection is not None, before_cap=cap
+        )
 
     def _measure(self, per_group: int, step: float = 1.0) -> _Measure:
         """The noise for one measurement: each unit moves at most `per_group` (in grid
@@ -290,6 +305,18 @@ class DirectPlan(_Batched):
         except OutOfRange as exc:
             raise beyond_the_sampler(name, self.share, exc) from None
         return _Measure(noise, step, reason)
+
+    def _bounding_note(self) -> BoundingNote:
+        """The bounding note's measurement, prepared before the charge (sql/bounding.py)."""
+        rows, groups = self.analysis.table.max_rows_per_unit, self._groups_per_unit
+        cap = BoundingNote.cap_for(rows, groups)
+        # Gaussian (zCDP) with the query's other Gaussian measurements, else Laplace
+        name = "gaussian" if self.options.mechanism == "gaussian" else "laplace"
+        try:
+            noise = _prepared_noise(name, cap, cap, self.note_epsilon, self.options.delta)
+        except OutOfRange as exc:
+            raise beyond_the_sampler(name, self.note_epsilon, exc) from None
+        return BoundingNote(noise, rows, groups, self.analysis.grouped)
 
     def _avg_widths_of(self, aggregate: Aggregate) -> AvgWidths:
         """The half-widths an AVG's intervals need, found now: an exact search that fails
@@ -356,6 +383,9 @@ class DirectPlan(_Batched):
         width = len(analysis.keys)
         measured = width + len(self.measures)
         notes = list(self.notes)
+        totals = [0, 0]  # the bounding note's: rows before the bounding (capped), kept
+        if self.bounding is not None:
+            batches = self.bounding.counted(batches, totals)
         if self.selection is not None:
             keys, noisy = self._select(batches, rng, max_groups)
             notes.append(
@@ -378,6 +408,8 @@ class DirectPlan(_Batched):
         result_columns, result_rows, groups = project_rows(analysis, keys, values)
         # each final row's group in the noisy arrays, for the accuracy that varies per group
         source = np.asarray(order, dtype=np.int64)[np.asarray(groups, dtype=np.int64)]
+        if self.bounding is not None:
+            notes.extend(self.bounding.notes(totals, rng))
         return Release(result_columns, result_rows, self._accuracy(noisy, source), notes)
 
     def _select(
@@ -504,7 +536,8 @@ class DirectPlan(_Batched):
                 f"{self.cost} ({len(self.measures)} "
                 f"measurement{'' if len(self.measures) == 1 else 's'}"
                 f"{' + key selection' if self.selection else ''}, epsilon "
-                f"{round_up(Fraction(self.share)):.6g} each)",
+                f"{round_up(Fraction(self.share)):.6g} each"
+                f"{' + bounding note' if self.bounding else ''})",
             ),
             ("privacy", unit),
         ]
@@ -522,6 +555,8 @@ class DirectPlan(_Batched):
             if measure.step != 1.0:
                 detail += f"; released on a grid of {measure.step!r}"
             lines.append((f"measure {measurement.key}", detail))
+        if self.bounding is not None:
+            lines.append(("measure bounding note", self.bounding.explanation(self.note_epsilon)))
         for widths in self._avg_widths.values():
             lines.append((
                 "AVG interval",

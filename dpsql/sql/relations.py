@@ -710,6 +710,8 @@ def _relation_sql(
     for (alias, column), name in names.items():
         if name != unit:
             items.append(exp.alias_(exp.column(column, table=alias), name, quoted=True))
+    if not items:  # a row-level relation the query reads no column of: COUNT(*) alone
+        items.append(exp.alias_(exp.convert(1), f"{RESERVED_PREFIX}_row", quoted=True))
     relation = exp.select(*items).from_(bases[0].node.copy())
     for join in select.args.get("joins") or []:
         relation.append("joins", join.copy())

@@ -6,6 +6,8 @@ hash, and at most `max_groups_per_unit` groups), clamps summed values and
 rounds them to the release grid as integers, so the database returns one row
 per group of exact integers: key columns, one column per measurement, and the
 number of distinct units (for key selection). Noise is added later, in Python.
+On request it also counts, for the bounding note, the rows each unit had before the
+bounding (capped) and the rows kept (BEFORE_COLUMN, KEPT_COLUMN: sql/bounding.py).
 """
 
 from __future__ import annotations
@@ -32,19 +34,22 @@ UNITS_COLUMN = "__dpsql_units"
 UNIT_KEY = "__dpsql_unit"  # the unit, a last group key, for per_unit
 BUCKET_KEY = "__dpsql_bucket"  # a histogram's bucket, a last group key
 DIGEST_COLUMN = "__dpsql_digest"
+BEFORE_COLUMN = "__dpsql_cut_before"  # each unit's rows before the bounding, capped
+KEPT_COLUMN = "__dpsql_cut_kept"  # the rows the bounding kept (no KEY_PREFIX in it)
 # Dialects whose keyed hash is an integer, which a digest sums (elsewhere it is MD5 text)
 DIGEST_DIALECTS = frozenset({"duckdb", "spark", "postgres"})
 _DIGEST_MODULUS = 2**31 - 1  # a sum of a billion terms stays within BIGINT
 _ROW_RANK = "__dpsql_row_rank"
 _GROUP_RANK = "__dpsql_group_rank"
 _BOUNDED = "__dpsql_bounded"
+_UNIT_ROWS = "__dpsql_unit_rows"
 _SOURCE = "__dpsql_source"
 _ROWS = "__dpsql_rows"  # a unit's rows in one group (_per_group_query)
 _FILTERED, _PER_GROUP, _KEPT = "__dpsql_filtered", "__dpsql_per_group", "__dpsql_kept"
 _GROUPS = "__dpsql_groups"  # one row per unit and group, each group's rows bounded
-# Dialects where _per_group_query was measured faster than the row windows (DuckDB: a
-# COUNT over lineitem joined to orders 3x faster, a grouped SUM 4-6x, unless most units
-# exceed max_rows_per_unit, where it is up to 1.6x slower)
+# Dialects where _per_group_query (used without the bounding note) was measured faster
+# than the row windows (DuckDB: a COUNT over lineitem joined to orders 3x faster, a
+# grouped SUM 4-6x, unless most units exceed max_rows_per_unit: up to 1.6x slower)
 _PER_GROUP_DIALECTS = frozenset({"duckdb"})
 
 
@@ -81,6 +86,7 @@ def rewrite(
     per_unit: bool = False,
     digest_seed: int | None = None,
     bucket: exp.Expression | None = None,
+    before_cap: int | None = None,
 ) -> str:
     """The bounded exact SQL for `analysis`; `grids` gives each SUM measurement its grid.
 
@@ -99,6 +105,9 @@ def rewrite(
     without the seed.
     `bucket` (a row expression) groups by it too, after the bounding, as the last key
     (BUCKET_KEY): one row per group and bucket, a bounded histogram (sql/quantiles.py).
+    `before_cap` (a table whose rows are bounded) adds two last columns: BEFORE_COLUMN,
+    the sum over the units whose first kept row is in the group of min(the unit's rows
+    before the bounding, before_cap), and KEPT_COLUMN, the rows the group kept.
     """
     table = analysis.table
     keys = _canonical_keys(analysis, dialect)
@@ -142,6 +151,7 @@ def rewrite(
         and not (one_row_per_unit or single or earliest_groups or per_unit)
         and digest_seed is None
         and bucket is None
+        and before_cap is None  # the bounding note's counts are the windows' (sql/bounding.py)
         and all(m.kind != "count_distinct" for m in analysis.measurements)
     ):
         query = _per_group_query(
@@ -157,8 +167,9 @@ def rewrite(
             filters = owned if where is None else exp.and_(owned, where, copy=False)
     else:
         relation = _bounded(
-            analysis, source, unit, keys, where, seed, dialect, earliest_groups, single
-        )
+            analysis, source, unit, keys, where, seed, dialect, earliest_groups, single,
+            before_cap is not None,
+        )  # fmt: skip
         filters = _rank_filter(analysis, single)
     if digest_seed is not None:
         added = _row_value(analysis.measurements[0], grids.get(0), analysis, dialect)
@@ -166,6 +177,8 @@ def rewrite(
         digest = exp.Sum(this=exp.Mod(this=hashed, expression=exp.convert(_DIGEST_MODULUS)))
         measures.append(digest.as_(DIGEST_COLUMN, copy=False))
     items = [*key_items, *measures, *([units] if with_units else [])]
+    if before_cap is not None and not one_row_per_unit:
+        items.extend(_before_and_kept(analysis, before_cap, single))
     query = exp.select(*items, copy=False).from_(relation, copy=False)
     if filters is not None:
         query = query.where(filters, copy=False)
@@ -609,11 +622,13 @@ def _bounded(
     dialect: str,
     earliest_groups: bool = False,
     single: bool = False,
+    unit_rows: bool = False,
     group_rank: bool = True,
 ) -> exp.Expression:
     """The table's rows with each unit's rank of row within group and of group
     (`single`: only the rank of the row among all the unit's rows; not `group_rank`:
-    only the rank of the row within its group)."""
+    only the rank of the row within its group); `unit_rows`: and the unit's number of
+    rows (_UNIT_ROWS)."""
     columns = sorted(
         {c.name for m in analysis.measurements if m.argument is not None
          for c in m.argument.find_all(exp.Column)}
@@ -649,12 +664,46 @@ def _bounded(
                 ),
             ).as_(_GROUP_RANK, copy=False)
         )
+    if unit_rows:
+        # over the last window's partition and order (the unit's), so no sort of its own
+        last = items[-1].this
+        frame = exp.WindowSpec(
+            kind="ROWS", start="UNBOUNDED", start_side="PRECEDING",
+            end="UNBOUNDED", end_side="FOLLOWING",
+        )  # fmt: skip
+        counted = exp.Window(
+            this=exp.Count(this=exp.Star()),
+            partition_by=[unit.copy()],
+            order=last.args["order"].copy(),
+            spec=frame,
+        )
+        items.append(counted.as_(_UNIT_ROWS, copy=False))
     # A row without a unit belongs to nobody we can bound: it is left out.
     owned = exp.Not(this=exp.Is(this=unit.copy(), expression=exp.Null()))
     inner = exp.select(*items, copy=False).from_(source, copy=False).where(owned, copy=False)
     if where is not None:
         inner = inner.where(where, copy=False)
     return inner.subquery(_BOUNDED, copy=False)
+
+
+def _before_and_kept(analysis: Analysis, cap: int, single: bool) -> list[exp.Expression]:
+    """BEFORE_COLUMN and KEPT_COLUMN (rewrite's `before_cap`): each unit's capped row
+    count is added once, on its first row of its first group, which every bounding keeps."""
+    first: exp.Expression = exp.EQ(this=exp.column(_ROW_RANK), expression=exp.convert(1))
+    if analysis.keys and not single:
+        first = exp.and_(
+            first, exp.EQ(this=exp.column(_GROUP_RANK), expression=exp.convert(1)), copy=False
+        )
+    # a CASE, not LEAST: DuckDB's LEAST would be spelled NULL-safe, a CASE more per row
+    above = exp.GT(this=exp.column(_UNIT_ROWS), expression=exp.convert(cap))
+    capped = exp.Case(
+        ifs=[exp.If(this=above, true=exp.convert(cap))], default=exp.column(_UNIT_ROWS)
+    )
+    before = exp.Sum(this=exp.Case(ifs=[exp.If(this=first, true=capped)], default=exp.convert(0)))
+    return [
+        before.as_(BEFORE_COLUMN, copy=False),
+        exp.Count(this=exp.Star()).as_(KEPT_COLUMN, copy=False),
+    ]
 
 
 def _rank_filter(analysis: Analysis, single: bool) -> exp.Expression:

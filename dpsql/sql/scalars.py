@@ -35,6 +35,7 @@ from dpsql.accounting import Cost
 from dpsql.errors import QueryRefused
 from dpsql.policy import Policy
 from dpsql.results import Release, format_value, noisy_text
+from dpsql.sql.bounding import NOTE_START as BOUNDING_NOTE
 from dpsql.sql.describe import column_types
 from dpsql.sql.plan import NO_TABLE_NOTE, Plan
 
@@ -111,7 +112,7 @@ class StagedPlan:
         notes = [
             note
             for text, release in zip(self.texts, parts, strict=True)
-            for note in [*_scalar_notes(release), _value_note(text, release)]
+            for note in [*_scalar_notes(release, text), _value_note(text, release)]
         ]
         outer.notes[:] = [note for note in outer.notes if note != NO_TABLE_NOTE] + notes
         return outer
@@ -294,12 +295,18 @@ def scalar_value(release: Release, text: str) -> Any:
     return release.rows[0][0]
 
 
-def _scalar_notes(release: Release) -> list[str]:
-    """The notes of the values a part's own subqueries released."""
-    return [note for note in release.notes if note.startswith(_NOTE_START)]
+def _scalar_notes(release: Release, text: str) -> list[str]:
+    """The notes of the values a part's own subqueries released, and the bounding notes of
+    the part (`text`) and of its subqueries, each saying which subquery it is about."""
+    return [
+        f"{_BOUNDING_START}{text}): {note}" if note.startswith(BOUNDING_NOTE) else note
+        for note in release.notes
+        if note.startswith((_NOTE_START, _BOUNDING_START, BOUNDING_NOTE))
+    ]
 
 
 _NOTE_START = "the scalar subquery ("
+_BOUNDING_START = "in the scalar subquery ("
 
 
 def _value_note(text: str, release: Release) -> str:
