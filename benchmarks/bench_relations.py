@@ -24,7 +24,7 @@ time <= 2 ms per query; every query Qrlew accepts is accepted by dpsql, with
 lower or equal error.
 
 Usage: python benchmarks/bench_relations.py [--scale 1] [--repeat 5] [--runs 5]
-       [--epsilon 1] [--no-qrlew] [--postgres postgresql://postgres@127.0.0.1:5432/test]
+       [--epsilon 1] [--bounding-note off] [--no-qrlew] [--postgres postgresql://postgres@127.0.0.1:5432/test]
 """
 
 from __future__ import annotations
@@ -159,8 +159,11 @@ def floor_sql(session: Session, sql: str) -> str | None:
     return f"SELECT COUNT(*) FROM (SELECT {unit} FROM {rows} r GROUP BY {unit}) g"
 
 
-def timing_table(connection, sqls: list[str], repeat: int, folder: str) -> list[dict]:
+def timing_table(
+    connection, sqls: list[str], repeat: int, folder: str, note: str = "on"
+) -> list[dict]:
     session, adapter = dpsql_session(connection, folder, "timing", 1.0, None)
+    session.execute(f"SET dpsql.bounding_note = {note}")
     rows = []
     print(f"\n{'#':>2} {'raw ms':>8} {'DP ms':>8} {'DP/raw':>7} {'own ms':>7} "
           f"{'floor/raw':>9}  query")  # fmt: skip
@@ -381,6 +384,10 @@ def main() -> None:
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--no-qrlew", action="store_true")
     parser.add_argument("--no-timing", action="store_true")
+    parser.add_argument(
+        "--bounding-note", choices=("on", "off"), default="on",
+        help="off: timed without the bounding note (its counts need the row windows)",
+    )  # fmt: skip
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
     args = parser.parse_args()
     print(describe())
@@ -393,7 +400,8 @@ def main() -> None:
           f"{counts[2]:,} lineitems, generated in {seconds:.1f} s")  # fmt: skip
     with tempfile.TemporaryDirectory() as folder:
         if not args.no_timing:
-            print_timing_targets(timing_table(connection, ACCEPTED, args.repeat, folder))
+            rows = timing_table(connection, ACCEPTED, args.repeat, folder, args.bounding_note)
+            print_timing_targets(rows)
         if args.no_qrlew:
             return
         try:
