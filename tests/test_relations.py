@@ -30,7 +30,7 @@ from test_sensitivity import _l1_change
 import dpsql
 from dpsql.errors import QueryRefused
 from dpsql.policy import load_policy
-from dpsql.sql import Options, PlanContext, plan_query
+from dpsql.sql import Options, PlanContext, plan_query, rewrite
 from dpsql.sql.parse import parse_statement
 from dpsql.sql.rewrite import in_dialect
 
@@ -914,6 +914,37 @@ def test_set_bounds_hold_on_neighbours(warehouse):
     customer = _heaviest(warehouse, 1)[0]
     neighbour = _without(warehouse, customer)
     _check_neighbours(plans, full, [neighbour.execute(p.sql).fetchall() for p in plans])
+    neighbour.close()
+
+
+@pytest.mark.parametrize("bounds", [(1, 2), (3, 2), None])
+def test_bounding_per_group_keeps_the_rows_the_windows_keep(warehouse, monkeypatch, bounds):
+    """On DuckDB, without the bounding note, COUNTs and SUMs are bounded per unit and
+    group first (rewrite._per_group_query). At one secret its exact aggregates are the
+    row windows' exactly: with most units over small bounds, and with the policy's
+    bounds, which no unit exceeds; and they move on neighbours by at most the stated
+    sensitivities."""
+    policy = _loaded_policy(warehouse)
+    options = dataclasses.replace(_options(), bounding_note="off")
+    if bounds is not None:
+        options = dataclasses.replace(
+            options, max_rows_per_unit=bounds[0], max_groups_per_unit=bounds[1]
+        )
+
+    def planned(dialects: frozenset) -> list:
+        monkeypatch.setattr(rewrite, "_PER_GROUP_DIALECTS", dialects)
+        context = PlanContext(policy, options, "duckdb", seed=11, unique_references=UNIQUE)
+        return [plan_query(parse_statement(sql, "duckdb").tree, context) for sql in ACCEPTED]
+
+    per_group, windows = planned(frozenset({"duckdb"})), planned(frozenset())
+    changed = [i for i, (a, b) in enumerate(zip(per_group, windows, strict=True)) if a.sql != b.sql]
+    assert len(changed) > len(ACCEPTED) / 2
+    full = [warehouse.execute(plan.sql).fetchall() for plan in per_group]
+    for i in changed:
+        expected = warehouse.execute(windows[i].sql).fetchall()
+        assert sorted(map(repr, full[i])) == sorted(map(repr, expected)), ACCEPTED[i]
+    neighbour = _without(warehouse, _heaviest(warehouse, 1)[0])
+    _check_neighbours(per_group, full, [neighbour.execute(p.sql).fetchall() for p in per_group])
     neighbour.close()
 
 

@@ -129,7 +129,13 @@ def assert_rewritten_is_bounded(text: str, plan: DirectPlan, dialect: str) -> No
     unit NULL filter and rank windows over the unit, and every SUM clamped to its bounds."""
     tree = _assert_reads_bounded(text, plan.analysis, dialect)
     _assert_items_aggregated(tree, len(plan.analysis.keys), text)
-    _assert_sums_clamped(tree, plan, text)
+    if any(True for _ in tree.find_all(exp.CTE)):
+        # aggregated per unit and group first: the clamps are there, on both sides
+        union = _rows_union(tree)
+        for side in (_cte(tree, "__dpsql_per_group"), union.expression):
+            _assert_sums_clamped(side, plan, text, scope=tree)
+    else:
+        _assert_sums_clamped(tree, plan, text)
 
 
 def _assert_staged(plan: Any, statements: list[str], dialect: str) -> None:
@@ -148,7 +154,9 @@ def _assert_reads_bounded(text: str, analysis: Any, dialect: str) -> exp.Select:
     windows over the unit. Returns the parsed SQL."""
     tree = sqlglot.parse_one(text, read=dialect)
     table = analysis.table
-    assert {t.name.lower() for t in tree.find_all(exp.Table)} == {
+    ctes = {cte.alias.lower() for cte in tree.find_all(exp.CTE)}
+    assert ctes <= {"__dpsql_filtered", "__dpsql_per_group", "__dpsql_groups"}, text
+    assert {t.name.lower() for t in tree.find_all(exp.Table)} - ctes == {
         table.name.split(".")[-1].lower()
     }, text
     # the clamped source, or the table itself when every column it reads is read as stored
@@ -167,6 +175,9 @@ def _assert_reads_bounded(text: str, analysis: Any, dialect: str) -> exp.Select:
     ), f"no unit NULL filter: {text}"  # fmt: skip
     if table.unique_unit:
         return tree
+    if ctes:
+        _assert_bounded_per_group(tree, analysis, text)
+        return tree
     ranks = {_window_kind(w): w for w in tree.find_all(exp.Window)}
     assert _partitioned_by_unit(ranks.get("row_number"), unit), text
     limits = _rank_limits(tree)
@@ -182,18 +193,76 @@ def _assert_reads_bounded(text: str, analysis: Any, dialect: str) -> exp.Select:
     return tree
 
 
+def _cte(tree: exp.Expression, name: str) -> exp.Select:
+    return next(cte.this for cte in tree.find_all(exp.CTE) if cte.alias.lower() == name)
+
+
+def _assert_bounded_per_group(tree: exp.Select, analysis: Any, text: str) -> None:
+    """rewrite._per_group_query's shape: the rows aggregated per unit and group; a unit
+    with a group of more than max_rows_per_unit rows on one side (its rows ranked by a
+    row window over the unit and keys, at most max_rows_per_unit kept), every other unit
+    on the other (`NOT unit IN` the same units); then at most max_groups_per_unit groups
+    per unit, ranked over the unit."""
+    table, keys = analysis.table, analysis.keys
+    unit, rows, groups = table.privacy_unit, table.max_rows_per_unit, table.max_groups_per_unit
+    per_group = _cte(tree, "__dpsql_per_group")
+    assert per_group.args["group"].expressions[0].name.lower() == unit, text
+    assert len(per_group.args["group"].expressions) == 1 + len(keys), text
+    within, _ = _sides(_rows_union(tree), unit, text)
+    condition = within.args["query"].this.args["where"].this
+    assert isinstance(condition, exp.GT) and condition.this.name == "__dpsql_rows", text
+    assert int(condition.expression.this) == rows, text
+    windows = {w.parent.alias: w for w in tree.find_all(exp.Window)}
+    row_rank = windows["__dpsql_row_rank"]
+    assert _partitioned_by_unit(row_rank, unit), text
+    assert len(row_rank.args["partition_by"]) == 1 + len(keys), text
+    assert _rank_limits(_rows_union(tree).expression) == {"__dpsql_row_rank": rows}, text
+    if keys:
+        group_rank = windows["__dpsql_group_rank"]
+        assert _partitioned_by_unit(group_rank, "__dpsql_unit"), text
+        groups_union = next(u for u in tree.find_all(exp.Union) if u is not _rows_union(tree))
+        few, _ = _sides(groups_union, "__dpsql_unit", text)
+        crowded = few.args["query"].this
+        assert crowded.args["group"].expressions[0].name == "__dpsql_unit", text
+        condition = crowded.args["having"].this
+        assert isinstance(condition, exp.GT) and isinstance(condition.this, exp.Count), text
+        assert int(condition.expression.this) == groups, text
+        assert _rank_limits(groups_union.expression) == {"__dpsql_group_rank": groups}, text
+
+
+def _rows_union(tree: exp.Select) -> exp.Union:
+    """The union of the units within max_rows_per_unit and those ranked by the row window."""
+    if any(cte.alias == "__dpsql_groups" for cte in tree.find_all(exp.CTE)):
+        return _cte(tree, "__dpsql_groups")
+    return tree.find(exp.Union)
+
+
+def _sides(union: exp.Union, unit: str, text: str) -> tuple[exp.In, exp.In]:
+    """A union's two sides' conditions: `NOT unit IN (q)` on the first, and on the rows
+    ranked in the second's FROM `unit IN (q)`, the same q: each unit on one side."""
+    first = union.this.args["where"].this
+    assert isinstance(first, exp.Not) and isinstance(first.this, exp.In), text
+    second = union.expression.args["from_"].this.this.args["where"].this
+    assert isinstance(second, exp.In) and second.this.name.lower() == unit, text
+    assert second.args["query"] == first.this.args["query"], text
+    return first.this, second
+
+
 def _assert_items_aggregated(tree: exp.Select, keys: int, text: str) -> None:
     """Besides the keys, the outer query returns only aggregates: no raw value gets out."""
     for item in tree.expressions[keys:]:
         assert item.find(exp.AggFunc) is not None, f"raw item {item.sql()} in {text}"
 
 
-def _assert_sums_clamped(tree: exp.Select, plan: DirectPlan, text: str) -> None:
+def _assert_sums_clamped(
+    tree: exp.Select, plan: DirectPlan, text: str, scope: exp.Expression | None = None
+) -> None:
     """Every SUM is clamped to its bounds, but for a side that a condition every
-    summed row passes (a top-level conjunct of a WHERE) already keeps its bare
-    column on."""
+    summed row passes (a top-level conjunct of a WHERE in `scope`, by default `tree`)
+    already keeps its bare column on."""
     measured = {item.alias: item.this for item in tree.expressions}
-    conditions = [c for where in tree.find_all(exp.Where) for c in conjuncts(where.this)]
+    wheres = (scope or tree).find_all(exp.Where)
+    conditions = [c for where in wheres for c in conjuncts(where.this)]
     for index, measurement in enumerate(plan.analysis.measurements):
         if measurement.kind != "sum":
             continue
@@ -202,7 +271,7 @@ def _assert_sums_clamped(tree: exp.Select, plan: DirectPlan, text: str) -> None:
         clamp, shift = total.find(exp.Case), 0.0
         if clamp is None and column is not measurement.argument and measurement.within:
             # a bare column's centred values: its clamp is the source's, less the centre
-            clamp, shift = _source_clamp(tree, column), offset
+            clamp, shift = _source_clamp(scope or tree, column), offset
         sides = {}
         for branch in clamp.args["ifs"] if clamp is not None else []:
             side = {exp.LT: "lower", exp.GT: "upper"}.get(type(branch.this))
