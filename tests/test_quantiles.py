@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import postgres_tables
 from scipy import stats
+from test_relations import _without
 
 import dpsql
 from dpsql.errors import QueryRefused
@@ -526,22 +527,6 @@ def _warehouse_policy(connection: duckdb.DuckDBPyConnection):
     )
 
 
-def _without_customer(
-    source: duckdb.DuckDBPyConnection, customer: int
-) -> duckdb.DuckDBPyConnection:
-    copy = duckdb.connect()
-    for table in ("nation", "region", "customer", "orders", "lineitem"):
-        rows = source.sql(f"SELECT * FROM {table}").to_arrow_table()  # noqa: F841
-        copy.execute(f"CREATE TABLE {table} AS SELECT * FROM rows")
-    copy.execute(
-        "DELETE FROM lineitem WHERE l_orderkey IN "
-        f"(SELECT o_orderkey FROM orders WHERE o_custkey = {customer})"
-    )
-    copy.execute(f"DELETE FROM orders WHERE o_custkey = {customer}")
-    copy.execute(f"DELETE FROM customer WHERE c_custkey = {customer}")
-    return copy
-
-
 @pytest.mark.parametrize("sql", RELATIONAL)
 def test_quantiles_over_relations_are_answered_and_bounded(warehouse, sql: str) -> None:
     """Each query over a relation at epsilon 8: answered, with the relation in its notes;
@@ -561,7 +546,7 @@ def test_quantiles_over_relations_are_answered_and_bounded(warehouse, sql: str) 
     customers = [row[0] for row in warehouse.execute("SELECT c_custkey FROM customer").fetchall()]
     changes = []
     for customer in customers[:: len(customers) // 8][:8]:
-        near = _histogram(_without_customer(warehouse, customer), histogram)
+        near = _histogram(_without(warehouse, customer), histogram)
         changes.append(sum(abs(full[cell] - near[cell]) for cell in full.keys() | near.keys()))
     assert max(changes) <= sensitivity and max(changes) > 0, (sql, changes)
 

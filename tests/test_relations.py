@@ -543,8 +543,15 @@ def test_a_reference_needs_a_kept_key(warehouse):
 
 
 def _copy(source: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """A copy of the TPC-H tables `source` has (the quantile tests' warehouse has no part
+    or supplier)."""
     copy = duckdb.connect()
+    present = {
+        name for (name,) in source.execute("SELECT table_name FROM duckdb_tables()").fetchall()
+    }
     for table in ("region", "nation", "part", "supplier", "customer", "orders", "lineitem"):
+        if table not in present:
+            continue
         rows = source.sql(f"SELECT * FROM {table}").to_arrow_table()  # noqa: F841
         copy.execute(f"CREATE TABLE {table} AS SELECT * FROM rows")
     return copy
