@@ -386,7 +386,7 @@ def main() -> None:
     parser.add_argument("--no-timing", action="store_true")
     parser.add_argument(
         "--bounding-note", choices=("on", "off"), default="on",
-        help="off: timed without the bounding note (its counts need the row windows)",
+        help="off: timed without the bounding note (its measurement left out)",
     )  # fmt: skip
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
     args = parser.parse_args()

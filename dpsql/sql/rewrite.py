@@ -47,7 +47,8 @@ _SOURCE = "__dpsql_source"
 _ROWS = "__dpsql_rows"  # a unit's rows in one group (_per_group_query)
 _FILTERED, _PER_GROUP, _KEPT = "__dpsql_filtered", "__dpsql_per_group", "__dpsql_kept"
 _GROUPS = "__dpsql_groups"  # one row per unit and group, each group's rows bounded
-# Dialects where _per_group_query (used without the bounding note) was measured faster
+_FIRST = "__dpsql_first"  # 1 on one kept row of each unit (the bounding note's counts)
+# Dialects where _per_group_query was measured faster
 # than the row windows (DuckDB: a COUNT over lineitem joined to orders 3x faster, a
 # grouped SUM 4-6x, unless most units exceed max_rows_per_unit: up to 1.6x slower)
 _PER_GROUP_DIALECTS = frozenset({"duckdb"})
@@ -151,11 +152,10 @@ def rewrite(
         and not (one_row_per_unit or single or earliest_groups or per_unit)
         and digest_seed is None
         and bucket is None
-        and before_cap is None  # the bounding note's counts are the windows' (sql/bounding.py)
         and all(m.kind != "count_distinct" for m in analysis.measurements)
     ):
         query = _per_group_query(
-            analysis, source, unit, keys, where, seed, dialect, measures, with_units
+            analysis, source, unit, keys, where, seed, dialect, measures, with_units, before_cap
         )
         return _checked_sql(query, table, dialect)
     if one_row_per_unit:
@@ -732,6 +732,7 @@ def _per_group_query(
     dialect: str,
     measures: list[exp.Expression],
     with_units: bool,
+    before_cap: int | None = None,
 ) -> exp.Select:
     """The bounded COUNTs and SUMs aggregated per unit and group first (docs/relations.md,
     "Bounding per unit and group"): the same rows kept as by _bounded's windows, with the
@@ -743,6 +744,12 @@ def _per_group_query(
     (the row window's ranks would all be within the bound); the others' rows are ranked
     as _bounded ranks them. Which side a unit is on is `unit IN (units over the bound)`
     and its complement, so each unit is counted on exactly one.
+
+    `before_cap` adds the bounding note's two columns as rewrite's windows give them
+    (sql/bounding.py): each kept (unit, group) row carries the rows it kept and the
+    unit's rows before the bounding (a window over its per-group rows, or over its rows
+    where they are ranked), and the capped count is added on one kept row of each unit
+    (a ROW_NUMBER over the unit on the kept rows, one row per group).
     """
     table = analysis.table
     max_rows, max_groups = table.max_rows_per_unit, table.max_groups_per_unit
@@ -755,12 +762,17 @@ def _per_group_query(
     key_columns = [exp.column(f"{KEY_PREFIX}{i}", quoted=True) for i in range(len(keys))]
     measured = [exp.column(m.alias, quoted=True) for m in measures]
 
-    def per_group(rows: exp.Expression, counted: bool) -> exp.Select:
+    noted = before_cap is not None
+
+    def per_group(
+        rows: exp.Expression, counted: bool, unit_rows: exp.Expression | None = None
+    ) -> exp.Select:
         items = [
             unit.copy().as_(UNIT_KEY, copy=False),
             *[key.copy().as_(f"{KEY_PREFIX}{i}", copy=False) for i, key in enumerate(keys)],
             *[m.copy() for m in measures],
             *([exp.Count(this=exp.Star()).as_(_ROWS, copy=False)] if counted else []),
+            *([unit_rows.as_(_UNIT_ROWS, copy=False)] if unit_rows is not None else []),
         ]
         grouped = [unit.copy(), *[_groupable(key) for key in keys]]
         select = exp.select(*items, copy=False).from_(rows, copy=False)
@@ -770,22 +782,34 @@ def _per_group_query(
     over = over.where(
         exp.GT(this=exp.column(_ROWS, quoted=True), expression=exp.convert(max_rows)), copy=False
     )
+    # the note's columns, carried with each kept (unit, group) row
+    noted_columns = [exp.column(_ROWS, quoted=True), exp.column(_UNIT_ROWS)] if noted else []
     within = exp.select(
-        unit_column.copy(), *[c.copy() for c in key_columns + measured], copy=False
-    ).from_(_named(_PER_GROUP), copy=False)
+        unit_column.copy(), *[c.copy() for c in key_columns + measured + noted_columns],
+        copy=False,
+    ).from_(_named(_PER_GROUP), copy=False)  # fmt: skip
     within = within.where(
         exp.Not(this=exp.In(this=unit_column.copy(), query=over.subquery())), copy=False
     )
     ranked = _bounded(
-        analysis, _named(_FILTERED), unit, keys, None, seed, dialect, group_rank=False
-    )
+        analysis, _named(_FILTERED), unit, keys, None, seed, dialect, group_rank=False,
+        unit_rows=noted,
+    )  # fmt: skip
     ranked.this.set("where", None)  # its rows are owned and filtered already
     ranked.this.where(exp.In(this=unit.copy(), query=over.subquery()), copy=False)
-    beyond = per_group(ranked, counted=False).where(
-        exp.LTE(this=exp.column(_ROW_RANK), expression=exp.convert(max_rows)), copy=False
-    )
+    # with the note: each group's kept rows (counted after the rank filter) and the unit's
+    # rows before it (its window ran over them all)
+    beyond = per_group(
+        ranked, counted=noted, unit_rows=exp.Max(this=exp.column(_UNIT_ROWS)) if noted else None
+    ).where(exp.LTE(this=exp.column(_ROW_RANK), expression=exp.convert(max_rows)), copy=False)
     kept: exp.Expression = exp.union(within, beyond, distinct=False, copy=False)
-    ctes = [(_FILTERED, filtered), (_PER_GROUP, per_group(_named(_FILTERED), True))]
+    # a unit's rows over all its groups: a window over the per-group rows, few and short
+    unit_total = (
+        exp.Window(this=exp.Sum(this=exp.Count(this=exp.Star())), partition_by=[unit.copy()])
+        if noted
+        else None
+    )
+    ctes = [(_FILTERED, filtered), (_PER_GROUP, per_group(_named(_FILTERED), True, unit_total))]
     if keys:
         # one row per unit and group: ROW_NUMBER ranks groups as DENSE_RANK ranked rows,
         # for the units with more than max_groups_per_unit groups only (the others keep
@@ -805,7 +829,7 @@ def _per_group_query(
                 + [exp.Ordered(this=c.copy()) for c in key_columns]
             ),
         ).as_(_GROUP_RANK, copy=False)
-        columns = [unit_column, *key_columns, *measured]
+        columns = [unit_column, *key_columns, *measured, *noted_columns]
         few = exp.select(*[c.copy() for c in columns], copy=False).from_(
             _named(_GROUPS), copy=False
         )
@@ -832,9 +856,16 @@ def _per_group_query(
         for c in measured
     ]
     units = [exp.Count(this=exp.Star()).as_(UNITS_COLUMN, copy=False)] if with_units else []
+    note = _noted_totals(before_cap) if noted else []
+    if noted:  # one kept row of each unit carries its capped count
+        first = exp.Window(this=exp.RowNumber(), partition_by=[unit_column.copy()])
+        kept = exp.select(exp.Star(), first.as_(_FIRST, copy=False), copy=False).from_(
+            kept.subquery(_FIRST, copy=False), copy=False
+        )
     query = exp.select(
-        *[c.copy().as_(c.name, copy=False) for c in key_columns], *summed, *units, copy=False
-    ).from_(kept.subquery(_KEPT, copy=False), copy=False)
+        *[c.copy().as_(c.name, copy=False) for c in key_columns], *summed, *units, *note,
+        copy=False,
+    ).from_(kept.subquery(_KEPT, copy=False), copy=False)  # fmt: skip
     if keys:
         query = query.group_by(*[c.copy() for c in key_columns], copy=False)
     query.set(
@@ -846,6 +877,23 @@ def _per_group_query(
         ),
     )
     return query
+
+
+def _noted_totals(cap: int) -> list[exp.Expression]:
+    """_per_group_query's BEFORE_COLUMN and KEPT_COLUMN: the capped count of each unit's
+    rows before the bounding, on the one kept row of it marked _FIRST, and the rows kept."""
+    above = exp.GT(this=exp.column(_UNIT_ROWS), expression=exp.convert(cap))
+    capped = exp.Case(
+        ifs=[exp.If(this=above, true=exp.convert(cap))], default=exp.column(_UNIT_ROWS)
+    )
+    first = exp.EQ(this=exp.column(_FIRST), expression=exp.convert(1))
+    before = exp.Sum(this=exp.Case(ifs=[exp.If(this=first, true=capped)], default=exp.convert(0)))
+    return [
+        before.as_(BEFORE_COLUMN, copy=False),
+        exp.Coalesce(
+            this=exp.Sum(this=exp.column(_ROWS, quoted=True)), expressions=[exp.convert(0)]
+        ).as_(KEPT_COLUMN, copy=False),
+    ]
 
 
 def _named(name: str) -> exp.Table:
