@@ -7,16 +7,36 @@ Prints, measured in this run:
 * the rank error of dpsql's release at epsilon 1 (mean over a few releases) and, if it
   can be imported, OpenDP's quantile at the same epsilon on the same data over 1025
   candidates (`pip install opendp`; it is no test dependency), with the ratio
-  dpsql / OpenDP (below 1: dpsql is closer). Tumult Analytics is reported as not run
-  when `tmlt.analytics` cannot be imported.
+  dpsql / OpenDP (below 1: dpsql is closer);
+* with `--tumult-python PY` (a Python with `tmlt-analytics`, in its own virtual
+  environment: it pins its own PySpark and pandas, and needs Java), Tumult
+  Analytics' quantile at the same epsilon, bounds and row-level neighbours
+  (`AddOneRow`, pure DP), run by benchmarks/tumult_worker.py on local Spark, with
+  the ratio dpsql / Tumult.
+
+The peers read the data in memory, so past a size they read a systematic sample
+of the sorted values: OpenDP at most 1M, Tumult at most `--tumult-rows` (100,000:
+its exponential mechanism over the gaps between values runs in Python, on one
+core, some seconds per 100,000 values and release). Every release's rank error is
+taken against the whole table, as dpsql's. A 1-in-k sample can cost a peer up to
+k times its error on the whole table (a release r rows off within the sample is
+about r * k rows off in the table): the like-for-like ratios are those at
+`--rows 100000`, where all three read the same rows.
 
 Usage: python benchmarks/bench_quantiles.py [--rows 10000000] [--repeat 3]
+           [--tumult-python PY] [--tumult-trials 3] [--tumult-rows 100000]
+  e.g. python -m venv /tmp/tumult && /tmp/tumult/bin/pip install tmlt-analytics
+       python benchmarks/bench_quantiles.py --tumult-python /tmp/tumult/bin/python
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -27,6 +47,9 @@ POLICY = {
     "analysts": {"default": {"epsilon": 1e9, "delta": 1e-6}},
     "tables": {"t": {"columns": {"x": {"type": "float", "lower": 0, "upper": 1000}}}},
 }
+LOWER, UPPER = 0.0, 1000.0  # the policy's bounds, given to the peers too
+QUANTILES = (("median", 0.5), ("p90", 0.9))
+OPENDP_ROWS = 1_000_000  # the most values OpenDP reads in memory
 
 
 def _timed(run) -> tuple[float, object]:
@@ -43,6 +66,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--tumult-python", help="a Python with tmlt-analytics (its own venv)")
+    parser.add_argument("--tumult-trials", type=int, default=3, help="Tumult releases each")
+    parser.add_argument(
+        "--tumult-rows", type=int, default=100_000, help="the most rows Tumult reads"
+    )
     args = parser.parse_args()
     database = duckdb.connect()
     threads = database.execute("SELECT current_setting('threads')").fetchone()[0]
@@ -50,8 +78,11 @@ def main() -> None:
     database.execute(f"CREATE TABLE t AS SELECT 1000 * random() ** 2 AS x FROM range({args.rows})")
     database.execute(f"SET threads = {threads}")
     ordered = np.sort(database.execute("SELECT x FROM t").fetchnumpy()["x"])
+    step = _step(len(ordered), args.tumult_rows)
+    tumult = _tumult(database, step, args.tumult_python, args.tumult_trials)
     connection = dpsql.connect(database, policy=POLICY, epsilon=1.0, ledger=":memory:")
-    for name, q in (("median", 0.5), ("p90", 0.9)):
+    peers = tumult if isinstance(tumult, list) else [None] * len(QUANTILES)
+    for (name, q), peer_releases in zip(QUANTILES, peers, strict=True):
         raw = min(
             _timed(lambda q=q: database.execute(f"SELECT quantile_cont(x, {q}) FROM t").fetchall())[
                 0
@@ -67,7 +98,7 @@ def main() -> None:
             )
             runs.append((elapsed, rows[0][0]))
         dp = min(elapsed for elapsed, _ in runs)
-        error = np.mean([abs(_rank(ordered, v) - q * len(ordered)) for _, v in runs])
+        error = _rank_error(ordered, [v for _, v in runs], q)
         print(
             f"{name}: DP {dp:.3f}s / raw {raw:.3f}s = {dp / raw:.2f}x (target <= 1.5x); "
             f"dpsql rank error at epsilon 1: {error:.1f} of {len(ordered)}"
@@ -75,15 +106,69 @@ def main() -> None:
         peer, text = _opendp(ordered, q, args.repeat)
         ratio = f"; dpsql / OpenDP = {error / peer:.2f}" if peer else ""
         print(f"  OpenDP: {text}{ratio}")
-        print(f"  Tumult Analytics: {_tumult()}")
+        if isinstance(tumult, str):
+            print(f"  Tumult Analytics: {tumult}")
+            continue
+        peer = _rank_error(ordered, peer_releases["releases"], q)
+        print(
+            f"  Tumult Analytics {tumult_version(args.tumult_python)}: rank error {peer:.1f} "
+            f"(mean of {len(peer_releases['releases'])} releases, AddOneRow, PureDP epsilon 1, "
+            f"{_read(step)}; {peer_releases['seconds']:.0f}s on local Spark)"
+            f"; dpsql / Tumult = {error / peer:.2f}"
+        )
 
 
-def _tumult() -> str:
-    try:
-        import tmlt.analytics  # noqa: F401
-    except ImportError as exc:
-        return f"not run ({exc})"
-    return "importable, but not compared here (it needs a Spark session)"
+def _step(rows: int, most: int) -> int:
+    """The stride of the systematic sample a peer reads: at most `most` values."""
+    return max(1, -(-rows // most))
+
+
+def _read(step: int) -> str:
+    """What a peer read, for its line."""
+    return "the whole table" if step == 1 else f"a 1-in-{step} sample of the sorted table"
+
+
+def _rank_error(ordered: np.ndarray, releases: list[float], q: float) -> float:
+    """Mean distance, in rows of the whole sorted table, from each release's rank to q's."""
+    return float(np.mean([abs(_rank(ordered, v) - q * len(ordered)) for v in releases]))
+
+
+def _tumult(database, step: int, python: str | None, trials: int) -> list[dict] | str:
+    """Tumult's releases per quantile from tumult_worker.py under `python`, or why not run."""
+    if python is None:
+        return "not run (give --tumult-python PY: a Python with tmlt-analytics)"
+    with tempfile.TemporaryDirectory() as folder:
+        data = Path(folder) / "sample.parquet"
+        # the same values as ordered[::step], the sample OpenDP reads
+        database.execute(
+            "COPY (SELECT x FROM (SELECT x, row_number() OVER (ORDER BY x) - 1 AS i FROM t) "
+            f"WHERE i % {step} = 0) TO '{data}' (FORMAT parquet)"
+        )
+        request = Path(folder) / "request.json"
+        request.write_text(
+            json.dumps(
+                {
+                    "parquet": str(data),
+                    "column": "x",
+                    "lower": LOWER,
+                    "upper": UPPER,
+                    "quantiles": [q for _, q in QUANTILES],
+                    "epsilon": 1.0,
+                    "trials": trials,
+                }
+            )
+        )
+        worker = Path(__file__).parent / "tumult_worker.py"
+        done = subprocess.run([python, str(worker), str(request)], capture_output=True, text=True)
+    if done.returncode:  # report the peer's failure, do not hide it
+        return f"not run (tumult_worker.py: {done.stderr.strip().splitlines()[-1][:160]})"
+    return json.loads(done.stdout)
+
+
+def tumult_version(python: str) -> str:
+    """The tmlt.analytics version installed for `python`."""
+    code = "import importlib.metadata as m; print(m.version('tmlt.analytics'))"
+    return subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.strip()
 
 
 def _opendp(ordered: np.ndarray, q: float, repeat: int) -> tuple[float | None, str]:
@@ -93,8 +178,8 @@ def _opendp(ordered: np.ndarray, q: float, repeat: int) -> tuple[float | None, s
     except ImportError as exc:
         return None, f"not run ({exc})"
     dp.enable_features("contrib")
-    candidates = [float(c) for c in np.linspace(0, 1000, 1025)]
-    space = dp.vector_domain(dp.atom_domain(bounds=(0.0, 1000.0), nan=False))
+    candidates = [float(c) for c in np.linspace(LOWER, UPPER, 1025)]
+    space = dp.vector_domain(dp.atom_domain(bounds=(LOWER, UPPER), nan=False))
 
     def make(scale: float):
         return dp.m.make_private_quantile(
@@ -105,15 +190,14 @@ def _opendp(ordered: np.ndarray, q: float, repeat: int) -> tuple[float | None, s
         measurement = make(dp.binary_search_param(make, d_in=1, d_out=1.0))
     except Exception as exc:  # report any failure of the peer, do not hide it
         return None, f"not run ({type(exc).__name__}: {str(exc).strip()[:120]})"
-    sample = ordered[:: max(1, len(ordered) // 1_000_000)]  # OpenDP reads the data in memory
-    scale = len(ordered) / len(sample)
-    errors = []
+    step = _step(len(ordered), OPENDP_ROWS)
+    sample = ordered[::step]
+    releases = []
     for _ in range(repeat):
         value = measurement(sample.tolist())
-        value = candidates[value] if isinstance(value, int) else value
-        errors.append(abs(_rank(sample, value) - q * len(sample)) * scale)
-    error = float(np.mean(errors))
-    return error, f"rank error {error:.1f} (on a 1-in-{int(scale)} sample, scaled)"
+        releases.append(candidates[value] if isinstance(value, int) else value)
+    error = _rank_error(ordered, releases, q)
+    return error, f"rank error {error:.1f} ({_read(step)})"
 
 
 if __name__ == "__main__":
