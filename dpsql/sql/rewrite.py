@@ -694,16 +694,20 @@ def _before_and_kept(analysis: Analysis, cap: int, single: bool) -> list[exp.Exp
         first = exp.and_(
             first, exp.EQ(this=exp.column(_GROUP_RANK), expression=exp.convert(1)), copy=False
         )
+    return [
+        _capped_before(first, cap).as_(BEFORE_COLUMN, copy=False),
+        exp.Count(this=exp.Star()).as_(KEPT_COLUMN, copy=False),
+    ]
+
+
+def _capped_before(first: exp.Expression, cap: int) -> exp.Expression:
+    """The sum, over the rows where `first` holds (one per unit), of min(_UNIT_ROWS, cap)."""
     # a CASE, not LEAST: DuckDB's LEAST would be spelled NULL-safe, a CASE more per row
     above = exp.GT(this=exp.column(_UNIT_ROWS), expression=exp.convert(cap))
     capped = exp.Case(
         ifs=[exp.If(this=above, true=exp.convert(cap))], default=exp.column(_UNIT_ROWS)
     )
-    before = exp.Sum(this=exp.Case(ifs=[exp.If(this=first, true=capped)], default=exp.convert(0)))
-    return [
-        before.as_(BEFORE_COLUMN, copy=False),
-        exp.Count(this=exp.Star()).as_(KEPT_COLUMN, copy=False),
-    ]
+    return exp.Sum(this=exp.Case(ifs=[exp.If(this=first, true=capped)], default=exp.convert(0)))
 
 
 def _rank_filter(analysis: Analysis, single: bool) -> exp.Expression:
@@ -882,14 +886,9 @@ def _per_group_query(
 def _noted_totals(cap: int) -> list[exp.Expression]:
     """_per_group_query's BEFORE_COLUMN and KEPT_COLUMN: the capped count of each unit's
     rows before the bounding, on the one kept row of it marked _FIRST, and the rows kept."""
-    above = exp.GT(this=exp.column(_UNIT_ROWS), expression=exp.convert(cap))
-    capped = exp.Case(
-        ifs=[exp.If(this=above, true=exp.convert(cap))], default=exp.column(_UNIT_ROWS)
-    )
     first = exp.EQ(this=exp.column(_FIRST), expression=exp.convert(1))
-    before = exp.Sum(this=exp.Case(ifs=[exp.If(this=first, true=capped)], default=exp.convert(0)))
     return [
-        before.as_(BEFORE_COLUMN, copy=False),
+        _capped_before(first, cap).as_(BEFORE_COLUMN, copy=False),
         exp.Coalesce(
             this=exp.Sum(this=exp.column(_ROWS, quoted=True)), expressions=[exp.convert(0)]
         ).as_(KEPT_COLUMN, copy=False),
