@@ -31,6 +31,7 @@ import numpy as np
 import dpsql
 from dpsql.audit.events import Finding, audit_outputs, with_low_bits
 from dpsql.mechanisms.samplers import secure_generator
+from dpsql.sql import StagedPlan
 from dpsql.sql.analysis import KEY_PREFIX
 from dpsql.sql.parse import parse_statement
 
@@ -132,7 +133,13 @@ def audit_query(
         rng = secure_generator(None if seed is None else seed + 1)
         outputs = []
         for connection in (first, second):
-            columns, rows = connection.session.adapter.execute(plan.sql)
+            adapter = connection.session.adapter
+            if isinstance(plan, StagedPlan):  # each stage's SQL follows the stage before
+                ran: dict[str, Any] = {}
+                releases = (_staged(plan, adapter, rng, ran) for _ in range(runs))
+                outputs.append(_collect(_per_run(releases, len(plan.analysis.keys)), runs))
+                continue
+            columns, rows = adapter.execute(plan.sql)
             outputs.append(_features(plan, columns, rows, runs, rng, per_release))
         names = set(outputs[0]) | set(outputs[1])
         missing = np.full(runs, -np.inf)  # a key that one database never releases
@@ -153,8 +160,15 @@ def _features(
     width = sum(1 for name in columns if name.startswith(KEY_PREFIX))
     if width > 1:
         raise ValueError("the auditor follows queries that group by one column")
+    return _collect(_released(plan, columns, rows, runs, rng, width, per_release), runs)
+
+
+def _collect(
+    released: Iterator[tuple[int, Any, list[str], tuple]], runs: int
+) -> dict[str, np.ndarray]:
+    """The released values by label, over runs (see _features)."""
     seen: dict[str, tuple[list[int], list[Any]]] = {}
-    for run, key, names, values in _released(plan, columns, rows, runs, rng, width, per_release):
+    for run, key, names, values in released:
         for name, value in zip(names, values, strict=True):
             label = name if key is None else f"{name} [{key}]"
             found = seen.get(label)
@@ -175,11 +189,7 @@ def _released(
 ) -> Iterator[tuple[int, Any, list[str], tuple]]:  # fmt: skip
     """(run, group key or None, value column names, values) for each released row."""
     if per_release:
-        for run in range(runs):
-            release = plan.release(columns, rows, rng)
-            names = release.columns[width:]
-            for row in release.rows:
-                yield run, (row[0] if width else None), names, row[width:]
+        yield from _per_run((plan.release(columns, rows, rng) for _ in range(runs)), width)
         return
     groups = len(rows)
     copies = [
@@ -197,3 +207,23 @@ def _released(
             yield run, rows[g][0], names, row[1:]
         else:
             yield index, None, names, row
+
+
+def _per_run(releases: Iterator[Any], width: int) -> Iterator[tuple[int, Any, list[str], tuple]]:
+    """(run, group key or None, value column names, values) of one release per run."""
+    for run, release in enumerate(releases):
+        names = release.columns[width:]
+        for row in release.rows:
+            yield run, (row[0] if width else None), names, row[width:]
+
+
+def _staged(plan: Any, adapter: Any, rng: np.random.Generator, ran: dict[str, Any]) -> Any:
+    """One release of a plan as the Session makes it (a staged plan: each stage, then
+    the next planned over it), each distinct SQL run once on `adapter` (`ran`)."""
+    if isinstance(plan, StagedPlan):
+        parts = [_staged(part, adapter, rng, ran) for part in plan.parts]
+        return plan.combine(parts, _staged(plan.finish(parts), adapter, rng, ran))
+    if plan.sql not in ran:
+        ran[plan.sql] = adapter.execute(plan.sql)
+    columns, rows = ran[plan.sql]
+    return plan.release(columns, rows, rng)

@@ -61,6 +61,7 @@ import functools
 import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
@@ -100,11 +101,24 @@ def quantile_weights(
     return [step * int(m) for m in multiples]
 
 
+@dataclass(frozen=True)
+class RatePrior:
+    """A prior on the exponents' own lattice: -log mu(i) = multiples[i] epsilon / (2 s D)
+    (q = a / D), whole multiples of the step the uniform prior's exponents take, so the
+    sampler's integers stay as small as without it (`lattice_prior` makes one)."""
+
+    multiples: np.ndarray  # int64, >= 0
+    rate: Fraction  # epsilon / (2 s D): a sampler at any other rate refuses it
+
+    def __len__(self) -> int:
+        return len(self.multiples)
+
+
 def exponent_lattice(
     counts: Sequence[int],
     q: Fraction,
     epsilon: Fraction,
-    prior: Sequence[Fraction] = (),
+    prior: Sequence[Fraction] | RatePrior = (),
     sensitivity: int = 1,
 ) -> tuple[Fraction, np.ndarray]:
     """The exponents of `quantile_weights` as x(i) = m(i) step: a rational `step` and
@@ -118,13 +132,23 @@ def exponent_lattice(
         raise ValueError(f"epsilon must be positive, got {epsilon}")
     if len(counts) == 0 or any(c < 0 for c in counts):
         raise ValueError("counts must be a non-empty histogram of non-negative counts")
-    if prior and (len(prior) != len(counts) or any(p < 0 for p in prior)):
+    given = prior.multiples if isinstance(prior, RatePrior) else prior
+    if len(given) and (len(given) != len(counts) or min(given) < 0):
         raise ValueError("the prior needs one non-negative exponent per candidate")
     q, rate = Fraction(q), Fraction(epsilon) / (2 * sensitivity * Fraction(q).denominator)
+    if isinstance(prior, RatePrior) and prior.rate != rate:
+        raise ValueError(f"a prior on the lattice of rate {prior.rate} sampled at rate {rate}")
     ranks = list(itertools.accumulate(int(c) for c in counts))
+    if isinstance(prior, RatePrior) and q.denominator * ranks[-1] < 2**61:
+        # all in int64: |D rank - a n| < 2^61, and the prior's multiples are small
+        d = np.abs(q.denominator * np.array(ranks, dtype=np.int64) - q.numerator * ranks[-1])
+        values = d + prior.multiples
+        return rate, values - values.min()
     target = q.numerator * ranks[-1]
     distances = [abs(q.denominator * rank - target) for rank in ranks]
-    if prior:  # on one denominator with the prior's exponents
+    if isinstance(prior, RatePrior):
+        values, step = [d + int(m) for d, m in zip(distances, prior.multiples, strict=True)], rate
+    elif prior:  # on one denominator with the prior's exponents
         denominator = math.lcm(rate.denominator, *(Fraction(p).denominator for p in prior))
         scale = rate.numerator * (denominator // rate.denominator)
         values = [
@@ -143,12 +167,25 @@ def exponent_lattice(
     return step, wide
 
 
+def lattice_prior(
+    log_measure: np.ndarray, q: Fraction, epsilon: Fraction, sensitivity: int = 1
+) -> RatePrior:
+    """The prior (-log mu) of a base measure given by each candidate's log mu(i) <= 0,
+    rounded to the nearest whole multiple of the exponents' step for this q, epsilon and
+    sensitivity: the measure moves by a factor of at most e^(step / 2), and a base
+    measure fixed before the data are read leaves the privacy map as it is (the
+    rounding, in floats, reads only those data-independent numbers)."""
+    rate = Fraction(epsilon) / (2 * sensitivity * Fraction(q).denominator)
+    steps = np.rint(-np.asarray(log_measure, dtype=float) / float(rate)).astype(np.int64)
+    return RatePrior(steps, rate)
+
+
 def exponential_quantile(
     counts: Sequence[int],
     q: Fraction,
     epsilon: Fraction,
     rng: np.random.Generator,
-    prior: Sequence[Fraction] = (),
+    prior: Sequence[Fraction] | RatePrior = (),
     sensitivity: int = 1,
 ) -> int:
     """The index of the released candidate (see the module docstring): epsilon-DP."""

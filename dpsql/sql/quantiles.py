@@ -32,7 +32,6 @@ DP MIN is not the data's minimum).
 
 from __future__ import annotations
 
-import datetime as dt
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -43,7 +42,7 @@ from typing import Any
 import numpy as np
 from sqlglot import exp
 
-from dpsql.accounting import Cost, split_epsilon
+from dpsql.accounting import Cost, set_aside, split_epsilon
 from dpsql.errors import QueryRefused
 from dpsql.mechanisms.quantiles import exponential_quantile, rank_error_bound
 from dpsql.policy import Table
@@ -51,25 +50,26 @@ from dpsql.results import Accuracy, Release
 from dpsql.sql.analysis import KEY_PREFIX, VALUE_PREFIX, Aggregate, Analysis, Measurement, Output
 from dpsql.sql.analyze import analyze
 from dpsql.sql.check import ORDER_STATISTICS
-from dpsql.sql.clamps import clamp
-from dpsql.sql.intervals import Interval
 from dpsql.sql.keys import canonical_keys, key_kinds
 from dpsql.sql.plan import DirectPlan, Plan, _check_domain_size, _keys_passing_where, key_order
 from dpsql.sql.postprocess import project_rows
+from dpsql.sql.quantile_grids import (
+    WINDOW,
+    Grid,
+    Refined,
+    declared_domain,
+    lattice,
+    uniform_grid,
+)
 from dpsql.sql.resolve import output_name
 from dpsql.sql.rewrite import rewrite
 from dpsql.sql.scalars import StagedPlan
 
 MIN_Q = Fraction(1, 100)  # MIN and MAX are the 1st and 99th percentiles
-# Buckets: about BUCKETS_PER_EPSILON per unit of a quantile's epsilon (a power of two),
-# within [MIN_BUCKETS, MAX_BUCKETS]; an integer or date domain never has more buckets
-# than values. A finer grid shrinks the grid's own error (a bucket's share of the
-# ranks) while the mechanism's grows only as ln(buckets); the cap bounds the rows the
-# database returns per group and the sampler's time (about 60 ms at 16384 buckets).
-BUCKETS_PER_EPSILON = 4096
-MIN_BUCKETS, MAX_BUCKETS = 256, 16384
-_EPOCH = dt.date(1970, 1, 1)
-_MIDNIGHT = dt.datetime(1970, 1, 1)
+# A refined quantile's first stage spends 1 / FIRST_STAGE of its epsilon: it need only
+# land within sql/quantile_grids.WINDOW buckets of the quantile (docs/mechanisms.md).
+FIRST_STAGE = 20
+PICK_PREFIX = "__dpsql_pick"  # a first stage's released bucket, per quantile
 
 
 @dataclass(frozen=True)
@@ -79,38 +79,6 @@ class Quantile:
     qs: tuple[Fraction, ...]
     listed: bool  # written as a list: released as a list
     name: str  # as written, for EXPLAIN and refusals
-
-
-@dataclass(frozen=True)
-class Grid:
-    """The histogram's buckets: bucket i holds [lower + i width, lower + (i + 1) width)."""
-
-    lower: float
-    width: float
-    size: int
-    kind: str  # the column's policy type: int, float, date or timestamp (in seconds)
-    upper: float  # the domain's last value
-
-    def value(self, index: int) -> Any:
-        """Bucket `index`'s released value: its top (the upper edge; for int and date
-        columns the largest value in it), the point whose rank the mechanism scores
-        (the values in buckets 0..index)."""
-        if self.kind in ("float", "timestamp"):
-            return self._typed(min(self.upper, self.lower + (index + 1) * self.width))
-        offset = min(int(self.upper), int(self.lower) + (index + 1) * int(self.width) - 1)
-        return self._typed(offset)
-
-    def _typed(self, offset: float) -> Any:
-        if self.kind == "date":
-            return _EPOCH + dt.timedelta(days=int(offset))
-        if self.kind == "timestamp":  # to the microsecond, as the database stores it
-            return _MIDNIGHT + dt.timedelta(microseconds=round(offset * 1e6))
-        return int(offset) if self.kind == "int" else offset
-
-    def describe(self) -> str:
-        unit = {"date": " days", "timestamp": " seconds"}.get(self.kind, "")
-        first = self.lower if self.kind == "float" else self._typed(self.lower)
-        return f"{self.size} buckets of width {self.width:g}{unit} from {first}"
 
 
 def plan_quantiles(select: exp.Select, table: Table, context: Any) -> Plan | None:
@@ -141,7 +109,7 @@ def quantile_plan(analysis: Analysis, context: Any, names: list[str]) -> Plan:
     direct = _direct_analysis(analysis)
     selection = analysis.grouped and not analysis.public_keys
     if not direct.measurements and not selection:
-        return QuantilePlan(analysis, column, specs, context, names, options.epsilon)
+        return quantile_histograms(analysis, column, specs, context, names, options.epsilon)
     measured = len(direct.measurements) + selection
     # one equal share per measurement of either stage, read in binary by both
     share = split_epsilon(options.epsilon, measured + quantiles, binary_too=True)
@@ -153,8 +121,8 @@ def quantile_plan(analysis: Analysis, context: Any, names: list[str]) -> Plan:
     )
     second_seed = (context.seed * 1_000_003 + 1) % 2**62  # a secret of its own
 
-    def second(keys: list[tuple] | None) -> QuantilePlan:
-        return QuantilePlan(
+    def second(keys: list[tuple] | None) -> Plan:
+        return quantile_histograms(
             analysis,
             column,
             specs,
@@ -266,15 +234,60 @@ def _refuse(node: exp.Expression, reason: str, hint: str) -> QueryRefused:
     return QueryRefused(f"the aggregate {node.sql()[:60]}", reason, hint)
 
 
+def quantile_histograms(
+    analysis: Analysis,
+    column: exp.Column,
+    specs: dict[int, Quantile],
+    context: Any,
+    names: list[str],
+    epsilon: float,
+    given: list[tuple] | None = None,
+) -> Plan:
+    """The quantiles' histogram plan at `epsilon`: one histogram over a uniform grid, or,
+    where a bucket of it may hold many rows, two (RefinedQuantiles)."""
+    keys = _released_keys(analysis, given)
+    parts = sum(len(spec.qs) for spec in specs.values())
+    share = Fraction(split_epsilon(epsilon, parts, binary_too=True))
+    domain = declared_domain(column, analysis.table)
+    windows = max(1, len(keys) * parts)
+    found = lattice(domain, share, windows)
+    whole = (analysis, column, specs, context, names)
+    if found is None:
+        return QuantilePlan(*whole, epsilon, given, grid=uniform_grid(domain, share))
+    first, rest = set_aside(epsilon, FIRST_STAGE)
+    coarse = QuantilePlan(*whole, first, given, grid=found.coarse, picks=True)
+
+    def refine(picks: set[int]) -> QuantilePlan:
+        return QuantilePlan(*whole, rest, given, grid=found.refined(picks, windows))
+
+    return RefinedQuantiles([coarse], refine(set()), [], refine, charged=Cost.of(epsilon, 0))
+
+
+def _released_keys(analysis: Analysis, given: list[tuple] | None) -> list[tuple]:
+    """The groups a quantile plan releases: `given`, or the policy's public keys (in
+    key order), or the one group of an ungrouped query."""
+    if given is not None:
+        return list(given)
+    if not analysis.grouped:
+        return [()]
+    _check_domain_size(analysis)
+    domains = [key.domain for key in analysis.keys]
+    keys = _keys_passing_where(analysis, list(itertools.product(*domains)))
+    return [keys[i] for i in key_order(keys)]
+
+
 @dataclass
 class QuantilePlan:
-    """Quantiles of one column, per group: a bounded histogram, then the exponential
-    mechanism per group and quantile (pure `epsilon`, split evenly over the quantiles).
+    """Quantiles of one column, per group: a bounded histogram over `grid`, then the
+    exponential mechanism per group and quantile (pure `epsilon`, split evenly over the
+    quantiles).
 
-    `keys`: the groups to release, from an earlier release (QuantileStages); None: the
+    `given`: the groups to release, from an earlier release (QuantileStages); None: the
     policy's public keys (or the one group of an ungrouped query), and the select list,
-    HAVING, ORDER BY and LIMIT are evaluated here. With `keys`, the release holds the
-    keys and each quantile aggregate's values, for QuantileStages to combine."""
+    HAVING, ORDER BY and LIMIT are evaluated here. With `given`, the release holds the
+    keys and each quantile aggregate's values, for QuantileStages to combine. `picks`:
+    the first stage of RefinedQuantiles, whose release is each group's and quantile's
+    candidate index, for the second stage's grid."""
 
     analysis: Analysis
     column: exp.Column
@@ -284,25 +297,21 @@ class QuantilePlan:
     epsilon: float
     given: list[tuple] | None = None
     notes: list[str] = field(default_factory=list)
+    grid: Grid | Refined | None = None
+    picks: bool = False
 
     def __post_init__(self) -> None:
         analysis, table = self.analysis, self.analysis.table
         self.kinds = key_kinds(analysis)
-        self.keys: list[tuple] = [()]
-        if self.given is not None:
-            self.keys = list(self.given)
-        elif analysis.grouped:
-            _check_domain_size(analysis)
-            domains = [key.domain for key in analysis.keys]
-            keys = _keys_passing_where(analysis, list(itertools.product(*domains)))
-            self.keys = [keys[i] for i in key_order(keys)]
+        self.keys = _released_keys(analysis, self.given)
         parts = sum(len(spec.qs) for spec in self.specs.values())
         # the mechanism reads its share in binary: within the charged decimal too
         self.share = split_epsilon(self.epsilon, parts, binary_too=True)
         rows = table.max_rows_per_unit if table.privacy_unit else 1
         groups = table.max_groups_per_unit if analysis.grouped and table.privacy_unit else 1
         self.sensitivity = rows * groups
-        self.grid = _grid(_declared(self.column, table), Fraction(self.share))
+        if self.grid is None:
+            self.grid = uniform_grid(declared_domain(self.column, table), Fraction(self.share))
         self.cost = Cost.of(self.epsilon, 0)
         counted = replace(
             analysis,
@@ -320,7 +329,7 @@ class QuantilePlan:
             self.context.dialect,
             self.context.seed,
             with_units=False,
-            bucket=_bucket(self.column, table, self.grid),
+            bucket=self.grid.bucket(self.column, table),
         )
 
     @property
@@ -336,28 +345,39 @@ class QuantilePlan:
         for key, row in zip(keys, rows, strict=True):
             bucket, count = row[width], row[width + 1]
             if bucket is not None and key in counts:  # a key outside the domain is not released
-                counts[key][int(bucket)] += int(count)
+                counts[key][self.grid.index(int(bucket))] += int(count)
         return counts
 
     def quantiles(self, rows: list[tuple], rng: np.random.Generator) -> dict[int, list]:
-        """Each quantile aggregate's released values, one per group of `self.keys`."""
+        """Each quantile aggregate's released values (`picks`: candidate indexes), one per
+        group of `self.keys`."""
         histograms = self.histograms(rows)
         epsilon = Fraction(self.share)
+        priors = {
+            q: self.grid.prior(q, epsilon, self.sensitivity)
+            for spec in self.specs.values()
+            for q in spec.qs
+        }
         released: dict[int, list] = {index: [] for index in self.specs}
         for key in self.keys:
             counts = histograms[key]
             for index, spec in self.specs.items():
-                values = [
-                    self.grid.value(
-                        exponential_quantile(counts, q, epsilon, rng, (), self.sensitivity)
-                    )
+                picked = [
+                    exponential_quantile(counts, q, epsilon, rng, priors[q], self.sensitivity)
                     for q in spec.qs
                 ]
-                released[index].append(values if spec.listed else values[0])
+                values = picked if self.picks else [self.grid.value(i) for i in picked]
+                released[index].append(values if spec.listed or self.picks else values[0])
         return released
 
     def release(self, columns: list[str], rows: list[tuple], rng: np.random.Generator) -> Release:
         released = self.quantiles(rows, rng)
+        if self.picks:  # RefinedQuantiles reads them: each group's picks, flat
+            picks = [
+                tuple(i for index in released for i in released[index][g])
+                for g in range(len(self.keys))
+            ]
+            return Release([PICK_PREFIX], [(p,) for p in picks])
         if self.given is not None:  # QuantileStages combines it with the first release
             width = len(self.analysis.keys)
             names = [f"{KEY_PREFIX}{i}" for i in range(width)]
@@ -378,7 +398,7 @@ class QuantilePlan:
         }
 
     def _rank_bound(self) -> float:
-        return rank_error_bound(Fraction(self.share), self.sensitivity, self.grid.size, 0.05)
+        return rank_error_bound(Fraction(self.share), self.sensitivity, self.grid.most, 0.05)
 
     def _accuracy(self) -> Accuracy:
         bound = self._rank_bound()
@@ -423,6 +443,65 @@ class QuantilePlan:
         if self.analysis.grouped:
             where = "from the first release" if self.given is not None else "public domain"
             lines.append(("group keys", f"{where}: one quantile release per key"))
+        return lines + [("note", note) for note in self.notes]
+
+
+@dataclass
+class RefinedQuantiles(StagedPlan):
+    """Quantiles in two stages (sql/quantile_grids.py): the first (`parts`, 1 /
+    FIRST_STAGE of the epsilon) picks each group's and quantile's bucket of a coarse
+    grid; the second (`outer` before the picks, `finish_outer` after) releases over a
+    grid refined around every pick, weighted by width. Both read the data through their
+    own mechanism; the second's grid is a post-processing of the first's release, so
+    the two compose sequentially (adaptively) to the epsilon `charged` once, before
+    either runs."""
+
+    charged: Cost = field(default_factory=lambda: Cost.of(0, 0))
+    notes: list[str] = field(default_factory=list)  # as DirectPlan's: how it was read
+
+    @property
+    def cost(self) -> Cost:
+        return self.charged
+
+    @property
+    def names(self) -> list[str]:
+        return self.outer.names
+
+    @property
+    def share(self) -> float:
+        return self.outer.share
+
+    @property
+    def sensitivity(self) -> int:
+        return self.outer.sensitivity
+
+    def accuracy(self) -> dict[str, Accuracy]:
+        return self.outer.accuracy()
+
+    def finish(self, releases: Sequence[Release]) -> Plan:
+        (first,) = releases
+        return self.finish_outer({pick for (picks,) in first.rows for pick in picks})
+
+    def combine(self, parts: Sequence[Release], outer: Release) -> Release:
+        return replace(outer, notes=[*outer.notes, *self.notes])
+
+    def explain(self) -> list[tuple[str, str]]:
+        (first,) = self.parts
+        fine = self.outer.grid
+        lines = [
+            ("sql", first.sql),
+            ("cost", f"epsilon {float(self.cost.epsilon):g} (pure)"),
+            ("mechanism", "exponential mechanism in two stages, each over a bounded "
+             "histogram, sampled exactly"),
+            ("buckets", first.grid.describe()),
+            ("stage 1", f"picks a bucket per group and quantile, epsilon {first.share:g} each"),
+            ("stage 2", f"the {2 * WINDOW + 1} buckets around each pick split in "
+             f"{fine.lattice.factor} of width {fine.lattice.fine.width:g}, the rest whole, "
+             f"each candidate weighed by its width; epsilon {self.outer.share:g} each; "
+             "its SQL is stage 1's with that bucket"),
+        ]  # fmt: skip
+        kept = {"sql", "cost", "mechanism", "buckets"}
+        lines += [line for line in self.outer.explain() if line[0] not in kept]
         return lines + [("note", note) for note in self.notes]
 
 
@@ -510,103 +589,3 @@ def _reindexed(accuracy: Accuracy, groups: list[int]) -> Accuracy:
     if accuracy.intervals is None:
         return accuracy
     return replace(accuracy, intervals=tuple(accuracy.intervals[g] for g in groups))
-
-
-def _declared(column: exp.Column, table: Table) -> tuple[float, float, str]:
-    """The column's declared domain, as numbers (dates: days since 1970-01-01;
-    timestamps: seconds since 1970-01-01 00:00, as written, without a time zone)."""
-    declared = table.column(column.name)
-    if declared is None or declared.type not in ("int", "float", "date", "timestamp"):
-        kind = declared.type if declared is not None else "unknown"
-        raise QueryRefused(
-            f"a quantile of {column.name}",
-            f"it is a {kind} column; quantiles need a bounded number, date or timestamp",
-            "take quantiles of a numeric, date or timestamp column with lower/upper in the policy",
-        )
-    if not declared.bounded:
-        raise QueryRefused(
-            f"a quantile of {column.name}",
-            "the policy declares no lower/upper for it, and the histogram needs a domain",
-            f"ask the data owner to declare lower and upper for {column.name}",
-        )
-    if declared.type == "date":
-        lower, upper = (_days(v) for v in (declared.lower, declared.upper))
-    elif declared.type == "timestamp":
-        lower, upper = (_seconds(v) for v in (declared.lower, declared.upper))
-    else:
-        lower, upper = float(declared.lower), float(declared.upper)
-    return lower, upper, declared.type
-
-
-def _days(value: Any) -> int:
-    if isinstance(value, str):
-        value = dt.date.fromisoformat(value[:10])
-    if isinstance(value, dt.datetime):
-        value = value.date()
-    return (value - _EPOCH).days
-
-
-def _seconds(value: Any) -> float:
-    if isinstance(value, str):
-        value = dt.datetime.fromisoformat(value)
-    if not isinstance(value, dt.datetime):  # a date bound: its midnight
-        value = dt.datetime.combine(value, dt.time())
-    return (value.replace(tzinfo=None) - _MIDNIGHT).total_seconds()
-
-
-def _grid(domain: tuple[float, float, str], epsilon: Fraction) -> Grid:
-    """Buckets for a quantile at `epsilon`: more at larger epsilons, whose rank error is
-    smaller (docs/mechanisms.md, "bucket choice")."""
-    lower, upper, kind = domain
-    wanted = 2 ** round(math.log2(max(1.0, BUCKETS_PER_EPSILON * float(epsilon))))
-    size = min(MAX_BUCKETS, max(MIN_BUCKETS, wanted))
-    if kind in ("float", "timestamp"):
-        return Grid(lower, (upper - lower) / size if upper > lower else 1.0, size, kind, upper)
-    values = int(upper) - int(lower) + 1
-    width = max(1, math.ceil(values / size))
-    return Grid(float(int(lower)), float(width), math.ceil(values / width), kind, float(upper))
-
-
-def _bucket(column: exp.Column, table: Table, grid: Grid) -> exp.Expression:
-    """The bucket of a row's value, clamped into [0, size - 1]; NULL for NULL. NaN and
-    infinities compare as the databases order them (NaN above every number) and land in
-    an end bucket: no value makes the query fail."""
-    value: exp.Expression = exp.column(table.column(column.name).name, quoted=True)
-    if grid.kind == "date":
-        # clamped as dates first: PostgreSQL cannot subtract its infinite dates
-        first, last = (
-            exp.cast(exp.convert((_EPOCH + dt.timedelta(days=d)).isoformat()), "DATE")
-            for d in (int(grid.lower), int(grid.lower + grid.width * grid.size - 1))
-        )
-        value = _between(value, first, last)
-        offset: exp.Expression = exp.Sub(this=value, expression=first.copy())
-    elif grid.kind == "timestamp":
-        # clamped as timestamps first (PostgreSQL's infinite ones); seconds from the first
-        # by each dialect's epoch of both, so a session time zone offsets both alike
-        first, last = (
-            exp.cast(exp.convert(grid.value(index).isoformat(sep=" ")), "TIMESTAMP")
-            for index in (-1, grid.size - 1)
-        )
-        value = _between(value, first, last)
-        offset = exp.Sub(
-            this=exp.TimeToUnix(this=value), expression=exp.TimeToUnix(this=first.copy())
-        )
-    else:
-        offset = exp.Sub(this=value, expression=exp.convert(grid.lower))
-    scaled = exp.Floor(
-        this=exp.Div(
-            this=exp.cast(offset, "DOUBLE"), expression=exp.convert(grid.width), typed=False
-        )
-    )
-    return exp.cast(clamp(scaled, Interval(0, grid.size - 1, True)), "BIGINT")
-
-
-def _between(value: exp.Expression, first: exp.Expression, last: exp.Expression) -> exp.Case:
-    """`value` clamped into [first, last] by comparisons alone (no arithmetic to fail)."""
-    return exp.Case(
-        ifs=[
-            exp.If(this=exp.LT(this=value.copy(), expression=first), true=first.copy()),
-            exp.If(this=exp.GT(this=value.copy(), expression=last), true=last.copy()),
-        ],
-        default=value,
-    )

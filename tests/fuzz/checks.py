@@ -20,7 +20,7 @@ import dpsql
 from dpsql.sql.analysis import KEY_PREFIX, VALUE_PREFIX
 from dpsql.sql.parse import parse_statement
 from dpsql.sql.plan import ConstantPlan, DirectPlan, DomainPlan
-from dpsql.sql.quantiles import QuantilePlan, QuantileStages
+from dpsql.sql.quantiles import QuantilePlan, QuantileStages, RefinedQuantiles
 
 
 @dataclass
@@ -72,7 +72,7 @@ def check_outcome(session: Any, adapter: Any, empty: Any, sql: str, params: Any)
     if isinstance(plan, QuantileStages):
         _assert_staged(plan, adapter.statements, adapter.dialect)
         return Outcome("answered")
-    if isinstance(plan, QuantilePlan):
+    if isinstance(plan, QuantilePlan | RefinedQuantiles):  # one histogram, or two
         for text in adapter.statements:
             _assert_reads_bounded(text, plan.analysis, adapter.dialect)
         return Outcome("answered")

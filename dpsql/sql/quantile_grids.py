@@ -1,0 +1,334 @@
+"""The candidates of a DP quantile and the SQL that buckets a column's values over them.
+
+A quantile is released as one candidate of a grid fixed before the data are read
+(sql/quantiles.py): `uniform_grid` splits the column's declared domain into equal
+buckets, as many as the quantile's epsilon makes worth it (docs/mechanisms.md,
+"bucket choice"); `_bucket` writes the SQL that puts a row's value in its bucket.
+
+Where a bucket of that grid may hold many rows (a float or timestamp domain, or an
+integer or date domain with more values than buckets), a quantile is released in
+two stages (`RefinedQuantiles`): a `Lattice` of fine buckets in groups of `factor`,
+whose groups are the first stage's candidates, and then `Refined`: each fine bucket
+of the groups within WINDOW groups of the first stage's picks, and every other group
+whole. The second stage's base measure weighs each candidate by its width (a fine
+bucket 1 / factor of a group), so the windows add resolution where the first stage
+points and take no probability from elsewhere: a first stage that picked badly costs
+the second only the resolution it did not add.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+from sqlglot import exp
+
+from dpsql.errors import QueryRefused
+from dpsql.mechanisms.quantiles import RatePrior, lattice_prior
+from dpsql.policy import Table
+from dpsql.sql.clamps import clamp
+from dpsql.sql.intervals import Interval
+
+# Buckets: about BUCKETS_PER_EPSILON per unit of a quantile's epsilon (a power of two),
+# within [MIN_BUCKETS, MAX_BUCKETS]; an integer or date domain never has more buckets
+# than values. A finer grid shrinks the grid's own error (a bucket's share of the
+# ranks) while the mechanism's grows only as ln(buckets); the cap bounds the rows the
+# database returns per group and the sampler's time (about 60 ms at 16384 buckets).
+BUCKETS_PER_EPSILON = 4096
+MIN_BUCKETS, MAX_BUCKETS = 256, 16384
+# The second stage refines the WINDOW groups either side of each first-stage pick into
+# at most MAX_FACTOR fine buckets each, FINE_CANDIDATES fine buckets over all windows:
+# its histogram has at most a grid's buckets plus FINE_CANDIDATES rows per group.
+WINDOW = 16
+FINE_CANDIDATES = 4096
+MAX_FACTOR = 256
+_EPOCH = dt.date(1970, 1, 1)
+_MIDNIGHT = dt.datetime(1970, 1, 1)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The histogram's buckets: bucket i holds [lower + i width, lower + (i + 1) width)."""
+
+    lower: float
+    width: float
+    size: int
+    kind: str  # the column's policy type: int, float, date or timestamp (in seconds)
+    upper: float  # the domain's last value
+
+    def value(self, index: int) -> Any:
+        """Bucket `index`'s released value: its top (the upper edge; for int and date
+        columns the largest value in it), the point whose rank the mechanism scores
+        (the values in buckets 0..index)."""
+        if self.kind in ("float", "timestamp"):
+            return self._typed(min(self.upper, self.lower + (index + 1) * self.width))
+        offset = min(int(self.upper), int(self.lower) + (index + 1) * int(self.width) - 1)
+        return self._typed(offset)
+
+    def _typed(self, offset: float) -> Any:
+        if self.kind == "date":
+            return _EPOCH + dt.timedelta(days=int(offset))
+        if self.kind == "timestamp":  # to the microsecond, as the database stores it
+            return _MIDNIGHT + dt.timedelta(microseconds=round(offset * 1e6))
+        return int(offset) if self.kind == "int" else offset
+
+    @property
+    def most(self) -> int:
+        """The most candidates it has (the rank bound's count)."""
+        return self.size
+
+    def index(self, bucket: int) -> int:
+        """The candidate of a bucket the database returned."""
+        return bucket
+
+    def prior(self, q: Fraction, epsilon: Fraction, sensitivity: int) -> tuple[Fraction, ...]:
+        """The base measure: uniform."""
+        return ()
+
+    def bucket(self, column: exp.Column, table: Table) -> exp.Expression:
+        """The SQL of a row's bucket."""
+        return _bucket(column, table, self)
+
+    def describe(self) -> str:
+        unit = {"date": " days", "timestamp": " seconds"}.get(self.kind, "")
+        first = self.lower if self.kind == "float" else self._typed(self.lower)
+        return f"{self.size} buckets of width {self.width:g}{unit} from {first}"
+
+
+@dataclass(frozen=True)
+class Lattice:
+    """Fine buckets of `fine`, in groups of `factor`: the groups are the first stage's
+    candidates (`coarse`), and `refined` the second stage's."""
+
+    fine: Grid
+    factor: int
+
+    @property
+    def coarse(self) -> Grid:
+        fine, width = self.fine, self.fine.width * self.factor
+        return Grid(fine.lower, width, -(-fine.size // self.factor), fine.kind, fine.upper)
+
+    def refined(self, picks: set[int], windows: int) -> Refined:
+        """The second stage's candidates around the first stage's `picks` (coarse
+        buckets); `windows`: the most picks the query can have (its rank bound's)."""
+        last = self.coarse.size - 1
+        groups = {g for pick in picks for g in range(pick - WINDOW, pick + WINDOW + 1)}
+        kept = tuple(sorted(g for g in groups if 0 <= g <= last))
+        most = self.coarse.size + windows * (2 * WINDOW + 1) * (self.factor - 1)
+        return Refined(self, kept, most)
+
+
+def lattice(domain: tuple[float, float, str], epsilon: Fraction, windows: int) -> Lattice | None:
+    """The lattice for a quantile at `epsilon` whose first stage has at most `windows`
+    picks (groups times quantiles); None where refining adds nothing: a grid of one
+    value a bucket, or too many windows for FINE_CANDIDATES."""
+    grid = uniform_grid(domain, epsilon)
+    factor = min(MAX_FACTOR, FINE_CANDIDATES // (windows * (2 * WINDOW + 1)))
+    if grid.kind in ("float", "timestamp"):
+        if factor < 2:
+            return None
+        fine = Grid(grid.lower, grid.width / factor, grid.size * factor, grid.kind, grid.upper)
+        return Lattice(fine, factor)
+    width = int(grid.width)
+    factor = min(factor, width)
+    if factor < 2:
+        return None
+    step = -(-width // factor)  # whole values a fine bucket
+    values = int(grid.upper) - int(grid.lower) + 1
+    fine = Grid(grid.lower, float(step), -(-values // step), grid.kind, grid.upper)
+    return Lattice(fine, factor)
+
+
+@dataclass(frozen=True)
+class Refined:
+    """The second stage's candidates, in order: each fine bucket of the `groups` kept
+    (sorted), and every other group of the lattice whole; at most `most` of them."""
+
+    lattice: Lattice
+    groups: tuple[int, ...]
+    most: int
+
+    @functools.cached_property
+    def _keys(self) -> np.ndarray:
+        """Each candidate's key, as the SQL returns it: its first fine bucket."""
+        factor, size = self.lattice.factor, self.lattice.fine.size
+        kept = set(self.groups)
+        parts = [
+            np.arange(g * factor, min(size, (g + 1) * factor))
+            if g in kept
+            else np.array([g * factor])
+            for g in range(self.lattice.coarse.size)
+        ]
+        return np.concatenate(parts)
+
+    @functools.cached_property
+    def _at(self) -> dict[int, int]:
+        return {int(key): i for i, key in enumerate(self._keys)}
+
+    @functools.cached_property
+    def _fine(self) -> np.ndarray:
+        """Whether each candidate is one fine bucket of a refined group."""
+        kept = np.zeros(self.lattice.coarse.size, dtype=bool)
+        kept[list(self.groups)] = True
+        return kept[self._keys // self.lattice.factor]
+
+    @property
+    def size(self) -> int:
+        return len(self._keys)
+
+    def index(self, bucket: int) -> int:
+        return self._at[bucket]
+
+    def value(self, index: int) -> Any:
+        """The candidate's top: its fine bucket's, or its group's last fine bucket's."""
+        fine, key = self.lattice.fine, int(self._keys[index])
+        span = 1 if self._fine[index] else self.lattice.factor
+        return fine.value(min(key + span, fine.size) - 1)
+
+    def prior(self, q: Fraction, epsilon: Fraction, sensitivity: int) -> RatePrior:
+        """A measure by width: a fine bucket weighs 1 / factor of a whole group."""
+        logs = np.where(self._fine, -math.log(self.lattice.factor), 0.0)
+        return lattice_prior(logs, q, epsilon, sensitivity)
+
+    def bucket(self, column: exp.Column, table: Table) -> exp.Expression:
+        """The candidate's key: the fine bucket in a kept group, else the group's first."""
+        fine = _bucket(column, table, self.lattice.fine)
+        factor = self.lattice.factor
+        inside = [
+            exp.Between(
+                this=fine.copy(),
+                low=exp.convert(first * factor),
+                high=exp.convert((last + 1) * factor - 1),
+            )
+            for first, last in _runs(self.groups)
+        ]
+        whole = exp.Sub(
+            this=fine.copy(), expression=exp.Mod(this=fine.copy(), expression=exp.convert(factor))
+        )
+        if not inside:
+            return whole
+        return exp.Case(ifs=[exp.If(this=exp.or_(*inside), true=fine)], default=whole)
+
+    def describe(self) -> str:
+        fine = self.lattice.fine
+        unit = {"date": " days", "timestamp": " seconds"}.get(fine.kind, "")
+        return (
+            f"{self.lattice.coarse.describe()}, {len(self.groups)} of them split in "
+            f"{self.lattice.factor} of width {fine.width:g}{unit}"
+        )
+
+
+def _runs(groups: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Sorted groups as runs of consecutive ones, (first, last) each."""
+    runs: list[tuple[int, int]] = []
+    for group in groups:
+        if runs and runs[-1][1] == group - 1:
+            runs[-1] = (runs[-1][0], group)
+        else:
+            runs.append((group, group))
+    return runs
+
+
+def declared_domain(column: exp.Column, table: Table) -> tuple[float, float, str]:
+    """The column's declared domain, as numbers (dates: days since 1970-01-01;
+    timestamps: seconds since 1970-01-01 00:00, as written, without a time zone)."""
+    declared = table.column(column.name)
+    if declared is None or declared.type not in ("int", "float", "date", "timestamp"):
+        kind = declared.type if declared is not None else "unknown"
+        raise QueryRefused(
+            f"a quantile of {column.name}",
+            f"it is a {kind} column; quantiles need a bounded number, date or timestamp",
+            "take quantiles of a numeric, date or timestamp column with lower/upper in the policy",
+        )
+    if not declared.bounded:
+        raise QueryRefused(
+            f"a quantile of {column.name}",
+            "the policy declares no lower/upper for it, and the histogram needs a domain",
+            f"ask the data owner to declare lower and upper for {column.name}",
+        )
+    if declared.type == "date":
+        lower, upper = (_days(v) for v in (declared.lower, declared.upper))
+    elif declared.type == "timestamp":
+        lower, upper = (_seconds(v) for v in (declared.lower, declared.upper))
+    else:
+        lower, upper = float(declared.lower), float(declared.upper)
+    return lower, upper, declared.type
+
+
+def _days(value: Any) -> int:
+    if isinstance(value, str):
+        value = dt.date.fromisoformat(value[:10])
+    if isinstance(value, dt.datetime):
+        value = value.date()
+    return (value - _EPOCH).days
+
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    if not isinstance(value, dt.datetime):  # a date bound: its midnight
+        value = dt.datetime.combine(value, dt.time())
+    return (value.replace(tzinfo=None) - _MIDNIGHT).total_seconds()
+
+
+def uniform_grid(domain: tuple[float, float, str], epsilon: Fraction) -> Grid:
+    """Buckets for a quantile at `epsilon`: more at larger epsilons, whose rank error is
+    smaller (docs/mechanisms.md, "bucket choice")."""
+    lower, upper, kind = domain
+    wanted = 2 ** round(math.log2(max(1.0, BUCKETS_PER_EPSILON * float(epsilon))))
+    size = min(MAX_BUCKETS, max(MIN_BUCKETS, wanted))
+    if kind in ("float", "timestamp"):
+        return Grid(lower, (upper - lower) / size if upper > lower else 1.0, size, kind, upper)
+    values = int(upper) - int(lower) + 1
+    width = max(1, math.ceil(values / size))
+    return Grid(float(int(lower)), float(width), math.ceil(values / width), kind, float(upper))
+
+
+def _bucket(column: exp.Column, table: Table, grid: Grid) -> exp.Expression:
+    """The bucket of a row's value, clamped into [0, size - 1]; NULL for NULL. NaN and
+    infinities compare as the databases order them (NaN above every number) and land in
+    an end bucket: no value makes the query fail."""
+    value: exp.Expression = exp.column(table.column(column.name).name, quoted=True)
+    if grid.kind == "date":
+        # clamped as dates first: PostgreSQL cannot subtract its infinite dates
+        first, last = (
+            exp.cast(exp.convert((_EPOCH + dt.timedelta(days=d)).isoformat()), "DATE")
+            for d in (int(grid.lower), int(grid.lower + grid.width * grid.size - 1))
+        )
+        value = _between(value, first, last)
+        offset: exp.Expression = exp.Sub(this=value, expression=first.copy())
+    elif grid.kind == "timestamp":
+        # clamped as timestamps first (PostgreSQL's infinite ones); seconds from the first
+        # by each dialect's epoch of both, so a session time zone offsets both alike
+        first, last = (
+            exp.cast(exp.convert(grid.value(index).isoformat(sep=" ")), "TIMESTAMP")
+            for index in (-1, grid.size - 1)
+        )
+        value = _between(value, first, last)
+        offset = exp.Sub(
+            this=exp.TimeToUnix(this=value), expression=exp.TimeToUnix(this=first.copy())
+        )
+    else:
+        offset = exp.Sub(this=value, expression=exp.convert(grid.lower))
+    scaled = exp.Floor(
+        this=exp.Div(
+            this=exp.cast(offset, "DOUBLE"), expression=exp.convert(grid.width), typed=False
+        )
+    )
+    return exp.cast(clamp(scaled, Interval(0, grid.size - 1, True)), "BIGINT")
+
+
+def _between(value: exp.Expression, first: exp.Expression, last: exp.Expression) -> exp.Case:
+    """`value` clamped into [first, last] by comparisons alone (no arithmetic to fail)."""
+    return exp.Case(
+        ifs=[
+            exp.If(this=exp.LT(this=value.copy(), expression=first), true=first.copy()),
+            exp.If(this=exp.GT(this=value.copy(), expression=last), true=last.copy()),
+        ],
+        default=value,
+    )
