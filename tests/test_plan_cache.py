@@ -276,3 +276,30 @@ def test_another_analyst_reuses_the_plan_and_is_charged(adapter, policy, monkeyp
     assert len(calls) == 1  # planned once, for both analysts
     assert first.budget().epsilon_spent == second.budget().epsilon_spent == 1.0
     assert second.execute(sql).rows == second.execute(sql).rows  # its own release, kept
+
+
+def test_a_statement_planned_before_is_charged_and_released_without_a_parse(
+    adapter, policy, monkeypatch
+):
+    parses = []
+    parse = dpsql.session.parse_statement
+    monkeypatch.setattr(
+        dpsql.session, "parse_statement", lambda *a, **k: parses.append(a) or parse(*a, **k)
+    )
+    shared = PlanCache()
+    sql = "SELECT city, SUM(income) FROM visits WHERE age > 20 GROUP BY city"
+    warm = Session(adapter, policy, Ledger(":memory:"))
+    warm.plans = shared
+    warm.execute(sql)
+    assert len(parses) == 1
+    hit, cold = (Session(adapter, policy, Ledger(":memory:"), seed=11) for _ in range(2))
+    hit.plans, cold.plans = shared, PlanCache(0)
+    one = hit.execute(sql)
+    assert len(parses) == 1  # the hit: tokens, charge, release; no parse
+    two = cold.execute(sql)
+    assert len(parses) == 2
+    assert (one.columns, one.rows, one.notes, one.accuracy) == (
+        two.columns, two.rows, two.notes, two.accuracy
+    )  # fmt: skip
+    assert hit.budget().epsilon_spent == cold.budget().epsilon_spent == 1.0
+    assert hit.execute(sql).rows == one.rows  # stored: a repeat is the release cache's
