@@ -11,10 +11,16 @@ prints, per query, the median time dpsql adds around the database call:
   overhead without it (the CPU part dpsql controls);
 * cached: a repeat of a text already answered, served from the release cache;
 * planned: the cold text again, by another analyst (a release of its own, charged),
-  its plan from the plan cache (docs/plan-cache.md): the figure for a statement
-  already planned. A text with new constants is planned afresh: the cold figure;
-* each of those beside its target in probe units (the machine's Python probe), so
-  figures from different days compare: cold <= 10 probes, planned <= 2.5 probes;
+  its plan from the plan cache (docs/plan-cache.md), found by the text's tokens
+  without a parse: the figure for a statement already planned;
+* new constants: the cold text with its first constant changed (`age > 31` after
+  `age > 30`: a dashboard's next value), by the same analyst: a shape planned
+  before, planned afresh (constants are in the plan cache's key); queries
+  without a constant show "-";
+* each of those beside its target in probe units: each query's figure over the
+  machine's Python probe measured beside that query's runs (the probe drifts by
+  2x within a run on a shared machine), so figures from different days compare:
+  cold <= 10 probes, planned and new constants <= 2.5 probes;
 * the cold overhead in CPU time of this thread (the proxy's own work, which
   neither the disk's wait nor other processes' load inflate much);
 * parse and plan alone for new texts, back to back and with a trivial
@@ -28,7 +34,9 @@ Usage: python benchmarks/bench_overhead.py [--repeat 50]
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 import statistics
 import tempfile
 import time
@@ -150,62 +158,95 @@ def main() -> None:
         ledger = TimedLedger(Path(folder) / "ledger.sqlite")
         session = Session(adapter, policy, ledger)
         other = session.for_analyst("other")  # shares the session's plan cache
-        rows, run = [], 0
+        rows, probes, run = [], [], 0
         print(f"{'query':<58} {'cold ms':>8} {'charge':>7} {'cold-charge':>11} {'cached':>7} "
-              f"{'cold cpu':>8} {'planned':>8} {'pl. cpu':>8}")  # fmt: skip
+              f"{'cold cpu':>8} {'planned':>8} {'pl. cpu':>8} {'new con.':>8}")  # fmt: skip
         for sql in QUERIES:
-            cold, charge, cached, cpu, planned, planned_cpu = [], [], [], [], [], []
+            samples: dict[str, list[float]] = {name: [] for name in COLUMNS}
             session.execute(sql)  # the first run builds the sampler's tables
+            probes.append(python_probe_us() / 1e3)  # ms, beside this query's runs
             for _ in range(args.repeat):
                 run += 1
                 text = fresh_text(sql, run)
-                for who, query, samples in (
-                    (session, text, cold), (session, sql, cached), (other, text, planned)
-                ):  # fmt: skip
+                runs = [("cold", session, text), ("cached", session, sql), ("planned", other, text)]
+                if new_constant(text, run) != text:  # the shape `text` planned just now
+                    runs.append(("new constants", session, new_constant(text, run)))
+                for name, who, query in runs:
                     adapter.database_seconds = adapter.database_cpu = ledger.charge_seconds = 0.0
                     start, thread = time.perf_counter(), time.thread_time()
                     who.execute(query)
-                    samples.append(time.perf_counter() - start - adapter.database_seconds)
+                    samples[name].append(time.perf_counter() - start - adapter.database_seconds)
                     used = time.thread_time() - thread - adapter.database_cpu
-                    if samples is cold:
-                        charge.append(ledger.charge_seconds)
-                        cpu.append(used)
-                    elif samples is planned:
-                        planned_cpu.append(used)
-            row = [statistics.median(v) * 1e3 for v in (cold, charge)]
-            row += [statistics.median(c - g for c, g in zip(cold, charge, strict=True)) * 1e3]
-            row += [statistics.median(v) * 1e3 for v in (cached, cpu, planned, planned_cpu)]
+                    if name == "cold":
+                        samples["charge"].append(ledger.charge_seconds)
+                        samples["cold cpu"].append(used)
+                    elif name == "planned":
+                        samples["planned cpu"].append(used)
+            pairs = zip(samples["cold"], samples["charge"], strict=True)
+            samples["cold-charge"] = [c - g for c, g in pairs]
+            row = [statistics.median(v) * 1e3 if v else math.nan for v in samples.values()]
             rows.append(row)
-            print(f"{sql[:56]:<58} {row[0]:>8.3f} {row[1]:>7.3f} {row[2]:>11.3f} {row[3]:>7.3f} "
-                  f"{row[4]:>8.3f} {row[5]:>8.3f} {row[6]:>8.3f}")  # fmt: skip
+            cells = zip(row, WIDTHS, strict=True)
+            text = " ".join("-".rjust(w) if math.isnan(v) else f"{v:>{w}.3f}" for v, w in cells)
+            print(f"{sql[:56]:<58} {text}")
         floor = fsync_floor(folder, args.repeat) * 1e3
         warm = parse_and_plan(session, args.repeat, lambda: None) * 1e3
         database = demo.demo_connection()
         after_call = parse_and_plan(
             session, args.repeat, lambda: database.execute("SELECT 1").fetchall()
         )
-    cold, charge, rest, cached, cpu, planned, planned_cpu = (
-        statistics.median(column) for column in zip(*rows, strict=True)
+    figure = dict(
+        zip(COLUMNS, (_median(column) for column in zip(*rows, strict=True)), strict=True)
     )
-    probe = python_probe_us() / 1e3  # ms
+    # each query's figure over the probe measured beside it (the machine's speed drifts)
+    units = {
+        name: _median([row[i] / probe for row, probe in zip(rows, probes, strict=True)])
+        for i, name in enumerate(COLUMNS)
+    }
     print(
         f"\nmedian over {len(QUERIES)} queries (load average {os.getloadavg()[0]:.2f}):\n"
-        f"  cold overhead     {cold:.3f} ms (target <= 1 ms; SmartNoise SQL 1.0.10 adds 23-95 ms)\n"
-        f"  of which charge   {charge:.3f} ms (one durable commit; a bare fsync here: "
+        f"  cold overhead     {figure['cold']:.3f} ms (target <= 1 ms; SmartNoise SQL 1.0.10 "
+        "adds 23-95 ms)\n"
+        f"  of which charge   {figure['charge']:.3f} ms (one durable commit; a bare fsync here: "
         f"{floor:.3f} ms)\n"
-        f"  cold minus charge {rest:.3f} ms\n"
-        f"  cold, CPU time    {cpu:.3f} ms (this thread, outside the database)\n"
-        f"  cached repeat     {cached:.3f} ms\n"
-        f"  planned before    {planned:.3f} ms (another analyst, the plan from the plan cache), "
-        f"CPU time {planned_cpu:.3f} ms\n"
+        f"  cold minus charge {figure['cold-charge']:.3f} ms\n"
+        f"  cold, CPU time    {figure['cold cpu']:.3f} ms (this thread, outside the database)\n"
+        f"  cached repeat     {figure['cached']:.3f} ms\n"
+        f"  planned before    {figure['planned']:.3f} ms (another analyst, the plan from the plan "
+        f"cache, no parse), CPU time {figure['planned cpu']:.3f} ms\n"
+        f"  new constants     {figure['new constants']:.3f} ms (a shape planned before, a constant "
+        "changed: planned afresh, constants are in the plan cache's key)\n"
         f"  parse and plan    {warm:.3f} ms back to back, {after_call * 1e3:.3f} ms after a "
         "database call (SELECT 1): the CPU caches it leaves cold\n"
-        f"in probe units ({probe * 1e3:.0f} us now):\n"
-        f"  cold              {cold / probe:5.1f} probes (target <= 10), CPU time "
-        f"{cpu / probe:.1f}\n"
-        f"  planned before    {planned / probe:5.1f} probes (target <= 2.5), CPU time "
-        f"{planned_cpu / probe:.1f}; a text with new constants is planned afresh: the cold figure"
+        f"in probe units (each query's figure over the probe measured beside it; probes "
+        f"{min(probes) * 1e3:.0f}-{max(probes) * 1e3:.0f} us):\n"
+        f"  cold              {units['cold']:5.1f} probes (target <= 10), CPU time "
+        f"{units['cold cpu']:.1f}\n"
+        f"  planned before    {units['planned']:5.1f} probes (target <= 2.5), CPU time "
+        f"{units['planned cpu']:.1f}\n"
+        f"  new constants     {units['new constants']:5.1f} probes (target <= 2.5)"
     )
+
+
+# Each query's columns, in the order printed, and their widths.
+COLUMNS = ("cold", "charge", "cold-charge", "cached", "cold cpu", "planned", "planned cpu",
+           "new constants")  # fmt: skip
+WIDTHS = (8, 7, 11, 7, 8, 8, 8, 8)
+_NUMBER = re.compile(r"\b\d+\b")
+
+
+def new_constant(text: str, run: int) -> str:
+    """`text` with its first constant after FROM changed (a dashboard's next value); the
+    text itself if it has none."""
+    head, found, tail = text.partition(" FROM ")
+    changed = _NUMBER.sub(lambda match: str(int(match.group()) + 1 + run % 5), tail, count=1)
+    return head + found + changed
+
+
+def _median(values: Any) -> float:
+    """The median of the values that were measured (a query without constants has none)."""
+    measured = [v for v in values if not math.isnan(v)]
+    return statistics.median(measured) if measured else math.nan
 
 
 if __name__ == "__main__":

@@ -332,6 +332,12 @@ class Session:
             cached = self.ledger.cached_release(self.analyst, fingerprint)
             if cached is not None:
                 return _decode(cached)
+            # A statement planned before is charged and released without parsing it:
+            # only a text that parsed as one query was planned under its tokens' key,
+            # and the same tokens parse to the same query.
+            plan = self.planned_before(key)
+            if plan is not None:
+                return self._released(plan, fingerprint)
         statement = parse_statement(sql, self.adapter.dialect, parameters, tokens=tokens, key=key)
         if statement.kind == "set":
             return self._set(statement)
@@ -445,15 +451,14 @@ class Session:
     def plan(self, tree: Any, key: str = "") -> Plan:
         """The plan of a parsed SELECT; `key` (its Statement.key) lets it come from the
         plan cache, with a secret of its own."""
-        with self._rng_lock:
-            secret = int(self._rng.integers(0, 2**62))
         # read once, for both the cache key and the planning
         units, references, proven = self.unique_units, self.unique_references, self.proven
         cache_key = self._plan_key(key, units, references, proven) if key else None
         if cache_key is not None:
-            cached = self.plans.get(cache_key, secret)
+            cached = self.plans.get(cache_key, self._secret)
             if cached is not None:
                 return cached
+        secret = self._secret()
         public_reads: list[str] = []
 
         def read_public(sql: str) -> list[tuple]:
@@ -479,6 +484,17 @@ class Session:
         if cache_key is not None and not public_reads:
             self.plans.put(cache_key, plan, secret)
         return plan
+
+    def planned_before(self, key: str) -> Plan | None:
+        """The plan kept for the statement of `key` (its Statement.key) under this session's
+        inputs as now read, with a secret of its own; None if the plan cache has none."""
+        units, references, proven = self.unique_units, self.unique_references, self.proven
+        return self.plans.get(self._plan_key(key, units, references, proven), self._secret)
+
+    def _secret(self) -> int:
+        """A fresh secret for the hash that bounds each unit's rows: one per plan."""
+        with self._rng_lock:
+            return int(self._rng.integers(0, 2**62))
 
     def _plan_key(
         self,
@@ -534,7 +550,10 @@ class Session:
 
     def _run(self, statement: Statement, fingerprint: str) -> Release:
         """Plan, charge and release one statement (_StateTaken: plan it again)."""
-        plan = self.plan(statement.tree, statement.key)
+        return self._released(self.plan(statement.tree, statement.key), fingerprint)
+
+    def _released(self, plan: Plan, fingerprint: str) -> Release:
+        """Charge and release `plan`, and store its release under `fingerprint`."""
         if not plan.cost.epsilon and not plan.cost.delta and not plan.cost.rho:
             # Free: a statement without a table, or one answered from stored state.
             return self._keep_state(self._release(plan))

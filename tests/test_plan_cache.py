@@ -13,6 +13,8 @@ option, the policy, the unique keys; and a fresh secret per release.
 
 from __future__ import annotations
 
+import datetime as dt
+
 import duckdb
 import numpy as np
 import pytest
@@ -47,6 +49,7 @@ POLICY = {
                 "educ": {"type": "int", "lower": 1, "upper": 16, "public": True},
                 "income": {"type": "float", "lower": 0, "upper": 100_000},
                 "city": {"type": "string"},
+                "day": {"type": "date"},
             },
         }
     },
@@ -55,10 +58,10 @@ POLICY = {
 
 ROWS = [
     (i % 60, (i * 37) % 101, i % 2, 1 + (i * 7) % 16, float((i * 7919) % 100_000),
-     ("north", "south", "east")[i % 3])
+     ("north", "south", "east")[i % 3], dt.date(2020, 1, 1) + dt.timedelta(days=(i * 13) % 366))
     for i in range(240)
 ]  # fmt: skip
-TABLE = "visits (pid INT, age INT, sex INT, educ INT, income DOUBLE PRECISION, city TEXT)"
+TABLE = "visits (pid INT, age INT, sex INT, educ INT, income DOUBLE PRECISION, city TEXT, day DATE)"
 
 
 @pytest.fixture(scope="module", params=["duckdb", "postgres"])
@@ -70,7 +73,7 @@ def database(request):
         return
     connection = duckdb.connect(":memory:")
     connection.execute(f"CREATE TABLE {TABLE}")
-    connection.executemany("INSERT INTO visits VALUES (?, ?, ?, ?, ?, ?)", ROWS)
+    connection.executemany("INSERT INTO visits VALUES (?, ?, ?, ?, ?, ?, ?)", ROWS)
     yield connection  # closed with the session on it
 
 
@@ -132,27 +135,48 @@ def assert_same(adapter, cached, cold) -> None:
 
 
 AGGREGATES = ["COUNT(*)", "SUM(income)", "AVG(age)", "SUM(age)", "COUNT(DISTINCT pid)",
-              "SUM(income / 1000)", "STDDEV(age)"]  # fmt: skip
-GROUPS = ["", "sex", "educ", "city", "sex, educ"]
+              "SUM(income / 1000)", "STDDEV(age)", "SUM(age * {})", "AVG(income / {})"]  # fmt: skip
+GROUPS = ["", "sex", "educ", "city", "sex, educ", "DATE_TRUNC('month', day)"]
 NUMBER = st.one_of(st.integers(-10, 120), st.floats(-10, 120).map(lambda x: round(x, 2)))
+# One value written as each type: 1, 1.5 and '1' are different statements to the analysis
+TYPED = st.one_of(
+    NUMBER.map(str),
+    st.integers(0, 120).map(lambda x: f"{x}.5"),
+    st.integers(0, 120).map(lambda x: f"'{x}'"),
+    st.integers(0, 120).map(lambda x: f"{x}e0"),
+)
+DAY = st.dates(dt.date(2019, 6, 1), dt.date(2021, 6, 1))
+CONDITIONS = [
+    "age > {}", "age < {}", "age BETWEEN {} AND {}", "income < {}000", "educ >= {}",
+    "sex = {}", "city = '{}'", "educ IN ({}, {})", "age >= {typed}", "educ < {typed}",
+    "CAST(age AS DOUBLE) < {}", "CAST(income AS INT) > {}000", "day >= DATE '{day}'",
+    "day < '{day}'", "day BETWEEN DATE '{day}' AND DATE '{day}'",
+]  # fmt: skip
+
+
+def _filled(draw, template: str) -> str:
+    """`template` with constants drawn for its holes: numbers, typed values, days."""
+    while "{typed}" in template:
+        template = template.replace("{typed}", draw(TYPED), 1)
+    while "{day}" in template:
+        template = template.replace("{day}", draw(DAY).isoformat(), 1)
+    if "city" in template:
+        return template.format(draw(st.sampled_from(["north", "south", "west"])))
+    return template.format(*[draw(NUMBER) for _ in range(template.count("{}"))])
 
 
 @st.composite
 def queries(draw) -> str:
-    """A query of a random shape with random constants over `visits`."""
+    """A query of a random shape with random constants over `visits`: constants that
+    tighten clamps, filter public keys, scale bounds, bound LIMIT, cast, compare dates,
+    and the same value written as an integer, a decimal, an exponent or a string."""
     group = draw(st.sampled_from(GROUPS))
     aggregates = draw(st.lists(st.sampled_from(AGGREGATES), min_size=1, max_size=2, unique=True))
-    conditions = draw(st.lists(st.sampled_from(
-        ["age > {}", "age < {}", "age BETWEEN {} AND {}", "income < {}000", "educ >= {}",
-         "sex = {}", "city = '{}'", "educ IN ({}, {})"]
-    ), max_size=3))  # fmt: skip
-    filled = []
-    for condition in conditions:
-        if "city" in condition:
-            values = [draw(st.sampled_from(["north", "south", "west"]))]
-        else:
-            values = [draw(NUMBER) for _ in range(condition.count("{}"))]
-        filled.append(condition.format(*values))
+    aggregates = [
+        a.format(draw(st.sampled_from(["2", "3", "0.5", "1.5", "10"]))) for a in aggregates
+    ]
+    conditions = draw(st.lists(st.sampled_from(CONDITIONS), max_size=3))
+    filled = [_filled(draw, condition) for condition in conditions]
     select = ", ".join([*filter(None, [group]), *aggregates])
     sql = f"SELECT {select} FROM visits"
     if draw(st.booleans()) and filled:  # the same as a relation: a subquery's WHERE
@@ -186,6 +210,36 @@ def test_cached_path_plans_as_the_cold_path(adapter, policy, sql, options, seed)
     cached, cold = sessions(adapter, policy, SHARED, seed, options)
     for _ in range(2):  # the second is a hit on the first (or on an earlier example's)
         assert_same(adapter, planned(cached, sql), planned(cold, sql))
+
+
+def executed(session: Session, sql: str):
+    """What executing `sql` releases (columns, rows, notes, accuracy), or its refusal's text."""
+    try:
+        release = session.execute(sql)
+    except QueryRefused as refusal:
+        return str(refusal)
+    return release.columns, release.rows, release.notes, release.accuracy
+
+
+EXECUTED = PlanCache()  # the execute path's cache, shared by every example as SHARED is
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(sql=queries(), options=OPTIONS, seed=st.integers(0, 2**32))
+def test_a_statement_planned_before_releases_as_the_cold_path(adapter, policy, sql, options, seed):
+    """Through execute: another analyst plans `sql` first, then a session finds the plan by
+    the text's tokens (no parse) and releases what a session without a cache releases,
+    drawing the same secrets and noise: the same rows, notes, accuracy and charge."""
+    warm = Session(adapter, policy, Ledger(":memory:"), analyst="other")
+    warm.plans = EXECUTED
+    cached, cold = sessions(adapter, policy, EXECUTED, seed, options)
+    for name, value in options:
+        warm.set_option(name, value)
+    executed(warm, sql)
+    assert executed(cached, sql) == executed(cold, sql)
+    assert cached.budget() == cold.budget()
 
 
 def test_the_cache_is_used_and_each_hit_has_a_fresh_secret(adapter, policy):
@@ -276,3 +330,49 @@ def test_another_analyst_reuses_the_plan_and_is_charged(adapter, policy, monkeyp
     assert len(calls) == 1  # planned once, for both analysts
     assert first.budget().epsilon_spent == second.budget().epsilon_spent == 1.0
     assert second.execute(sql).rows == second.execute(sql).rows  # its own release, kept
+
+
+def test_a_statement_planned_before_is_charged_and_released_without_a_parse(
+    adapter, policy, monkeypatch
+):
+    parses = []
+    parse = dpsql.session.parse_statement
+    monkeypatch.setattr(
+        dpsql.session, "parse_statement", lambda *a, **k: parses.append(a) or parse(*a, **k)
+    )
+    shared = PlanCache()
+    sql = "SELECT city, SUM(income) FROM visits WHERE age > 20 GROUP BY city"
+    warm = Session(adapter, policy, Ledger(":memory:"))
+    warm.plans = shared
+    warm.execute(sql)
+    assert len(parses) == 1
+    hit, cold = (Session(adapter, policy, Ledger(":memory:"), seed=11) for _ in range(2))
+    hit.plans, cold.plans = shared, PlanCache(0)
+    one = hit.execute(sql)
+    assert len(parses) == 1  # the hit: tokens, charge, release; no parse
+    two = cold.execute(sql)
+    assert len(parses) == 2
+    assert (one.columns, one.rows, one.notes, one.accuracy) == (
+        two.columns, two.rows, two.notes, two.accuracy
+    )  # fmt: skip
+    assert hit.budget().epsilon_spent == cold.budget().epsilon_spent == 1.0
+    assert hit.execute(sql).rows == one.rows  # stored: a repeat is the release cache's
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT SUM(age) FROM visits WHERE age < {}",
+    "SELECT educ, COUNT(*) FROM visits WHERE educ >= {} GROUP BY educ",
+    "SELECT SUM(age * {}) FROM visits",
+])  # fmt: skip
+def test_a_constant_written_as_another_type_is_another_key(adapter, policy, sql):
+    """1, 1.5, '1' and 1e0 are different statements to the analysis (casts, bounds,
+    kinds of comparison): each gets the plan planning builds for it, never another's."""
+    cached, cold = sessions(adapter, policy, PlanCache(), seed=12)
+    texts = [sql.format(c) for c in ("14", "14.5", "'14'", "14e0")]
+    measured = set()
+    for _ in range(2):  # the second round: each a hit on its own plan, none on another's
+        for text in texts:
+            plan = planned(cached, text)
+            assert_same(adapter, plan, planned(cold, text))
+            measured.add(str(plan) if isinstance(plan, QueryRefused) else tuple(plan.explain()[1:]))
+    assert len(measured) > 1  # the types do change the plan

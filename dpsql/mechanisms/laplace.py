@@ -50,7 +50,7 @@ def _tail_exceeds(scale: Fraction, miss: Fraction, m: int) -> bool:
     return tail.exceeds(miss)
 
 
-@functools.lru_cache(maxsize=256)  # exact, hence slow-ish; the same scales recur query after query
+@functools.lru_cache(maxsize=1024)  # exact, hence slow-ish; every release reports its interval
 def half_width_units(scale: Fraction, miss: Fraction) -> int:
     """The smallest integer m with P(|Z| > m) <= miss for discrete Laplace of this scale.
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from dpsql.lru import WeightedLru
@@ -50,12 +50,14 @@ class PlanCache:
     def __init__(self, size: int = PLANS):
         self._plans = WeightedLru(size) if size > 0 else None
 
-    def get(self, key: Hashable, seed: int) -> DirectPlan | None:
-        """The plan kept under `key`, its SQL keyed by `seed`; None if none is kept."""
+    def get(self, key: Hashable, secret: Callable[[], int]) -> DirectPlan | None:
+        """The plan kept under `key`, its SQL keyed by a secret `secret()` draws; None (and
+        nothing drawn) if none is kept: a miss leaves the secrets to the planning."""
         entry = self._plans.get(key) if self._plans is not None else None
         if entry is None:
             return None
         plan = copy.copy(entry.plan)
+        seed = secret()
         plan.sql = "".join(p if isinstance(p, str) else str(seed + p) for p in entry.pieces)
         return plan
 
