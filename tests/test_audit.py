@@ -129,9 +129,9 @@ def test_a_median_stays_below_its_claim_and_a_broken_one_is_flagged(monkeypatch)
     around the first stage's pick), RUNS runs per database: the honest plan stays below
     its claim; one whose sampler spends 64 times the epsilon it is given in both stages
     (a 64th of the noise scale; its prior on the exponents' lattice rescaled with it) is
-    flagged at the same runs. Half the noise is not enough to see: the median's
-    utility moves by at most s/2 when a unit goes, so the honest release spends at most
-    epsilon / 2, and a half-noise one at most its claim (docs/audit.md)."""
+    flagged at the same runs. Unit 0 moves the median's target rank by one, the
+    utility's whole sensitivity max(q, 1 - q) s, so the honest release may spend its
+    whole epsilon on this neighbour (docs/audit.md)."""
     runs = 600
     epsilon, delta, finding = audit_query(QUERIES["median"], runs, epsilon=1 / 16, seed=7)
     assert (epsilon, delta) == (1 / 16, 0.0) and finding.epsilon_bound <= epsilon, finding

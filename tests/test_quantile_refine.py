@@ -17,6 +17,7 @@ from test_quantiles import assert_draws_follow
 
 import dpsql
 from dpsql.mechanisms.quantiles import (
+    exponent_rate,
     exponential_quantile,
     lattice_prior,
     quantile_weights,
@@ -53,7 +54,7 @@ def test_a_prior_on_the_lattice_is_the_closed_form() -> None:
     counts, q, epsilon, s = [3, 0, 9, 4, 1, 0, 6, 2], Fraction(1, 2), Fraction(3, 2), 2
     logs = np.array([0.0, -math.log(4)] * 4)
     prior = lattice_prior(logs, q, epsilon, s)
-    rate = epsilon / (2 * s * q.denominator)
+    rate = exponent_rate(q, epsilon, s)
     assert prior.rate == rate
     with pytest.raises(ValueError, match="rate"):  # a prior for another epsilon
         exponential_quantile(counts, q, epsilon * 2, np.random.default_rng(1), prior, s)

@@ -53,7 +53,7 @@ def check_quantiles(cursor: dpsql.Cursor, truth: duckdb.DuckDBPyConnection) -> N
         cursor.execute(sql)
         rows = cursor.fetchall()
         assert rows, sql
-        bound = rank_error_bound(Fraction(1, shares), sensitivity, buckets, 1e-4)
+        bound = rank_error_bound(Fraction(1, shares), sensitivity, buckets, 1e-4, Fraction(q))
         argument = "income" if "income" in sql else "age"
         grouped = "educ" if "educ" in sql else OLD
         for row in rows:

@@ -6,29 +6,30 @@ counted in the end buckets). Candidate `i` has utility
 
     u(i) = -| rank(i) - q n |,   rank(i) = counts[0] + ... + counts[i],  n = sum(counts)
 
-and is released with probability proportional to mu(i) exp(epsilon u(i) / 2), where the
-base measure mu(i) = e^-prior(i) is fixed by the caller before the data are read. A
-grid of round numbers reaching far past any data has a long flat run of candidates
-above the largest value, all of utility about -(1 - q) n: with a uniform mu, small
-epsilons land anywhere in it (an upper bound of 1e12 for prices below 1000). A mu
-that shrinks with the candidate's size makes the first of them likelier than the
-rest, so a weak estimate errs by a few grid steps, not decades.
+and is released with probability proportional to mu(i) exp(epsilon u(i) / (2 Delta)),
+Delta = max(q, 1 - q) s (below), where the base measure mu(i) = e^-prior(i) is fixed by
+the caller before the data are read. A grid of round numbers reaching far past any
+data has a long flat run of candidates above the largest value, all of utility about
+-(1 - q) n: with a uniform mu, small epsilons land anywhere in it (an upper bound of
+1e12 for prices below 1000). A mu that shrinks with the candidate's size makes the
+first of them likelier than the rest, so a weak estimate errs by a few grid steps, not
+decades.
 
-Privacy map: adding or removing one value moves every rank by 0 or 1 and q n
-by q, so each utility moves by at most max(q, 1 - q) < 1; with the usual factor
-2 in the exponent the release is epsilon-DP. A privacy unit that adds up to
-`sensitivity` = s values (max_rows_per_unit, times max_groups_per_unit when the
-same epsilon covers every group it reaches) moves each rank by between 0 and
-m <= s and q n by q m, so each utility by at most max(q, 1 - q) s < s: the
-exponent epsilon d(i) / (2 s) keeps the release epsilon-DP per unit (McSherry & Talwar 2007; a base
-measure independent of the data cancels from the ratio of any two databases'
-probabilities), under the neighbouring relation of whoever built the histogram
-(one value per privacy unit gives user-level DP). The output is one of the grid's candidates, fixed
-before the data are read, so no floating-point value of the data can show
-through it.
+Privacy map: a privacy unit that adds up to `sensitivity` = s values
+(max_rows_per_unit, times max_groups_per_unit when the same epsilon covers every group
+it reaches) adds m <= s values: each rank grows by some r in [0, m] and q n by q m, so
+rank(i) - q n moves by r - q m, within [-q m, (1 - q) m], and each utility by at most
+Delta = max(q, 1 - q) s (for the median s / 2, not s). With the exponent
+epsilon u(i) / (2 Delta) the release is epsilon-DP per unit (McSherry & Talwar 2007: the
+numerator and the normaliser each move by at most e^(epsilon / 2); a base measure
+independent of the data cancels from the ratio of any two databases' probabilities),
+under the neighbouring relation of whoever built the histogram (one value per privacy
+unit gives user-level DP); tests/test_quantiles.py checks the ratio on every neighbour
+of small histograms. The output is one of the grid's candidates, fixed before the data
+are read, so no floating-point value of the data can show through it.
 
 Sampling is exact: a candidate is proposed uniformly (`uniform_below`) and
-accepted with probability e^-x(i), x(i) = epsilon d(i) / 2 + prior(i) - min_j(...),
+accepted with probability e^-x(i), x(i) = epsilon d(i) / (2 Delta) + prior(i) - min_j(...),
 d(i) = |rank(i) - q n|. The exponents are computed in integers on a lattice, x(i) =
 m(i) step with step rational and m(i) a non-negative integer (`exponent_lattice`), and
 e^-(m step) is the product over the bits j of m of e^-(2^j step): a proposal is
@@ -79,11 +80,21 @@ def quantile_cost(epsilon: Fraction) -> Cost:
 ROUNDS_PER_CANDIDATE = 28
 
 
-def rank_error_bound(epsilon: Fraction, sensitivity: int, candidates: int, beta: float) -> float:
+def exponent_rate(q: Fraction, epsilon: Fraction, sensitivity: int) -> Fraction:
+    """The exponent's step per unit of the integer distance |D rank - a n| (q = a / D):
+    epsilon / (2 Delta) per rank, Delta = max(q, 1 - q) s the utility's sensitivity."""
+    q = Fraction(q)
+    return Fraction(epsilon) / (2 * sensitivity * max(q.numerator, q.denominator - q.numerator))
+
+
+def rank_error_bound(
+    epsilon: Fraction, sensitivity: int, candidates: int, beta: float, q: Fraction
+) -> float:
     """With probability >= 1 - beta, the released candidate's |rank - q n| exceeds the
     best candidate's by at most this (McSherry & Talwar's bound for a uniform prior):
-    2 s ln(candidates / beta) / epsilon."""
-    return 2 * sensitivity * math.log(candidates / beta) / float(epsilon)
+    2 Delta ln(candidates / beta) / epsilon, Delta = max(q, 1 - q) s."""
+    spread = max(Fraction(q), 1 - Fraction(q)) * sensitivity
+    return 2 * float(spread) * math.log(candidates / beta) / float(epsilon)
 
 
 def quantile_weights(
@@ -103,12 +114,12 @@ def quantile_weights(
 
 @dataclass(frozen=True)
 class RatePrior:
-    """A prior on the exponents' own lattice: -log mu(i) = multiples[i] epsilon / (2 s D)
-    (q = a / D), whole multiples of the step the uniform prior's exponents take, so the
+    """A prior on the exponents' own lattice: -log mu(i) = multiples[i] times the rate
+    (`exponent_rate`), whole multiples of the step the uniform prior's exponents take, so the
     sampler's integers stay as small as without it (`lattice_prior` makes one)."""
 
     multiples: np.ndarray  # int64, >= 0
-    rate: Fraction  # epsilon / (2 s D): a sampler at any other rate refuses it
+    rate: Fraction  # exponent_rate's: a sampler at any other rate refuses it
 
     def __len__(self) -> int:
         return len(self.multiples)
@@ -135,7 +146,7 @@ def exponent_lattice(
     given = prior.multiples if isinstance(prior, RatePrior) else prior
     if len(given) and (len(given) != len(counts) or min(given) < 0):
         raise ValueError("the prior needs one non-negative exponent per candidate")
-    q, rate = Fraction(q), Fraction(epsilon) / (2 * sensitivity * Fraction(q).denominator)
+    q, rate = Fraction(q), exponent_rate(q, epsilon, sensitivity)
     if isinstance(prior, RatePrior) and prior.rate != rate:
         raise ValueError(f"a prior on the lattice of rate {prior.rate} sampled at rate {rate}")
     ranks = list(itertools.accumulate(int(c) for c in counts))
@@ -175,7 +186,7 @@ def lattice_prior(
     sensitivity: the measure moves by a factor of at most e^(step / 2), and a base
     measure fixed before the data are read leaves the privacy map as it is (the
     rounding, in floats, reads only those data-independent numbers)."""
-    rate = Fraction(epsilon) / (2 * sensitivity * Fraction(q).denominator)
+    rate = exponent_rate(q, epsilon, sensitivity)
     steps = np.rint(-np.asarray(log_measure, dtype=float) / float(rate)).astype(np.int64)
     return RatePrior(steps, rate)
 

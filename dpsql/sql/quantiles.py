@@ -391,20 +391,27 @@ class QuantilePlan:
 
     def accuracy(self) -> dict[str, Accuracy]:
         """The accuracy of each output that is a quantile as such, by its name."""
+        index = {id(aggregate): i for i, aggregate in enumerate(self.analysis.aggregates)}
         return {
-            name: self._accuracy()
+            name: self._accuracy(self.specs[index[id(aggregate)]].qs)
             for name, (_, aggregate) in zip(self.names, _outputs(self.analysis), strict=True)
             if aggregate is not None and aggregate.function == "quantile"
         }
 
-    def _rank_bound(self) -> float:
-        return rank_error_bound(Fraction(self.share), self.sensitivity, self.grid.most, 0.05)
+    def _rank_bound(self, qs: Sequence[Fraction] | None = None) -> float:
+        """The 95% rank bound of the quantile fractions `qs` (all the plan's: None), the
+        widest of them (the one farthest from the median)."""
+        qs = qs or [q for spec in self.specs.values() for q in spec.qs]
+        q = max(qs, key=lambda q: max(q, 1 - q))
+        share = Fraction(self.share)
+        return rank_error_bound(share, self.sensitivity, self.grid.most, 0.05, q)
 
-    def _accuracy(self) -> Accuracy:
-        bound = self._rank_bound()
+    def _accuracy(self, qs: Sequence[Fraction]) -> Accuracy:
+        bound = self._rank_bound(qs)
+        spread = max(max(q, 1 - q) for q in qs) * self.sensitivity
         return Accuracy(
             mechanism="exponential",
-            scale=2 * self.sensitivity / self.share,
+            scale=float(2 * spread / Fraction(self.share)),
             interval95=None,
             sensitivity=self.sensitivity,
             note=(
