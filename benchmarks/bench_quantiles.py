@@ -4,7 +4,9 @@ Prints, measured in this run:
 
 * DP time (plan, bounded histogram in DuckDB, exact exponential mechanism) over raw
   `quantile_cont` time on the same table, beside the target (<= 1.5x);
-* the rank error of dpsql's release at epsilon 1 (mean over a few releases) and, if it
+* the rank error of dpsql's release at epsilon 1 (mean over `--releases`, with its
+  standard error) beside the expected rank error of the continuous exponential
+  mechanism (Tumult Analytics' algorithm) computed exactly on the same table, and, if it
   can be imported, OpenDP's quantile at the same epsilon on the same data over 1025
   candidates (`pip install opendp`; it is no test dependency), with the ratio
   dpsql / OpenDP (below 1: dpsql is closer);
@@ -101,11 +103,18 @@ def main() -> None:
             )
             runs.append((elapsed, rows[0][0]))
         dp = min(elapsed for elapsed, _ in runs[: args.repeat])
-        error = _rank_error(ordered, [v for _, v in runs[: args.releases]], q)
+        errors = _rank_errors(ordered, [v for _, v in runs[: args.releases]], q)
+        error = float(np.mean(errors))
         print(
             f"{name}: DP {dp:.3f}s / raw {raw:.3f}s = {dp / raw:.2f}x (target <= 1.5x); "
-            f"dpsql rank error at epsilon 1: {error:.1f} of {len(ordered)} "
-            f"(mean of {args.releases} releases)"
+            f"dpsql rank error at epsilon 1: {error:.2f} +- {_sem(errors):.2f} of "
+            f"{len(ordered)} (mean of {args.releases} releases +- its standard error)"
+        )
+        closed = _continuous_error(ordered, q, 1.0)
+        print(
+            f"  the continuous exponential mechanism (Tumult's algorithm: gaps between "
+            f"values, Delta = max(q, 1 - q)) in closed form on the whole table: "
+            f"expected rank error {closed:.2f}; dpsql / it = {error / closed:.2f}"
         )
         peer, text = _opendp(ordered, q, args.releases)
         ratio = f"; dpsql / OpenDP = {error / peer:.2f}" if peer else ""
@@ -132,9 +141,31 @@ def _read(step: int) -> str:
     return "the whole table" if step == 1 else f"a 1-in-{step} sample of the sorted table"
 
 
+def _rank_errors(ordered: np.ndarray, releases: list[float], q: float) -> np.ndarray:
+    """Each release's distance, in rows of the whole sorted table, from its rank to q's."""
+    return np.array([abs(_rank(ordered, v) - q * len(ordered)) for v in releases])
+
+
 def _rank_error(ordered: np.ndarray, releases: list[float], q: float) -> float:
     """Mean distance, in rows of the whole sorted table, from each release's rank to q's."""
-    return float(np.mean([abs(_rank(ordered, v) - q * len(ordered)) for v in releases]))
+    return float(np.mean(_rank_errors(ordered, releases, q)))
+
+
+def _sem(values: np.ndarray) -> float:
+    return float(np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) > 1 else 0.0
+
+
+def _continuous_error(ordered: np.ndarray, q: float, epsilon: float) -> float:
+    """The expected rank error of the exponential mechanism over the gaps between the
+    sorted values and the bounds (gap i, i values below it, weighed by its width times
+    e^(-epsilon |i - q n| / (2 max(q, 1 - q)))), a value uniform within the gap chosen:
+    Tumult Analytics' quantile, exactly, without sampling it."""
+    edges = np.concatenate([[LOWER], ordered, [UPPER]])
+    distance = np.abs(np.arange(len(ordered) + 1) - q * len(ordered))
+    with np.errstate(divide="ignore"):
+        log_weights = np.log(np.diff(edges)) - epsilon * distance / (2 * max(q, 1 - q))
+    weights = np.exp(log_weights - log_weights.max())
+    return float(np.sum(weights * distance) / np.sum(weights))
 
 
 def _tumult(database, step: int, python: str | None, trials: int) -> list[dict] | str:
