@@ -711,11 +711,11 @@ def _capped_before(first: exp.Expression, cap: int) -> exp.Expression:
     )
 
 
-def _capped_rows(cap: int) -> exp.Expression:
-    """min(_UNIT_ROWS, cap)."""
+def _capped_rows(cap: int, rows: str = _UNIT_ROWS) -> exp.Expression:
+    """min(`rows`, cap), `rows` a column of a unit's rows."""
     # a CASE, not LEAST: DuckDB's LEAST would be spelled NULL-safe, a CASE more per row
-    above = exp.GT(this=exp.column(_UNIT_ROWS), expression=exp.convert(cap))
-    return exp.Case(ifs=[exp.If(this=above, true=exp.convert(cap))], default=exp.column(_UNIT_ROWS))
+    above = exp.GT(this=exp.column(rows), expression=exp.convert(cap))
+    return exp.Case(ifs=[exp.If(this=above, true=exp.convert(cap))], default=exp.column(rows))
 
 
 def _rank_filter(analysis: Analysis, single: bool) -> exp.Expression:
@@ -756,7 +756,8 @@ def _per_group_query(
     (the row window's ranks would all be within the bound); the others' rows are ranked
     as _bounded ranks them. Which side a unit is on is `unit IN (units over the bound)`
     and its complement, so each unit is counted on exactly one. One row per unit
-    (_UNITS, from the per-group rows) says which units are over either bound.
+    (_UNITS, from the per-group rows; without keys the per-group rows are that) says
+    which units are over either bound.
 
     `before_cap` adds the bounding note's two columns (sql/bounding.py): each kept
     (unit, group) row carries the rows it kept, and the first group returned carries
@@ -788,20 +789,25 @@ def _per_group_query(
         select = exp.select(*items, copy=False).from_(rows, copy=False)
         return select.group_by(*grouped, copy=False)
 
+    # one row per unit: without keys the per-group rows are, and a unit's rows are _ROWS
+    units_table, most_rows, unit_rows = (
+        (_UNITS, _MOST_ROWS, _UNIT_ROWS) if keys else (_PER_GROUP, _ROWS, _ROWS)
+    )
+
     def units_where(condition: exp.Expression) -> exp.Expression:
-        chosen = exp.select(unit_column.copy(), copy=False).from_(_named(_UNITS), copy=False)
+        chosen = exp.select(unit_column.copy(), copy=False).from_(_named(units_table), copy=False)
         return chosen.where(condition, copy=False).subquery()
 
     # per unit, from its few per-group rows: its largest group, its groups, its rows
     unit_items = [
         unit_column.copy(),
         exp.Max(this=rows_column.copy()).as_(_MOST_ROWS, copy=False),
-        *([exp.Count(this=exp.Star()).as_(_GROUP_COUNT, copy=False)] if keys else []),
+        exp.Count(this=exp.Star()).as_(_GROUP_COUNT, copy=False),
         *([exp.Sum(this=rows_column.copy()).as_(_UNIT_ROWS, copy=False)] if noted else []),
     ]
     units = exp.select(*unit_items, copy=False).from_(_named(_PER_GROUP), copy=False)
     units = units.group_by(unit_column.copy(), copy=False)
-    over = exp.GT(this=exp.column(_MOST_ROWS), expression=exp.convert(max_rows))
+    over = exp.GT(this=exp.column(most_rows), expression=exp.convert(max_rows))
     noted_columns = [rows_column] if noted else []
     within = exp.select(
         unit_column.copy(), *[c.copy() for c in key_columns + measured + noted_columns],
@@ -819,8 +825,9 @@ def _per_group_query(
         exp.LTE(this=exp.column(_ROW_RANK), expression=exp.convert(max_rows)), copy=False
     )
     kept: exp.Expression = exp.union(within, beyond, distinct=False, copy=False)
-    ctes = [(_FILTERED, filtered), (_PER_GROUP, per_group(_named(_FILTERED))), (_UNITS, units)]
+    ctes = [(_FILTERED, filtered), (_PER_GROUP, per_group(_named(_FILTERED)))]
     if keys:
+        ctes.append((_UNITS, units))
         # one row per unit and group: ROW_NUMBER ranks groups as DENSE_RANK ranked rows,
         # for the units with more than max_groups_per_unit groups only (the others keep
         # all theirs), each unit on one side as above
@@ -863,7 +870,7 @@ def _per_group_query(
         for c in measured
     ]
     units_counted = [exp.Count(this=exp.Star()).as_(UNITS_COLUMN, copy=False)] if with_units else []
-    note = _noted_totals(before_cap) if noted else []
+    note = _noted_totals(before_cap, units_table, unit_rows) if noted else []
     query = exp.select(
         *[c.copy().as_(c.name, copy=False) for c in key_columns], *summed, *units_counted,
         *note, copy=False,
@@ -881,14 +888,15 @@ def _per_group_query(
     return query
 
 
-def _noted_totals(cap: int) -> list[exp.Expression]:
+def _noted_totals(cap: int, units: str, unit_rows: str) -> list[exp.Expression]:
     """_per_group_query's BEFORE_COLUMN and KEPT_COLUMN: on the first group returned, the
     capped count of each unit's rows before the bounding summed over the units (a scalar
-    over _UNITS; 0 on the other groups), and on each group the rows it kept."""
+    over `units`, one row per unit with its rows in `unit_rows`; 0 on the other groups),
+    and on each group the rows it kept."""
     capped = exp.select(
-        exp.Coalesce(this=exp.Sum(this=_capped_rows(cap)), expressions=[exp.convert(0)]),
+        exp.Coalesce(this=exp.Sum(this=_capped_rows(cap, unit_rows)), expressions=[exp.convert(0)]),
         copy=False,
-    ).from_(_named(_UNITS), copy=False)
+    ).from_(_named(units), copy=False)
     first = exp.EQ(
         this=exp.Window(this=exp.RowNumber(), partition_by=[]), expression=exp.convert(1)
     )

@@ -201,43 +201,46 @@ def _cte(tree: exp.Expression, name: str) -> exp.Select:
 
 def _assert_bounded_per_group(tree: exp.Select, analysis: Any, text: str) -> None:
     """rewrite._per_group_query's shape: the rows aggregated per unit and group, then per
-    unit (its largest group's rows, its groups); a unit with a group of more than
-    max_rows_per_unit rows on one side (its rows ranked by a row window over the unit and
-    keys, at most max_rows_per_unit kept), every other unit on the other (`NOT unit IN`
-    the same units); then at most max_groups_per_unit groups per unit, ranked over the
-    unit, for the units with more groups."""
+    unit (its largest group's rows, its groups; without keys, the per-group rows); a unit
+    with a group of more than max_rows_per_unit rows on one side (its rows ranked by a row
+    window over the unit and keys, at most max_rows_per_unit kept), every other unit on
+    the other (`NOT unit IN` the same units); then at most max_groups_per_unit groups per
+    unit, ranked over the unit, for the units with more groups."""
     table, keys = analysis.table, analysis.keys
     unit, rows, groups = table.privacy_unit, table.max_rows_per_unit, table.max_groups_per_unit
     per_group = _cte(tree, "__dpsql_per_group")
     assert per_group.args["group"].expressions[0].name.lower() == unit, text
     assert len(per_group.args["group"].expressions) == 1 + len(keys), text
-    units = _cte(tree, "__dpsql_units_over")
-    assert [g.name for g in units.args["group"].expressions] == ["__dpsql_unit"], text
-    assert units.args["from_"].this.name == "__dpsql_per_group", text
-    per_unit = {item.alias: item.this for item in units.expressions}
-    most = per_unit["__dpsql_most_rows"]
-    assert isinstance(most, exp.Max) and most.this.name == "__dpsql_rows", text
     within, _ = _sides(_rows_union(tree), unit, text)
-    _assert_units_over(within, "__dpsql_most_rows", rows, text)
+    if not keys:  # one row per unit already
+        _assert_units_over(within, "__dpsql_per_group", "__dpsql_rows", rows, text)
+    else:
+        units = _cte(tree, "__dpsql_units_over")
+        assert [g.name for g in units.args["group"].expressions] == ["__dpsql_unit"], text
+        assert units.args["from_"].this.name == "__dpsql_per_group", text
+        per_unit = {item.alias: item.this for item in units.expressions}
+        most = per_unit["__dpsql_most_rows"]
+        assert isinstance(most, exp.Max) and most.this.name == "__dpsql_rows", text
+        assert isinstance(per_unit["__dpsql_group_count"], exp.Count), text
+        _assert_units_over(within, "__dpsql_units_over", "__dpsql_most_rows", rows, text)
     windows = {w.parent.alias: w for w in tree.find_all(exp.Window)}
     row_rank = windows["__dpsql_row_rank"]
     assert _partitioned_by_unit(row_rank, unit), text
     assert len(row_rank.args["partition_by"]) == 1 + len(keys), text
     assert _rank_limits(_rows_union(tree).expression) == {"__dpsql_row_rank": rows}, text
     if keys:
-        assert isinstance(per_unit["__dpsql_group_count"], exp.Count), text
         group_rank = windows["__dpsql_group_rank"]
         assert _partitioned_by_unit(group_rank, "__dpsql_unit"), text
         groups_union = next(u for u in tree.find_all(exp.Union) if u is not _rows_union(tree))
         few, _ = _sides(groups_union, "__dpsql_unit", text)
-        _assert_units_over(few, "__dpsql_group_count", groups, text)
+        _assert_units_over(few, "__dpsql_units_over", "__dpsql_group_count", groups, text)
         assert _rank_limits(groups_union.expression) == {"__dpsql_group_rank": groups}, text
 
 
-def _assert_units_over(side: exp.In, column: str, bound: int, text: str) -> None:
-    """`side` chooses the units of __dpsql_units_over whose `column` is over `bound`."""
+def _assert_units_over(side: exp.In, table: str, column: str, bound: int, text: str) -> None:
+    """`side` chooses the units of `table` whose `column` is over `bound`."""
     chosen = side.args["query"].this
-    assert chosen.args["from_"].this.name == "__dpsql_units_over", text
+    assert chosen.args["from_"].this.name == table, text
     condition = chosen.args["where"].this
     assert isinstance(condition, exp.GT) and condition.this.name == column, text
     assert int(condition.expression.this) == bound, text
