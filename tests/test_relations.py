@@ -931,8 +931,8 @@ def test_bounding_per_group_keeps_the_rows_the_windows_keep(warehouse, monkeypat
     (rewrite._per_group_query). At one secret its exact aggregates are the row windows'
     exactly: with most units over small bounds, and with the policy's bounds, which no
     unit exceeds; and they move on neighbours by at most the stated sensitivities. With
-    the bounding note, its two totals (the last columns, summed over the groups, each
-    unit's capped count on one of its kept rows) are the windows' too."""
+    the bounding note, its two totals (the last columns, summed over the groups) are the
+    windows' too."""
     policy = _loaded_policy(warehouse)
     options = dataclasses.replace(_options(), bounding_note=note)
     noted = 2 if note == "on" else 0

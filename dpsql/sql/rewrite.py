@@ -47,7 +47,9 @@ _SOURCE = "__dpsql_source"
 _ROWS = "__dpsql_rows"  # a unit's rows in one group (_per_group_query)
 _FILTERED, _PER_GROUP, _KEPT = "__dpsql_filtered", "__dpsql_per_group", "__dpsql_kept"
 _GROUPS = "__dpsql_groups"  # one row per unit and group, each group's rows bounded
-_FIRST = "__dpsql_first"  # 1 on one kept row of each unit (the bounding note's counts)
+_UNITS = "__dpsql_units_over"  # one row per unit: what says it is over a bound
+_MOST_ROWS = "__dpsql_most_rows"  # a unit's rows in its largest group
+_GROUP_COUNT = "__dpsql_group_count"  # a unit's groups
 # Dialects where _per_group_query was measured faster
 # than the row windows (DuckDB: a COUNT over lineitem joined to orders 3x faster, a
 # grouped SUM 4-6x, unless most units exceed max_rows_per_unit: up to 1.6x slower)
@@ -107,8 +109,10 @@ def rewrite(
     `bucket` (a row expression) groups by it too, after the bounding, as the last key
     (BUCKET_KEY): one row per group and bucket, a bounded histogram (sql/quantiles.py).
     `before_cap` (a table whose rows are bounded) adds two last columns: BEFORE_COLUMN,
-    the sum over the units whose first kept row is in the group of min(the unit's rows
-    before the bounding, before_cap), and KEPT_COLUMN, the rows the group kept.
+    the sum of min(a unit's rows before the bounding, before_cap) over the units whose
+    first kept row is in the group (_per_group_query: over all units, on the first group
+    returned), and KEPT_COLUMN, the rows the group kept; only their totals over the
+    groups returned are used.
     """
     table = analysis.table
     keys = _canonical_keys(analysis, dialect)
@@ -702,12 +706,16 @@ def _before_and_kept(analysis: Analysis, cap: int, single: bool) -> list[exp.Exp
 
 def _capped_before(first: exp.Expression, cap: int) -> exp.Expression:
     """The sum, over the rows where `first` holds (one per unit), of min(_UNIT_ROWS, cap)."""
-    # a CASE, not LEAST: DuckDB's LEAST would be spelled NULL-safe, a CASE more per row
-    above = exp.GT(this=exp.column(_UNIT_ROWS), expression=exp.convert(cap))
-    capped = exp.Case(
-        ifs=[exp.If(this=above, true=exp.convert(cap))], default=exp.column(_UNIT_ROWS)
+    return exp.Sum(
+        this=exp.Case(ifs=[exp.If(this=first, true=_capped_rows(cap))], default=exp.convert(0))
     )
-    return exp.Sum(this=exp.Case(ifs=[exp.If(this=first, true=capped)], default=exp.convert(0)))
+
+
+def _capped_rows(cap: int, rows: str = _UNIT_ROWS) -> exp.Expression:
+    """min(`rows`, cap), `rows` a column of a unit's rows."""
+    # a CASE, not LEAST: DuckDB's LEAST would be spelled NULL-safe, a CASE more per row
+    above = exp.GT(this=exp.column(rows), expression=exp.convert(cap))
+    return exp.Case(ifs=[exp.If(this=above, true=exp.convert(cap))], default=exp.column(rows))
 
 
 def _rank_filter(analysis: Analysis, single: bool) -> exp.Expression:
@@ -747,13 +755,15 @@ def _per_group_query(
     A unit none of whose groups has more than max_rows_per_unit rows keeps every row
     (the row window's ranks would all be within the bound); the others' rows are ranked
     as _bounded ranks them. Which side a unit is on is `unit IN (units over the bound)`
-    and its complement, so each unit is counted on exactly one.
+    and its complement, so each unit is counted on exactly one. One row per unit
+    (_UNITS, from the per-group rows; without keys the per-group rows are that) says
+    which units are over either bound.
 
-    `before_cap` adds the bounding note's two columns as rewrite's windows give them
-    (sql/bounding.py): each kept (unit, group) row carries the rows it kept and the
-    unit's rows before the bounding (a window over its per-group rows, or over its rows
-    where they are ranked), and the capped count is added on one kept row of each unit
-    (a ROW_NUMBER over the unit on the kept rows, one row per group).
+    `before_cap` adds the bounding note's two columns (sql/bounding.py): each kept
+    (unit, group) row carries the rows it kept, and the first group returned carries
+    the sum over all units of min(the unit's rows before the bounding, before_cap), the
+    rest 0: the totals over the groups are the windows' (every unit with a row keeps a
+    group, so the windows add its capped count on one returned group too).
     """
     table = analysis.table
     max_rows, max_groups = table.max_rows_per_unit, table.max_groups_per_unit
@@ -765,65 +775,64 @@ def _per_group_query(
     unit_column = exp.column(UNIT_KEY, quoted=True)
     key_columns = [exp.column(f"{KEY_PREFIX}{i}", quoted=True) for i in range(len(keys))]
     measured = [exp.column(m.alias, quoted=True) for m in measures]
-
+    rows_column = exp.column(_ROWS, quoted=True)
     noted = before_cap is not None
 
-    def per_group(
-        rows: exp.Expression, counted: bool, unit_rows: exp.Expression | None = None
-    ) -> exp.Select:
+    def per_group(rows: exp.Expression, counted: bool = True) -> exp.Select:
         items = [
             unit.copy().as_(UNIT_KEY, copy=False),
             *[key.copy().as_(f"{KEY_PREFIX}{i}", copy=False) for i, key in enumerate(keys)],
             *[m.copy() for m in measures],
             *([exp.Count(this=exp.Star()).as_(_ROWS, copy=False)] if counted else []),
-            *([unit_rows.as_(_UNIT_ROWS, copy=False)] if unit_rows is not None else []),
         ]
         grouped = [unit.copy(), *[_groupable(key) for key in keys]]
         select = exp.select(*items, copy=False).from_(rows, copy=False)
         return select.group_by(*grouped, copy=False)
 
-    over = exp.select(unit_column.copy(), copy=False).from_(_named(_PER_GROUP), copy=False)
-    over = over.where(
-        exp.GT(this=exp.column(_ROWS, quoted=True), expression=exp.convert(max_rows)), copy=False
+    # one row per unit: without keys the per-group rows are, and a unit's rows are _ROWS
+    units_table, most_rows, unit_rows = (
+        (_UNITS, _MOST_ROWS, _UNIT_ROWS) if keys else (_PER_GROUP, _ROWS, _ROWS)
     )
-    # the note's columns, carried with each kept (unit, group) row
-    noted_columns = [exp.column(_ROWS, quoted=True), exp.column(_UNIT_ROWS)] if noted else []
+
+    def units_where(condition: exp.Expression) -> exp.Expression:
+        chosen = exp.select(unit_column.copy(), copy=False).from_(_named(units_table), copy=False)
+        return chosen.where(condition, copy=False).subquery()
+
+    # per unit, from its few per-group rows: its largest group, its groups, its rows
+    unit_items = [
+        unit_column.copy(),
+        exp.Max(this=rows_column.copy()).as_(_MOST_ROWS, copy=False),
+        exp.Count(this=exp.Star()).as_(_GROUP_COUNT, copy=False),
+        *([exp.Sum(this=rows_column.copy()).as_(_UNIT_ROWS, copy=False)] if noted else []),
+    ]
+    units = exp.select(*unit_items, copy=False).from_(_named(_PER_GROUP), copy=False)
+    units = units.group_by(unit_column.copy(), copy=False)
+    over = exp.GT(this=exp.column(most_rows), expression=exp.convert(max_rows))
+    noted_columns = [rows_column] if noted else []
     within = exp.select(
         unit_column.copy(), *[c.copy() for c in key_columns + measured + noted_columns],
         copy=False,
     ).from_(_named(_PER_GROUP), copy=False)  # fmt: skip
     within = within.where(
-        exp.Not(this=exp.In(this=unit_column.copy(), query=over.subquery())), copy=False
+        exp.Not(this=exp.In(this=unit_column.copy(), query=units_where(over))), copy=False
     )
     ranked = _bounded(
-        analysis, _named(_FILTERED), unit, keys, None, seed, dialect, group_rank=False,
-        unit_rows=noted,
-    )  # fmt: skip
-    ranked.this.set("where", None)  # its rows are owned and filtered already
-    ranked.this.where(exp.In(this=unit.copy(), query=over.subquery()), copy=False)
-    # with the note: each group's kept rows (counted after the rank filter) and the unit's
-    # rows before it (its window ran over them all)
-    beyond = per_group(
-        ranked, counted=noted, unit_rows=exp.Max(this=exp.column(_UNIT_ROWS)) if noted else None
-    ).where(exp.LTE(this=exp.column(_ROW_RANK), expression=exp.convert(max_rows)), copy=False)
-    kept: exp.Expression = exp.union(within, beyond, distinct=False, copy=False)
-    # a unit's rows over all its groups: a window over the per-group rows, few and short
-    unit_total = (
-        exp.Window(this=exp.Sum(this=exp.Count(this=exp.Star())), partition_by=[unit.copy()])
-        if noted
-        else None
+        analysis, _named(_FILTERED), unit, keys, None, seed, dialect, group_rank=False
     )
-    ctes = [(_FILTERED, filtered), (_PER_GROUP, per_group(_named(_FILTERED), True, unit_total))]
+    ranked.this.set("where", None)  # its rows are owned and filtered already
+    ranked.this.where(exp.In(this=unit.copy(), query=units_where(over.copy())), copy=False)
+    beyond = per_group(ranked, counted=noted).where(
+        exp.LTE(this=exp.column(_ROW_RANK), expression=exp.convert(max_rows)), copy=False
+    )
+    kept: exp.Expression = exp.union(within, beyond, distinct=False, copy=False)
+    ctes = [(_FILTERED, filtered), (_PER_GROUP, per_group(_named(_FILTERED)))]
     if keys:
+        ctes.append((_UNITS, units))
         # one row per unit and group: ROW_NUMBER ranks groups as DENSE_RANK ranked rows,
         # for the units with more than max_groups_per_unit groups only (the others keep
         # all theirs), each unit on one side as above
         ctes.append((_GROUPS, kept))
-        crowded = exp.select(unit_column.copy(), copy=False).from_(_named(_PER_GROUP), copy=False)
-        crowded = crowded.group_by(unit_column.copy(), copy=False).having(
-            exp.GT(this=exp.Count(this=exp.Star()), expression=exp.convert(max_groups)),
-            copy=False,
-        )
+        crowded = exp.GT(this=exp.column(_GROUP_COUNT), expression=exp.convert(max_groups))
         group_hash = keyed_hash(dialect, seed + 1, [unit_column, *key_columns])
         group_rank = exp.Window(
             this=exp.RowNumber(),
@@ -838,13 +847,14 @@ def _per_group_query(
             _named(_GROUPS), copy=False
         )
         few = few.where(
-            exp.Not(this=exp.In(this=unit_column.copy(), query=crowded.subquery())), copy=False
+            exp.Not(this=exp.In(this=unit_column.copy(), query=units_where(crowded))),
+            copy=False,
         )
         ranked_groups = exp.select(exp.Star(), group_rank, copy=False).from_(
             _named(_GROUPS), copy=False
         )
         ranked_groups = ranked_groups.where(
-            exp.In(this=unit_column.copy(), query=crowded.copy().subquery()), copy=False
+            exp.In(this=unit_column.copy(), query=units_where(crowded.copy())), copy=False
         )
         chosen = exp.select(*[c.copy() for c in columns], copy=False).from_(
             ranked_groups.subquery(_BOUNDED, copy=False), copy=False
@@ -859,16 +869,11 @@ def _per_group_query(
         )
         for c in measured
     ]
-    units = [exp.Count(this=exp.Star()).as_(UNITS_COLUMN, copy=False)] if with_units else []
-    note = _noted_totals(before_cap) if noted else []
-    if noted:  # one kept row of each unit carries its capped count
-        first = exp.Window(this=exp.RowNumber(), partition_by=[unit_column.copy()])
-        kept = exp.select(exp.Star(), first.as_(_FIRST, copy=False), copy=False).from_(
-            kept.subquery(_FIRST, copy=False), copy=False
-        )
+    units_counted = [exp.Count(this=exp.Star()).as_(UNITS_COLUMN, copy=False)] if with_units else []
+    note = _noted_totals(before_cap, units_table, unit_rows) if noted else []
     query = exp.select(
-        *[c.copy().as_(c.name, copy=False) for c in key_columns], *summed, *units, *note,
-        copy=False,
+        *[c.copy().as_(c.name, copy=False) for c in key_columns], *summed, *units_counted,
+        *note, copy=False,
     ).from_(kept.subquery(_KEPT, copy=False), copy=False)  # fmt: skip
     if keys:
         query = query.group_by(*[c.copy() for c in key_columns], copy=False)
@@ -883,12 +888,22 @@ def _per_group_query(
     return query
 
 
-def _noted_totals(cap: int) -> list[exp.Expression]:
-    """_per_group_query's BEFORE_COLUMN and KEPT_COLUMN: the capped count of each unit's
-    rows before the bounding, on the one kept row of it marked _FIRST, and the rows kept."""
-    first = exp.EQ(this=exp.column(_FIRST), expression=exp.convert(1))
+def _noted_totals(cap: int, units: str, unit_rows: str) -> list[exp.Expression]:
+    """_per_group_query's BEFORE_COLUMN and KEPT_COLUMN: on the first group returned, the
+    capped count of each unit's rows before the bounding summed over the units (a scalar
+    over `units`, one row per unit with its rows in `unit_rows`; 0 on the other groups),
+    and on each group the rows it kept."""
+    capped = exp.select(
+        exp.Coalesce(this=exp.Sum(this=_capped_rows(cap, unit_rows)), expressions=[exp.convert(0)]),
+        copy=False,
+    ).from_(_named(units), copy=False)
+    first = exp.EQ(
+        this=exp.Window(this=exp.RowNumber(), partition_by=[]), expression=exp.convert(1)
+    )
     return [
-        _capped_before(first, cap).as_(BEFORE_COLUMN, copy=False),
+        exp.Case(ifs=[exp.If(this=first, true=capped.subquery())], default=exp.convert(0)).as_(
+            BEFORE_COLUMN, copy=False
+        ),
         exp.Coalesce(
             this=exp.Sum(this=exp.column(_ROWS, quoted=True)), expressions=[exp.convert(0)]
         ).as_(KEPT_COLUMN, copy=False),

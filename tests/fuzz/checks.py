@@ -155,7 +155,9 @@ def _assert_reads_bounded(text: str, analysis: Any, dialect: str) -> exp.Select:
     tree = sqlglot.parse_one(text, read=dialect)
     table = analysis.table
     ctes = {cte.alias.lower() for cte in tree.find_all(exp.CTE)}
-    assert ctes <= {"__dpsql_filtered", "__dpsql_per_group", "__dpsql_groups"}, text
+    assert ctes <= {
+        "__dpsql_filtered", "__dpsql_per_group", "__dpsql_units_over", "__dpsql_groups"
+    }, text  # fmt: skip
     assert {t.name.lower() for t in tree.find_all(exp.Table)} - ctes == {
         table.name.split(".")[-1].lower()
     }, text
@@ -198,20 +200,29 @@ def _cte(tree: exp.Expression, name: str) -> exp.Select:
 
 
 def _assert_bounded_per_group(tree: exp.Select, analysis: Any, text: str) -> None:
-    """rewrite._per_group_query's shape: the rows aggregated per unit and group; a unit
-    with a group of more than max_rows_per_unit rows on one side (its rows ranked by a
-    row window over the unit and keys, at most max_rows_per_unit kept), every other unit
-    on the other (`NOT unit IN` the same units); then at most max_groups_per_unit groups
-    per unit, ranked over the unit."""
+    """rewrite._per_group_query's shape: the rows aggregated per unit and group, then per
+    unit (its largest group's rows, its groups; without keys, the per-group rows); a unit
+    with a group of more than max_rows_per_unit rows on one side (its rows ranked by a row
+    window over the unit and keys, at most max_rows_per_unit kept), every other unit on
+    the other (`NOT unit IN` the same units); then at most max_groups_per_unit groups per
+    unit, ranked over the unit, for the units with more groups."""
     table, keys = analysis.table, analysis.keys
     unit, rows, groups = table.privacy_unit, table.max_rows_per_unit, table.max_groups_per_unit
     per_group = _cte(tree, "__dpsql_per_group")
     assert per_group.args["group"].expressions[0].name.lower() == unit, text
     assert len(per_group.args["group"].expressions) == 1 + len(keys), text
     within, _ = _sides(_rows_union(tree), unit, text)
-    condition = within.args["query"].this.args["where"].this
-    assert isinstance(condition, exp.GT) and condition.this.name == "__dpsql_rows", text
-    assert int(condition.expression.this) == rows, text
+    if not keys:  # one row per unit already
+        _assert_units_over(within, "__dpsql_per_group", "__dpsql_rows", rows, text)
+    else:
+        units = _cte(tree, "__dpsql_units_over")
+        assert [g.name for g in units.args["group"].expressions] == ["__dpsql_unit"], text
+        assert units.args["from_"].this.name == "__dpsql_per_group", text
+        per_unit = {item.alias: item.this for item in units.expressions}
+        most = per_unit["__dpsql_most_rows"]
+        assert isinstance(most, exp.Max) and most.this.name == "__dpsql_rows", text
+        assert isinstance(per_unit["__dpsql_group_count"], exp.Count), text
+        _assert_units_over(within, "__dpsql_units_over", "__dpsql_most_rows", rows, text)
     windows = {w.parent.alias: w for w in tree.find_all(exp.Window)}
     row_rank = windows["__dpsql_row_rank"]
     assert _partitioned_by_unit(row_rank, unit), text
@@ -222,12 +233,17 @@ def _assert_bounded_per_group(tree: exp.Select, analysis: Any, text: str) -> Non
         assert _partitioned_by_unit(group_rank, "__dpsql_unit"), text
         groups_union = next(u for u in tree.find_all(exp.Union) if u is not _rows_union(tree))
         few, _ = _sides(groups_union, "__dpsql_unit", text)
-        crowded = few.args["query"].this
-        assert crowded.args["group"].expressions[0].name == "__dpsql_unit", text
-        condition = crowded.args["having"].this
-        assert isinstance(condition, exp.GT) and isinstance(condition.this, exp.Count), text
-        assert int(condition.expression.this) == groups, text
+        _assert_units_over(few, "__dpsql_units_over", "__dpsql_group_count", groups, text)
         assert _rank_limits(groups_union.expression) == {"__dpsql_group_rank": groups}, text
+
+
+def _assert_units_over(side: exp.In, table: str, column: str, bound: int, text: str) -> None:
+    """`side` chooses the units of `table` whose `column` is over `bound`."""
+    chosen = side.args["query"].this
+    assert chosen.args["from_"].this.name == table, text
+    condition = chosen.args["where"].this
+    assert isinstance(condition, exp.GT) and condition.this.name == column, text
+    assert int(condition.expression.this) == bound, text
 
 
 def _rows_union(tree: exp.Select) -> exp.Union:
