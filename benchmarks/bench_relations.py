@@ -194,12 +194,15 @@ def print_timing_targets(rows: list[dict]) -> None:
     own = [row["own"] * 1e3 for row in answered]
     worst = max(range(len(ratios)), key=ratios.__getitem__)
     floors = [row["floor"] / row["raw"] for row in answered if "floor" in row]
+    above = [row["dp"] / row["floor"] for row in answered if "floor" in row]
     floor = (
         f"  floor/raw       median {statistics.median(floors):.2f}x, max {max(floors):.2f}x "
         f"over {len(floors)} queries: the rows' units found and grouped once, by hand "
         f"(no WHERE, clamp or window), the least any exact per-unit bounding does; "
         f"{sum(f > 1.5 for f in floors)} of them over 1.5x, {sum(f > 3 for f in floors)} "
         f"over 3x before any bounding\n"
+        f"  DP/floor        median {statistics.median(above):.2f}x (proposed target <= 2x: "
+        f"the per-unit bounding over its floor)\n"
         if floors
         else ""
     )
