@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import duckdb
@@ -43,6 +45,41 @@ from dpsql.ledger import Ledger
 from dpsql.policy import load_policy
 from dpsql.session import Session
 
+# The per-query mix: its name, the analyst's query, and the floor: the same contribution
+# bounding that dpsql does, written here by hand in Spark SQL (each unit's rows cut to
+# max_rows_per_unit = 1 by a ROW_NUMBER() over the unit ordered by a keyed hash of the
+# unit and the columns read, then the policy's clamp, then the aggregate).
+_ONE_ROW = "ROW_NUMBER() OVER (PARTITION BY pid ORDER BY xxhash64(7, pid{by})) AS rn"
+_INCOME = "LEAST(GREATEST(income, 0.0), 500000.0)"  # the policy's bounds
+MIX = [
+    (
+        "COUNT",
+        "SELECT COUNT(*) FROM census WHERE age > 30",
+        f"SELECT COUNT(*) FROM (SELECT {_ONE_ROW.format(by='')} FROM census "
+        "WHERE pid IS NOT NULL AND age > 30) WHERE rn <= 1",
+    ),
+    (
+        "SUM",
+        "SELECT SUM(income) FROM census",
+        f"SELECT SUM({_INCOME}) FROM (SELECT income, {_ONE_ROW.format(by=', income')} "
+        "FROM census WHERE pid IS NOT NULL) WHERE rn <= 1",
+    ),
+    (
+        "AVG",
+        "SELECT AVG(income) FROM census",
+        f"SELECT AVG({_INCOME}) FROM (SELECT income, {_ONE_ROW.format(by=', income')} "
+        "FROM census WHERE pid IS NOT NULL) WHERE rn <= 1",
+    ),
+    (
+        "GROUP BY educ",  # public domain 1..16: no partition selection
+        "SELECT educ, COUNT(*) FROM census GROUP BY educ",
+        f"SELECT educ, COUNT(*) FROM (SELECT educ, {_ONE_ROW.format(by=', educ')} "
+        "FROM census WHERE pid IS NOT NULL AND educ BETWEEN 1 AND 16) WHERE rn <= 1 "
+        "GROUP BY educ",
+    ),
+]
+USER_TARGET, ROW_TARGET = 1.2, 1.3  # DP / hand-written bounding, row-level DP / raw
+
 
 def parquet(rows: int) -> Path:
     """The census table of `rows` rows as one Parquet file (built once, then cached)."""
@@ -51,6 +88,11 @@ def parquet(rows: int) -> Path:
         with duckdb.connect(str(build(rows)), read_only=True) as source:
             source.execute(f"COPY census TO '{path}' (FORMAT parquet)")
     return path
+
+
+def census_view(adapter: SparkAdapter, path: Path) -> None:
+    """Point the Spark session's view `census` at the Parquet file `path`."""
+    adapter.execute(f"CREATE OR REPLACE TEMP VIEW census AS SELECT * FROM parquet.`{path}`")
 
 
 def _java_children() -> list[int]:
@@ -77,16 +119,27 @@ def cpu_clock(jvms: list[int]) -> Callable[[], float]:
     return lambda: time.process_time() + sum(_cpu_of(pid) for pid in jvms)
 
 
+def turns(
+    runs: list[Callable[[], object]], repeat: int, cpu: Callable[[], float]
+) -> list[tuple[float, float]]:
+    """Median wall and CPU seconds of each of `runs` over `repeat` rounds, after a warm-up
+    of each; the runs take turns in every round, so a change in the machine's load falls on
+    all of them alike."""
+    for run in runs:
+        run()
+    samples: list[tuple[list[float], list[float]]] = [([], []) for _ in runs]
+    for _ in range(repeat):
+        for run, (walls, cpus) in zip(runs, samples, strict=True):
+            wall, used = time.perf_counter(), cpu()
+            run()
+            walls.append(time.perf_counter() - wall)
+            cpus.append(cpu() - used)
+    return [(statistics.median(walls), statistics.median(cpus)) for walls, cpus in samples]
+
+
 def timed(run: Callable[[], object], repeat: int, cpu: Callable[[], float]) -> tuple[float, float]:
     """Median wall seconds and median CPU seconds of `repeat` runs, after a warm-up run."""
-    run()
-    walls, cpus = [], []
-    for _ in range(repeat):
-        wall, used = time.perf_counter(), cpu()
-        run()
-        walls.append(time.perf_counter() - wall)
-        cpus.append(cpu() - used)
-    return sorted(walls)[len(walls) // 2], sorted(cpus)[len(cpus) // 2]
+    return turns([run], repeat, cpu)[0]
 
 
 def measure(adapter, repeat: int, folder: str, cpu: Callable[[], float]) -> list[float]:
@@ -110,6 +163,36 @@ def measure(adapter, repeat: int, folder: str, cpu: Callable[[], float]) -> list
     return totals
 
 
+def releaser(adapter, user_level: bool, folder: str) -> Callable[[str], list[tuple]]:
+    """A function that releases a query through dpsql anew on each call (a charged
+    release, the cache cleared), user-level (pid, one row) or row-level."""
+    ledger = Ledger(Path(folder) / f"ledger-mix-{user_level}.sqlite")
+    session = Session(adapter, load_policy(policy(user_level=user_level)), ledger)
+
+    def release(sql: str) -> list[tuple]:
+        ledger.clear_cache()
+        return session.execute(sql).rows
+
+    return release
+
+
+def per_query(adapter, rows: int, repeat: int, folder: str, cpu: Callable[[], float]) -> None:
+    """Print, per query of MIX: raw, the hand-written bounding, dpsql user-level and
+    row-level times, with DP/hand and DP/raw beside their targets."""
+    user, row = releaser(adapter, True, folder), releaser(adapter, False, folder)
+    for name, sql, hand in MIX:
+        (raw, _), (floor, floor_cpu), (private, private_cpu), (rowlevel, _) = turns(
+            [partial(adapter.execute, sql), partial(adapter.execute, hand),
+             partial(user, sql), partial(row, sql)],
+            repeat,
+            cpu,
+        )  # fmt: skip
+        print(f"{rows:>11,} {name:<14} {raw:>7.2f} {floor:>7.2f} {private:>8.2f} "
+              f"{private / floor:>7.2f} {private_cpu / floor_cpu:>11.2f} "
+              f"{private / raw:>7.2f} {rowlevel:>9.2f} {rowlevel / raw:>11.2f} "
+              f"{os.getloadavg()[0]:>5.1f}", flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10**5, 10**6, 10**7])
@@ -127,9 +210,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for rows in args.sizes:
             path = parquet(rows)
-            on_spark.execute(
-                f"CREATE OR REPLACE TEMP VIEW census AS SELECT * FROM parquet.`{path}`"
-            )
+            census_view(on_spark, path)
             runs = {}
             for partitions in ("4", str(args.partitions) if args.partitions else None):
                 if partitions:
@@ -147,6 +228,16 @@ def main() -> None:
                       f"{raw_cpu:>8.2f} {private_cpu:>9.2f} {private_cpu / raw_cpu:>10.2f} "
                       f"{alone / raw:>7.2f} {f'{relative:.1f}' if relative else '':>16} "
                       f"{os.getloadavg()[0]:>5.1f}", flush=True)  # fmt: skip
+        print(
+            f"\nper query on Spark (4 partitions), user-level unless marked; targets: "
+            f"DP/hand <= {USER_TARGET}, row-level DP/raw <= {ROW_TARGET}"
+        )
+        print(f"{'rows':>11} {'query':<14} {'raw s':>7} {'hand s':>7} {'dpsql s':>8} "
+              f"{'DP/hand':>7} {'DP/hand cpu':>11} {'DP/raw':>7} {'row DP s':>9} "
+              f"{'row DP/raw':>11} {'load':>5}")  # fmt: skip
+        for rows in args.sizes:
+            census_view(on_spark, parquet(rows))
+            per_query(on_spark, rows, args.repeat, folder, spark_cpu)
     on_spark.close()
 
 
