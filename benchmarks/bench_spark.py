@@ -25,6 +25,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -37,7 +38,8 @@ from pathlib import Path
 import duckdb
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_e2e import QUERIES, build, policy  # the sibling benchmark, shared
+from bench_e2e import QUERIES, build, policy  # the sibling benchmarks, shared
+from bench_quantiles import run_tumult, tumult_version
 
 from dpsql.adapters.duckdb import DuckDBAdapter
 from dpsql.adapters.spark import SparkAdapter
@@ -79,6 +81,7 @@ MIX = [
     ),
 ]
 USER_TARGET, ROW_TARGET = 1.2, 1.3  # DP / hand-written bounding, row-level DP / raw
+TUMULT_TARGET = 5.0  # Tumult's seconds a release / dpsql's
 
 
 def parquet(rows: int) -> Path:
@@ -193,12 +196,56 @@ def per_query(adapter, rows: int, repeat: int, folder: str, cpu: Callable[[], fl
               f"{os.getloadavg()[0]:>5.1f}", flush=True)  # fmt: skip
 
 
+def _values(rows: list[tuple]) -> dict:
+    """A release or an answer as {group key (None without GROUP BY): value}."""
+    return {row[0] if len(row) > 1 else None: float(row[-1]) for row in rows}
+
+
+def rmse(exact: dict, releases: list[dict]) -> float:
+    """Root mean squared error of `releases` against `exact`, over every group of each
+    (a group missing from the exact answer counts 0)."""
+    errors = [value - exact.get(key, 0.0) for release in releases for key, value in release.items()]
+    return math.sqrt(statistics.fmean(error * error for error in errors))
+
+
+def beside_tumult(adapter, rows: int, path: Path, args: argparse.Namespace, folder: str) -> None:
+    """Print, per query of MIX, dpsql's and Tumult Analytics' seconds a release (median
+    of `args.trials`, after a warm-up each) and RMSE against the exact answer, at
+    epsilon 1 (pure DP) and one row per unit, with Tumult / dpsql for both."""
+    peer = run_tumult(
+        args.tumult_python,
+        {"task": "mix", "parquet": str(path), "epsilon": 1.0, "trials": args.trials,
+         "unit": "pid", "max_rows": 1, "lower": 0.0, "upper": 500_000.0,
+         "educ_low": 1, "educ_high": 16, "master": "local[2]", "memory": args.memory},
+    )  # fmt: skip
+    if isinstance(peer, str):
+        print(f"{rows:>11,} Tumult Analytics {peer}")
+        return
+    release = releaser(adapter, True, folder)
+    for name, sql, _ in MIX:
+        exact = _values(adapter.execute(sql)[1])
+        release(sql)  # warm-up
+        seconds, releases = [], []
+        for _ in range(args.trials):
+            start = time.perf_counter()
+            releases.append(_values(release(sql)))
+            seconds.append(time.perf_counter() - start)
+        ours, theirs = statistics.median(seconds), statistics.median(peer[name]["seconds"])
+        error = rmse(exact, releases)
+        peer_error = rmse(exact, [{key: value for key, value in r} for r in peer[name]["releases"]])
+        print(f"{rows:>11,} {name:<14} {ours:>8.2f} {theirs:>9.2f} {theirs / ours:>13.1f} "
+              f"{error:>12.4g} {peer_error:>12.4g} {peer_error / error:>13.2f} "
+              f"{os.getloadavg()[0]:>5.1f}", flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10**5, 10**6, 10**7])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10**5, 10**6])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--partitions", type=int, help="also run Spark with this many")
     parser.add_argument("--memory", default="4g", help="Spark driver memory (default: 4g)")
+    parser.add_argument("--tumult-python", help="a Python with tmlt-analytics (its own venv)")
+    parser.add_argument("--trials", type=int, default=3, help="releases each beside Tumult")
     args = parser.parse_args()
     url = f"spark://local[2]?spark.driver.memory={args.memory}"
     on_spark = SparkAdapter(url)
@@ -238,6 +285,20 @@ def main() -> None:
         for rows in args.sizes:
             census_view(on_spark, parquet(rows))
             per_query(on_spark, rows, args.repeat, folder, spark_cpu)
+        if args.tumult_python:
+            print(
+                f"\nbeside Tumult Analytics {tumult_version(args.tumult_python)} (its own "
+                f"Spark 3.5, local[2], 4 partitions, the same Parquet): user-level, "
+                f"1 row per unit, PureDP epsilon 1, median of {args.trials} releases; "
+                f"target Tumult/dpsql time >= {TUMULT_TARGET}, at equal or lower error"
+            )
+            print(f"{'rows':>11} {'query':<14} {'dpsql s':>8} {'Tumult s':>9} "
+                  f"{'Tumult/dpsql':>13} {'dpsql RMSE':>12} {'Tumult RMSE':>12} "
+                  f"{'RMSE T/dpsql':>13} {'load':>5}")  # fmt: skip
+            for rows in args.sizes:
+                path = parquet(rows)
+                census_view(on_spark, path)
+                beside_tumult(on_spark, rows, path, args, folder)
     on_spark.close()
 
 
