@@ -114,7 +114,7 @@ def main() -> None:
             f"  Tumult Analytics {tumult_version(args.tumult_python)}: rank error {peer:.1f} "
             f"(mean of {len(peer_releases['releases'])} releases, AddOneRow, PureDP epsilon 1, "
             f"{_read(step)}; {peer_releases['seconds']:.0f}s on local Spark)"
-            f"; dpsql / Tumult = {error / peer:.2f}"
+            + (f"; dpsql / Tumult = {error / peer:.2f}" if peer else "; Tumult's releases exact")
         )
 
 
