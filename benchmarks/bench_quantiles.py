@@ -127,7 +127,7 @@ def main() -> None:
             f"  Tumult Analytics {tumult_version(args.tumult_python)}: rank error {peer:.1f} "
             f"(mean of {len(peer_releases['releases'])} releases, AddOneRow, PureDP epsilon 1, "
             f"{_read(step)}; {peer_releases['seconds']:.0f}s on local Spark)"
-            f"; dpsql / Tumult = {error / peer:.2f}"
+            + (f"; dpsql / Tumult = {error / peer:.2f}" if peer else "; Tumult's releases exact")
         )
 
 
@@ -179,25 +179,41 @@ def _tumult(database, step: int, python: str | None, trials: int) -> list[dict] 
             "COPY (SELECT x FROM (SELECT x, row_number() OVER (ORDER BY x) - 1 AS i FROM t) "
             f"WHERE i % {step} = 0) TO '{data}' (FORMAT parquet)"
         )
-        request = Path(folder) / "request.json"
-        request.write_text(
-            json.dumps(
-                {
-                    "parquet": str(data),
-                    "column": "x",
-                    "lower": LOWER,
-                    "upper": UPPER,
-                    "quantiles": [q for _, q in QUANTILES],
-                    "epsilon": 1.0,
-                    "trials": trials,
-                }
-            )
+        return run_tumult(
+            python,
+            {
+                "task": "quantiles",
+                "parquet": str(data),
+                "column": "x",
+                "lower": LOWER,
+                "upper": UPPER,
+                "quantiles": [q for _, q in QUANTILES],
+                "epsilon": 1.0,
+                "trials": trials,
+            },
         )
+
+
+def run_tumult(python: str, request: dict) -> list | dict | str:
+    """The answer of benchmarks/tumult_worker.py under `python` to `request`, or why it
+    has none (its last line of error output, else its exit code)."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "request.json"
+        path.write_text(json.dumps(request))
         worker = Path(__file__).parent / "tumult_worker.py"
-        done = subprocess.run([python, str(worker), str(request)], capture_output=True, text=True)
+        done = subprocess.run(
+            [python, str(worker), str(path)], capture_output=True, text=True, cwd=folder
+        )
     if done.returncode:  # report the peer's failure, do not hide it
-        return f"not run (tumult_worker.py: {done.stderr.strip().splitlines()[-1][:160]})"
+        return f"not run (tumult_worker.py: {worker_failure(done.returncode, done.stderr)})"
     return json.loads(done.stdout)
+
+
+def worker_failure(code: int, stderr: str) -> str:
+    """What a failed worker said: its last line of error output, else its exit code (a
+    worker killed by a signal, or one that wrote nothing, has no line)."""
+    lines = stderr.strip().splitlines()
+    return lines[-1][:160] if lines else f"exit code {code}, no error output"
 
 
 def tumult_version(python: str) -> str:

@@ -28,6 +28,7 @@ from dpsql.errors import BackendError, PolicyError
 from dpsql.ledger import Ledger
 from dpsql.policy import Source, load_policy
 from dpsql.session import Session
+from dpsql.sql.parse import parse_statement
 
 
 @pytest.fixture(scope="module")
@@ -358,3 +359,31 @@ def test_two_entries_for_one_catalog_table_are_refused(spark_session, tmp_path):
         dpsql.connect(spark_session, policy=policy, ledger=tmp_path / "l.sqlite").close()
     finally:
         spark_session.sql("DROP TABLE IF EXISTS tw")
+
+
+def test_sums_round_to_the_nearest_step_ties_to_even_within_the_bounds(spark_session, tmp_path):
+    # Spark's ROUND of a DOUBLE goes through a BigDecimal per row; the rewrite sends RINT,
+    # whose ties go to even, and which keeps every value within the bounds' steps.
+    def table(values: list[float]) -> None:
+        frame = spark_session.createDataFrame([(v,) for v in values], "x double")
+        frame.createOrReplaceTempView("rounded")
+
+    table([0.0])
+    policy = {
+        "analysts": {"default": {"epsilon": 1e9, "delta": 0.5}},
+        "tables": {"rounded": {"columns": {"x": {"type": "float", "lower": 0, "upper": 100}}}},
+    }
+    session = Session(open_adapter(spark_session), load_policy(policy), Ledger(":memory:"))
+    try:
+        plan = session.plan(parse_statement("SELECT SUM(x) FROM rounded", "spark").tree)
+        step = plan.measures[0].step
+        assert "RINT(" in plan.sql and "ROUND(" not in plan.sql, plan.sql
+        ties = [(k + 0.5) * step for k in (0, 1, 2, 3, 1000)]  # exact: step is a power of 2
+        table([-3.0, 1.2, 99.875, 250.0, float("nan"), *ties])
+        # NaN orders above every number in Spark: clamped to the upper bound
+        steps = [round(min(max(v, 0.0), 100.0) / step) if v == v else round(100 / step)
+                 for v in (-3.0, 1.2, 99.875, 250.0, float("nan"), *ties)]  # fmt: skip
+        assert [round(t / step) for t in ties] == [0, 2, 2, 4, 1000]  # ties to even
+        assert int(session.adapter.execute(plan.sql)[1][0][0]) == sum(steps)
+    finally:
+        spark_session.catalog.dropTempView("rounded")

@@ -64,6 +64,9 @@ _TEXT = exp.DataType.build("TEXT")
 # out. Spark's cast truncates, so it keeps ROUND; any rounding keeps each value in
 # [floor(lower/step), ceil(upper/step)], so this is about accuracy, not privacy.
 _CASTS_ROUND = frozenset({"duckdb", "postgres"})
+# Dialects whose ROUND of a DOUBLE is slow (Spark rounds each value through a BigDecimal)
+# and which have RINT, the nearest whole DOUBLE (ties to even, as PostgreSQL's cast).
+_RINTS = frozenset({"spark"})
 # Dialects that fail a product or quotient of nonzero doubles that rounds to zero
 # ("value out of range: underflow" in PostgreSQL), for the rows that reach it.
 _UNDERFLOWS = frozenset({"postgres"})
@@ -566,7 +569,9 @@ def _grid_steps(
         value = exp.Mul(
             this=value, expression=exp.Cast(this=exp.convert(1 / grid.step), to=_DOUBLE.copy())
         )
-    if dialect not in _CASTS_ROUND:
+    if dialect in _RINTS:
+        value = exp.Anonymous(this="RINT", expressions=[value])
+    elif dialect not in _CASTS_ROUND:
         value = exp.Round(this=value)
     return exp.Cast(this=value, to=_BIGINT.copy())
 
