@@ -140,7 +140,7 @@ def test_the_sql_puts_each_value_in_its_candidate(neighbours) -> None:
     grid, table = fine.grid, fine.analysis.table
     expression = grid.bucket(fine.column, table).sql("duckdb")
     for value, key in full.execute(f"SELECT x, {expression} FROM t").fetchall():
-        index = grid.index(key)
+        (index,) = grid.indexes(np.array([key]))
         assert grid.value(index) >= value - 1e-9
         assert index == 0 or grid.value(index - 1) < value + 1e-9
 

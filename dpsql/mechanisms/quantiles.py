@@ -59,7 +59,6 @@ about counts of operations, not a constant-time implementation.
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -141,7 +140,8 @@ def exponent_lattice(
         raise ValueError(f"the quantile must lie strictly between 0 and 1, got {q}")
     if epsilon <= 0:
         raise ValueError(f"epsilon must be positive, got {epsilon}")
-    if len(counts) == 0 or any(c < 0 for c in counts):
+    counts = np.asarray(counts, dtype=np.int64)
+    if counts.size == 0 or bool((counts < 0).any()):
         raise ValueError("counts must be a non-empty histogram of non-negative counts")
     given = prior.multiples if isinstance(prior, RatePrior) else prior
     if len(given) and (len(given) != len(counts) or min(given) < 0):
@@ -149,13 +149,15 @@ def exponent_lattice(
     q, rate = Fraction(q), exponent_rate(q, epsilon, sensitivity)
     if isinstance(prior, RatePrior) and prior.rate != rate:
         raise ValueError(f"a prior on the lattice of rate {prior.rate} sampled at rate {rate}")
-    ranks = list(itertools.accumulate(int(c) for c in counts))
-    if isinstance(prior, RatePrior) and q.denominator * ranks[-1] < 2**61:
+    cumulative = np.cumsum(counts)
+    total = int(cumulative[-1])
+    if isinstance(prior, RatePrior) and q.denominator * total < 2**61:
         # all in int64: |D rank - a n| < 2^61, and the prior's multiples are small
-        d = np.abs(q.denominator * np.array(ranks, dtype=np.int64) - q.numerator * ranks[-1])
+        d = np.abs(q.denominator * cumulative - q.numerator * total)
         values = d + prior.multiples
         return rate, values - values.min()
-    target = q.numerator * ranks[-1]
+    ranks = cumulative.tolist()
+    target = q.numerator * total
     distances = [abs(q.denominator * rank - target) for rank in ranks]
     if isinstance(prior, RatePrior):
         values, step = [d + int(m) for d, m in zip(distances, prior.multiples, strict=True)], rate

@@ -82,9 +82,9 @@ class Grid:
         """The most candidates it has (the rank bound's count)."""
         return self.size
 
-    def index(self, bucket: int) -> int:
-        """The candidate of a bucket the database returned."""
-        return bucket
+    def indexes(self, buckets: np.ndarray) -> np.ndarray:
+        """The candidate of each bucket the database returned."""
+        return buckets
 
     def prior(self, q: Fraction, epsilon: Fraction, sensitivity: int) -> tuple[Fraction, ...]:
         """The base measure: uniform."""
@@ -167,10 +167,6 @@ class Refined:
         return np.concatenate(parts)
 
     @functools.cached_property
-    def _at(self) -> dict[int, int]:
-        return {int(key): i for i, key in enumerate(self._keys)}
-
-    @functools.cached_property
     def _fine(self) -> np.ndarray:
         """Whether each candidate is one fine bucket of a refined group."""
         kept = np.zeros(self.lattice.coarse.size, dtype=bool)
@@ -181,8 +177,13 @@ class Refined:
     def size(self) -> int:
         return len(self._keys)
 
-    def index(self, bucket: int) -> int:
-        return self._at[bucket]
+    def indexes(self, buckets: np.ndarray) -> np.ndarray:
+        """The candidate of each key the database returned (the keys are sorted; a key
+        that is no candidate's would be a bug in `bucket`, so it raises)."""
+        found = np.searchsorted(self._keys, buckets)
+        if np.any(found >= len(self._keys)) or np.any(self._keys[found] != buckets):
+            raise RuntimeError("the histogram returned a bucket of no candidate")
+        return found
 
     def value(self, index: int) -> Any:
         """The candidate's top: its fine bucket's, or its group's last fine bucket's."""
@@ -196,23 +197,24 @@ class Refined:
         return lattice_prior(logs, q, epsilon, sensitivity)
 
     def bucket(self, column: exp.Column, table: Table) -> exp.Expression:
-        """The candidate's key: the fine bucket in a kept group, else the group's first."""
-        fine = _bucket(column, table, self.lattice.fine)
-        factor = self.lattice.factor
-        inside = [
-            exp.Between(
-                this=fine.copy(),
-                low=exp.convert(first * factor),
-                high=exp.convert((last + 1) * factor - 1),
-            )
-            for first, last in _runs(self.groups)
-        ]
-        whole = exp.Sub(
-            this=fine.copy(), expression=exp.Mod(this=fine.copy(), expression=exp.convert(factor))
+        """The candidate's key: the fine bucket in a kept group, else the group's first.
+        Which side a row is on is read off its value's offset, before any division: the
+        fine bucket is computed for the rows in the windows only."""
+        fine, coarse, factor = self.lattice.fine, self.lattice.coarse, self.lattice.factor
+        offset = _offset(column, table, fine)
+        whole = exp.Mul(
+            this=_index(offset, coarse.width, 0, coarse.size - 1), expression=exp.convert(factor)
         )
-        if not inside:
-            return whole
-        return exp.Case(ifs=[exp.If(this=exp.or_(*inside), true=fine)], default=whole)
+        branches = []
+        for first, last in _runs(self.groups):
+            inside = exp.and_(
+                exp.GTE(this=offset.copy(), expression=exp.convert(first * coarse.width)),
+                exp.LT(this=offset.copy(), expression=exp.convert((last + 1) * coarse.width)),
+            )
+            # clamped into the run: a value at its edge may round to the next fine bucket
+            keys = (first * factor, min((last + 1) * factor, fine.size) - 1)
+            branches.append(exp.If(this=inside, true=_index(offset, fine.width, *keys)))
+        return exp.Case(ifs=branches, default=whole) if branches else whole
 
     def describe(self) -> str:
         fine = self.lattice.fine
@@ -293,6 +295,12 @@ def _bucket(column: exp.Column, table: Table, grid: Grid) -> exp.Expression:
     """The bucket of a row's value, clamped into [0, size - 1]; NULL for NULL. NaN and
     infinities compare as the databases order them (NaN above every number) and land in
     an end bucket: no value makes the query fail."""
+    return _index(_offset(column, table, grid), grid.width, 0, grid.size - 1)
+
+
+def _offset(column: exp.Column, table: Table, grid: Grid) -> exp.Expression:
+    """A row's value less the grid's first, as a number (dates in days, timestamps in
+    seconds, each clamped into the grid's range first)."""
     value: exp.Expression = exp.column(table.column(column.name).name, quoted=True)
     if grid.kind == "date":
         # clamped as dates first: PostgreSQL cannot subtract its infinite dates
@@ -300,9 +308,8 @@ def _bucket(column: exp.Column, table: Table, grid: Grid) -> exp.Expression:
             exp.cast(exp.convert((_EPOCH + dt.timedelta(days=d)).isoformat()), "DATE")
             for d in (int(grid.lower), int(grid.lower + grid.width * grid.size - 1))
         )
-        value = _between(value, first, last)
-        offset: exp.Expression = exp.Sub(this=value, expression=first.copy())
-    elif grid.kind == "timestamp":
+        return exp.Sub(this=_between(value, first, last), expression=first.copy())
+    if grid.kind == "timestamp":
         # clamped as timestamps first (PostgreSQL's infinite ones); seconds from the first
         # by each dialect's epoch of both, so a session time zone offsets both alike
         first, last = (
@@ -310,17 +317,20 @@ def _bucket(column: exp.Column, table: Table, grid: Grid) -> exp.Expression:
             for index in (-1, grid.size - 1)
         )
         value = _between(value, first, last)
-        offset = exp.Sub(
+        return exp.Sub(
             this=exp.TimeToUnix(this=value), expression=exp.TimeToUnix(this=first.copy())
         )
-    else:
-        offset = exp.Sub(this=value, expression=exp.convert(grid.lower))
+    return exp.Sub(this=value, expression=exp.convert(grid.lower))
+
+
+def _index(offset: exp.Expression, width: float, first: int, last: int) -> exp.Expression:
+    """floor(offset / width), clamped into [first, last], as a BIGINT."""
     scaled = exp.Floor(
         this=exp.Div(
-            this=exp.cast(offset, "DOUBLE"), expression=exp.convert(grid.width), typed=False
+            this=exp.cast(offset.copy(), "DOUBLE"), expression=exp.convert(width), typed=False
         )
     )
-    return exp.cast(clamp(scaled, Interval(0, grid.size - 1, True)), "BIGINT")
+    return exp.cast(clamp(scaled, Interval(first, last, True)), "BIGINT")
 
 
 def _between(value: exp.Expression, first: exp.Expression, last: exp.Expression) -> exp.Case:

@@ -336,17 +336,25 @@ class QuantilePlan:
     def known_groups(self) -> int | None:
         return len(self.keys) if self.given is None or not self.analysis.grouped else None
 
-    def histograms(self, rows: list[tuple]) -> dict[tuple, list[int]]:
-        """Each released group's bucket counts, from the database's rows."""
+    def histograms(self, rows: list[tuple]) -> dict[tuple, np.ndarray]:
+        """Each released group's bucket counts, from the database's rows (a key outside
+        the released ones, or a NULL bucket, counts nowhere)."""
         width = len(self.analysis.keys)
-        counts = {key: [0] * self.grid.size for key in self.keys}
+        table = np.zeros((len(self.keys), self.grid.size), dtype=np.int64)
+        slot = {key: i for i, key in enumerate(self.keys)}
         returned = [row[:width] for row in rows]
-        keys = canonical_keys(returned, self.kinds) if width else [() for _ in rows]
-        for key, row in zip(keys, rows, strict=True):
-            bucket, count = row[width], row[width + 1]
-            if bucket is not None and key in counts:  # a key outside the domain is not released
-                counts[key][self.grid.index(int(bucket))] += int(count)
-        return counts
+        keys = canonical_keys(returned, self.kinds) if width else [()] * len(rows)
+        kept = [
+            (slot[key], row[width], row[width + 1])
+            for key, row in zip(keys, rows, strict=True)
+            if row[width] is not None and key in slot
+        ]
+        if kept:
+            groups, buckets, counts = (
+                np.array(column, dtype=np.int64) for column in zip(*kept, strict=True)
+            )
+            np.add.at(table, (groups, self.grid.indexes(buckets)), counts)
+        return {key: table[i] for i, key in enumerate(self.keys)}
 
     def quantiles(self, rows: list[tuple], rng: np.random.Generator) -> dict[int, list]:
         """Each quantile aggregate's released values (`picks`: candidate indexes), one per
