@@ -132,7 +132,7 @@ def test_a_median_stays_below_its_claim_and_a_broken_one_is_flagged(monkeypatch)
     flagged at the same runs. Unit 0 moves the median's target rank by one, the
     utility's whole sensitivity max(q, 1 - q) s, so the honest release may spend its
     whole epsilon on this neighbour (docs/audit.md)."""
-    runs = 600
+    runs = 300  # the broken sampler measures about 0.9 here, 14 times its claim
     epsilon, delta, finding = audit_query(QUERIES["median"], runs, epsilon=1 / 16, seed=7)
     assert (epsilon, delta) == (1 / 16, 0.0) and finding.epsilon_bound <= epsilon, finding
     honest = dpsql.sql.quantiles.exponential_quantile
