@@ -576,8 +576,7 @@ class Session:
         each scalar subquery's, then the outer query's over their values; a grouping-sets
         plan: each set's, concatenated)."""
         if isinstance(plan, StagedPlan):
-            parts = [self._release(part) for part in plan.parts]
-            return plan.combine(parts, self._release(plan.finish(parts)))
+            return plan.release_with(self._release)
         if isinstance(plan, GroupingSetsPlan):
             return plan.combine([self._release(part) for part in plan.parts], self.max_groups)
         if not plan.sql:

@@ -71,6 +71,17 @@ def test_a_prior_on_the_lattice_is_the_closed_form() -> None:
     assert_draws_follow(closed, lambda: exponential_quantile(counts, q, epsilon, rng, prior, s))
 
 
+def test_a_prior_on_the_lattice_past_int64_is_the_same_closed_form() -> None:
+    """Counts whose D n passes 2^61 take the exact Python-int path: the same exponents as
+    the Fraction prior they stand for."""
+    counts, q, epsilon = [2**59, 3, 2**59, 1], Fraction(1, 2), Fraction(1, 3)
+    prior = lattice_prior(np.array([0.0, -1.0, 0.0, -2.0]), q, epsilon)
+    as_fractions = [prior.rate * int(m) for m in prior.multiples]
+    assert quantile_weights(counts, q, epsilon, prior) == quantile_weights(
+        counts, q, epsilon, as_fractions
+    )
+
+
 @pytest.mark.parametrize("kind", ["float", "int", "timestamp"])
 def test_the_refined_grid_is_ordered_and_nested(kind: str) -> None:
     """Candidates' values increase; a refined group's fine buckets end where the group

@@ -221,8 +221,7 @@ def _staged(plan: Any, adapter: Any, rng: np.random.Generator, ran: dict[str, An
     """One release of a plan as the Session makes it (a staged plan: each stage, then
     the next planned over it), each distinct SQL run once on `adapter` (`ran`)."""
     if isinstance(plan, StagedPlan):
-        parts = [_staged(part, adapter, rng, ran) for part in plan.parts]
-        return plan.combine(parts, _staged(plan.finish(parts), adapter, rng, ran))
+        return plan.release_with(lambda stage: _staged(stage, adapter, rng, ran))
     if plan.sql not in ran:
         ran[plan.sql] = adapter.execute(plan.sql)
     columns, rows = ran[plan.sql]

@@ -93,6 +93,12 @@ class StagedPlan:
     def known_groups(self) -> int | None:
         return getattr(self.outer, "known_groups", None)
 
+    def release_with(self, release: Callable[[Plan], Release]) -> Release:
+        """The release of every stage in order, each by `release` (a stage may itself be
+        staged), the last planned over the ones before, combined."""
+        parts = [release(part) for part in self.parts]
+        return self.combine(parts, release(self.finish(parts)))
+
     def finish(self, releases: Sequence[Release]) -> Plan:
         """The outer query's plan over the parts' releases; it costs what was charged."""
         values = [
