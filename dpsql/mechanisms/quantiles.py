@@ -52,7 +52,8 @@ below 2^-40; only then does it draw a further block. The count of blocks (and so
 of proposals) is then data dependent only with that probability. What remains
 data dependent is how many proposals reach each bit level (those with that bit of m
 set that passed the levels above): the candidates proposed are data independent
-(uniform), and each level's draw costs the same per proposal. This is an argument
+(uniform), and each level's work, its draw and its bookkeeping, costs the same per
+proposal that reaches it. This is an argument
 about counts of operations, not a constant-time implementation.
 """
 
@@ -219,37 +220,46 @@ def _accepted(multiples: np.ndarray, step: Fraction, rng: np.random.Generator) -
     passes an independent exact Bernoulli of e^-(2^j step) at each of its bits. Levels
     go from the highest bit down, where candidates far from the quantile fail first;
     each level is one vectorised draw (`_decisions`) for every proposal still alive
-    with that bit set."""
-    alive = np.ones(len(multiples), dtype=bool)
+    with that bit set. The proposals still alive are kept as indexes, so a level costs
+    what reaches it: most proposals fail at their highest bits."""
+    alive = np.arange(len(multiples))
     top = int(multiples.max()).bit_length() if len(multiples) else 0
     for bit in reversed(range(top)):
-        chosen = alive & ((multiples >> bit) & 1 == 1)
-        if chosen.any():
-            alive[chosen] = _decisions(step * 2**bit, int(chosen.sum()), rng)
-    return alive
+        chosen = (multiples[alive] >> bit) & 1 == 1
+        count = int(np.count_nonzero(chosen))
+        if count:
+            kept = ~chosen
+            kept[chosen] = _decisions(step * 2**bit, count, rng)
+            alive = alive[kept]
+    accepted = np.zeros(len(multiples), dtype=bool)
+    accepted[alive] = True
+    return accepted
 
 
 def _decisions(x: Fraction, size: int, rng: np.random.Generator) -> np.ndarray:
-    """`size` exact Bernoulli(e^-x) decisions: e^-x = (e^-1)^floor(x) e^-frac(x), so each is
-    the AND of independent exact Bernoullis of e^-frac(x) and floor(x) times e^-1 (an
-    e^-x far below 2^-64 would take a slow high-precision exponential to threshold)."""
+    """`size` exact Bernoulli(e^-x) decisions: e^-x = e^-r (e^-CHUNK)^k, x = k CHUNK + r with
+    0 <= r < CHUNK, so each is the AND of independent exact Bernoullis of e^-r and k times
+    e^-CHUNK (a single e^-x far below 2^-64 would take a slow high-precision exponential
+    to threshold; e^-CHUNK's threshold is a 64-bit word's, and almost every decision of a
+    large x ends at the first e^-CHUNK)."""
     alive = np.ones(size, dtype=bool)
-    whole = math.floor(x)
-    if x != whole:
-        alive &= bernoulli(_exp_neg(x - whole), size, rng)
-    for _ in range(whole):
+    chunks = math.floor(x / CHUNK)
+    rest = x - chunks * CHUNK
+    if rest:
+        alive &= bernoulli(_exp_neg(rest), size, rng)
+    for _ in range(chunks):
         if not alive.any():
             break
-        alive[alive] = bernoulli(_exp_minus_one(), int(alive.sum()), rng)
+        alive[alive] = bernoulli(_exp_neg(Fraction(CHUNK)), int(alive.sum()), rng)
     return alive
+
+
+# e^-CHUNK is about 1.3e-14: above 2^-64, so an exact Bernoulli of it reads one word but
+# for ties, and small enough that a far candidate fails it at once.
+CHUNK = 32
 
 
 # A query's groups share their bit levels' exponents: their thresholds are computed once.
 @functools.lru_cache(maxsize=4096)
 def _exp_neg(x: Fraction) -> ExactReal:
     return ExactReal.exp_neg(x)
-
-
-@functools.cache
-def _exp_minus_one() -> ExactReal:
-    return ExactReal.exp_neg(Fraction(1))
