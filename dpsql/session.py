@@ -573,10 +573,12 @@ class Session:
 
     def _release(self, plan: Plan) -> Release:
         """Run the plan's SQL and release its result as it streams in (a staged plan:
-        each scalar subquery's, then the outer query's over their values; a grouping-sets
-        plan: each set's, concatenated)."""
+        each scalar subquery's, then the outer query's over their values, in one snapshot
+        of the database where the adapter gives one; a grouping-sets plan: each set's,
+        concatenated)."""
         if isinstance(plan, StagedPlan):
-            return plan.release_with(self._release)
+            with self.adapter.snapshot() as shared:
+                return plan.release_with(self._release, shared)
         if isinstance(plan, GroupingSetsPlan):
             return plan.combine([self._release(part) for part in plan.parts], self.max_groups)
         if not plan.sql:

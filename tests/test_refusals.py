@@ -151,6 +151,9 @@ class RecordingAdapter:
         self.statements.append(sql)
         return self.adapter.stream(sql, *batching)
 
+    def snapshot(self) -> Any:
+        return self.adapter.snapshot()
+
     @property
     def identity(self) -> str:
         return self.adapter.identity

@@ -55,6 +55,12 @@ class Adapter(Protocol):
         Leaving the context early stops the statement and frees its connection.
         """
 
+    def snapshot(self) -> AbstractContextManager[bool]:
+        """Within the context, the statements this thread runs read one snapshot of the
+        database, and it yields True; where the backend gives none, it yields False and
+        each statement reads the database as it is when it runs. Nests (an inner one is
+        the outer's)."""
+
     def interrupt(self, thread: int) -> None:
         """Stop the statement that thread `thread` (a `threading.get_ident()`) is running,
         if any; its `stream`/`execute` then raises BackendError. Safe from any thread."""

@@ -101,6 +101,26 @@ class DuckDBAdapter:
                     with suppress(duckdb.Error):  # the statement's own error is what matters
                         cursor.execute("SELECT 1")  # drops the rest of an unread result
 
+    @contextmanager
+    def snapshot(self) -> Iterator[bool]:
+        """One transaction on this thread's cursor (DuckDB's MVCC: its statements read the
+        database as it was when it began), rolled back at the end: it writes nothing."""
+        if getattr(self._local, "snapshot", False):
+            yield True
+            return
+        cursor = self._cursor()
+        try:
+            cursor.execute("BEGIN TRANSACTION")
+        except duckdb.Error as exc:
+            raise self._error(exc) from None
+        self._local.snapshot = True
+        try:
+            yield True
+        finally:
+            self._local.snapshot = False
+            with suppress(duckdb.Error):  # a failed statement already ended it
+                cursor.execute("ROLLBACK")
+
     def _batches(self, cursor: duckdb.DuckDBPyConnection, batch_rows: int, ended: list) -> Batches:
         while True:
             try:

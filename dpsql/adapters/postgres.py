@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -146,6 +147,7 @@ class PostgresAdapter:
         self._where = _describe(conninfo)
         self._timeout = statement_timeout
         self._running = Running()
+        self._local = threading.local()  # the connection a snapshot holds, per thread
         self._pool = ConnectionPool(
             make_conninfo(conninfo, connect_timeout=max(1, int(connect_timeout))),
             min_size=1,
@@ -174,8 +176,31 @@ class PostgresAdapter:
         connection.read_only = True  # every transaction starts BEGIN READ ONLY
 
     @contextmanager
+    def snapshot(self) -> Iterator[bool]:
+        """One pooled connection held for the context, in one REPEATABLE READ (and read
+        only) transaction: its statements read the snapshot its first one took."""
+        if getattr(self._local, "held", None) is not None:
+            yield True
+            return
+        with self._connection() as connection:
+            connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            self._local.held = connection
+            try:
+                yield True
+            finally:
+                self._local.held = None
+
+    @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection]:
-        """A pooled connection, rolled back after use; errors come out sanitised."""
+        """A pooled connection, rolled back after use (the snapshot's, while one is held:
+        rolled back when it ends); errors come out sanitised."""
+        held = getattr(self._local, "held", None)
+        if held is not None:
+            try:
+                yield held
+            except psycopg.Error as exc:
+                raise self._sanitised(exc) from None
+            return
         try:
             with self._pool.connection() as connection:
                 try:

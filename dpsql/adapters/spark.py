@@ -41,7 +41,7 @@ import socket
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -216,6 +216,10 @@ class SparkAdapter:
 
     def execute(self, sql: str) -> tuple[list[str], list[tuple]]:
         return fetch_all(self, sql)
+
+    def snapshot(self) -> AbstractContextManager[bool]:
+        """None: Spark reads the files as they are when each statement runs."""
+        return nullcontext(False)
 
     @contextmanager
     def stream(self, sql: str, batch_rows: int = BATCH_ROWS) -> Iterator[tuple[list[str], Batches]]:

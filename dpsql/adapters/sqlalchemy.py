@@ -18,7 +18,7 @@ import hashlib
 import os
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import sqlalchemy
@@ -91,6 +91,11 @@ class SQLAlchemyAdapter:
     def execute(self, sql: str) -> tuple[list[str], list[tuple]]:
         with self._result(sql, {}, BATCH_ROWS) as (columns, batches):
             return columns, [row for batch in batches for row in batch]
+
+    def snapshot(self) -> AbstractContextManager[bool]:
+        """None: each statement has its own connection and transaction (the isolation
+        levels SQLAlchemy's databases offer differ)."""
+        return nullcontext(False)
 
     def stream(
         self, sql: str, batch_rows: int = BATCH_ROWS

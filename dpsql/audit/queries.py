@@ -221,7 +221,8 @@ def _staged(plan: Any, adapter: Any, rng: np.random.Generator, ran: dict[str, An
     """One release of a plan as the Session makes it (a staged plan: each stage, then
     the next planned over it), each distinct SQL run once on `adapter` (`ran`)."""
     if isinstance(plan, StagedPlan):
-        return plan.release_with(lambda stage: _staged(stage, adapter, rng, ran))
+        # the audit's tables do not change: its stages share one snapshot
+        return plan.release_with(lambda stage: _staged(stage, adapter, rng, ran), shared=True)
     if plan.sql not in ran:
         ran[plan.sql] = adapter.execute(plan.sql)
     columns, rows = ran[plan.sql]

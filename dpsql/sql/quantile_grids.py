@@ -157,14 +157,11 @@ class Refined:
     def _keys(self) -> np.ndarray:
         """Each candidate's key, as the SQL returns it: its first fine bucket."""
         factor, size = self.lattice.factor, self.lattice.fine.size
-        kept = set(self.groups)
-        parts = [
-            np.arange(g * factor, min(size, (g + 1) * factor))
-            if g in kept
-            else np.array([g * factor])
-            for g in range(self.lattice.coarse.size)
-        ]
-        return np.concatenate(parts)
+        starts = np.arange(self.lattice.coarse.size, dtype=np.int64) * factor
+        inner = (
+            np.asarray(self.groups, dtype=np.int64)[:, None] * factor + np.arange(factor)
+        ).ravel()
+        return np.union1d(starts, inner[inner < size])
 
     @functools.cached_property
     def _fine(self) -> np.ndarray:
@@ -198,23 +195,56 @@ class Refined:
 
     def bucket(self, column: exp.Column, table: Table) -> exp.Expression:
         """The candidate's key: the fine bucket in a kept group, else the group's first.
-        Which side a row is on is read off its value's offset, before any division: the
-        fine bucket is computed for the rows in the windows only."""
-        fine, coarse, factor = self.lattice.fine, self.lattice.coarse, self.lattice.factor
-        offset = _offset(column, table, fine)
-        whole = exp.Mul(
-            this=_index(offset, coarse.width, 0, coarse.size - 1), expression=exp.convert(factor)
-        )
-        branches = []
-        for first, last in _runs(self.groups):
-            inside = exp.and_(
-                exp.GTE(this=offset.copy(), expression=exp.convert(first * coarse.width)),
-                exp.LT(this=offset.copy(), expression=exp.convert((last + 1) * coarse.width)),
-            )
-            # clamped into the run: a value at its edge may round to the next fine bucket
-            keys = (first * factor, min((last + 1) * factor, fine.size) - 1)
-            branches.append(exp.If(this=inside, true=_index(offset, fine.width, *keys)))
+        A row's group is the first stage's bucket of it, by the same SQL: the histogram
+        of the windows' rows and the first stage's of the other groups (`in_windows`)
+        add up to this one, row for row."""
+        group = _bucket(column, table, self.lattice.coarse)
+        whole = exp.Mul(this=group, expression=exp.convert(self.lattice.factor))
+        branches = self._fine_branches(column, table)
         return exp.Case(ifs=branches, default=whole) if branches else whole
+
+    def window_bucket(self, column: exp.Column, table: Table) -> exp.Expression:
+        """The fine bucket of a row in a kept group; NULL for any other row."""
+        branches = self._fine_branches(column, table)
+        return exp.Case(ifs=branches) if branches else exp.null()
+
+    def _fine_branches(self, column: exp.Column, table: Table) -> list[exp.If]:
+        """For each run of kept groups: a row in it has its fine bucket, clamped into the
+        run (a value at a run's edge may round to the next fine bucket)."""
+        fine, coarse, factor = self.lattice.fine, self.lattice.coarse, self.lattice.factor
+        offset, group = _offset(column, table, fine), _bucket(column, table, coarse)
+        return [
+            exp.If(
+                this=exp.Between(this=group.copy(), low=exp.convert(first), high=exp.convert(last)),
+                true=_index(
+                    offset, fine.width, first * factor, min((last + 1) * factor, fine.size) - 1
+                ),
+            )
+            for first, last in _runs(self.groups)
+        ]
+
+    def in_windows(self, column: exp.Column, table: Table) -> exp.Expression:
+        """Whether a row is in a kept group, by the first stage's own bucket SQL: a row
+        the first stage counted in a group the second splits is counted here, and no
+        other (sql/quantiles.py adds the first stage's counts of the other groups).
+        Each run's test comes after a comparison of the stored value alone (`_near`),
+        which holds for every row of the run and lets the database skip the others
+        before any arithmetic."""
+        coarse = self.lattice.coarse
+        group = _bucket(column, table, coarse)
+        runs = []
+        for first, last in _runs(self.groups):
+            exact = exp.Between(this=group.copy(), low=exp.convert(first), high=exp.convert(last))
+            near = _near(column, table, coarse, first, last)
+            runs.append(exact if near is None else exp.and_(near, exact, copy=False))
+        return exp.or_(*runs, copy=False) if runs else exp.false()
+
+    def whole_groups(self) -> tuple[np.ndarray, np.ndarray]:
+        """The groups kept whole, and each one's candidate."""
+        kept = np.zeros(self.lattice.coarse.size, dtype=bool)
+        kept[list(self.groups)] = True
+        whole = np.flatnonzero(~kept)
+        return whole, self.indexes(whole * self.lattice.factor)
 
     def describe(self) -> str:
         fine = self.lattice.fine
@@ -296,6 +326,49 @@ def _bucket(column: exp.Column, table: Table, grid: Grid) -> exp.Expression:
     infinities compare as the databases order them (NaN above every number) and land in
     an end bucket: no value makes the query fail."""
     return _index(_offset(column, table, grid), grid.width, 0, grid.size - 1)
+
+
+def _near(
+    column: exp.Column, table: Table, grid: Grid, first: int, last: int
+) -> exp.Expression | None:
+    """A test of the stored value alone that every row of buckets first..last passes
+    (a superset: the exact test follows it), None where it would test nothing.
+
+    Its edges lie a bucket outside the run's, and further by a relative 1e-9 of the
+    domain's magnitude: the bucket SQL's own float rounding (a few units in the last
+    place) cannot put a value it passes over. An end bucket also holds every value
+    beyond the domain (NaN and infinities too), so the run's side at an end of the
+    grid has no edge. Timestamps' edges are two days further: a time zone's offset
+    may differ between an edge and the grid's first value by daylight saving."""
+    if grid.kind == "timestamp":
+        slack = grid.width + 2 * 86400
+    else:
+        slack = grid.width + 1e-9 * max(abs(grid.lower), abs(grid.upper), 1.0)
+    value = exp.column(table.column(column.name).name, quoted=True)
+    below = _edge(math.floor, grid.lower + first * grid.width - slack, grid.kind)
+    above = _edge(math.ceil, grid.lower + (last + 1) * grid.width + slack, grid.kind)
+    tests = []
+    if first > 0 and below is not None:
+        tests.append(exp.GTE(this=value.copy(), expression=below))
+    if last < grid.size - 1 and above is not None:
+        tests.append(exp.LTE(this=value.copy(), expression=above))
+    return exp.and_(*tests, copy=False) if tests else None
+
+
+def _edge(rounded: Any, offset: float, kind: str) -> exp.Expression | None:
+    """A literal of the column's type at `offset` (days, seconds), `rounded` outwards to
+    a whole value for integers and dates, to the microsecond for timestamps; None past
+    the calendar's years 1-9999."""
+    try:
+        if kind == "date":
+            day = _EPOCH + dt.timedelta(days=rounded(offset))
+            return exp.cast(exp.convert(day.isoformat()), "DATE")
+        if kind == "timestamp":
+            moment = _MIDNIGHT + dt.timedelta(microseconds=rounded(offset * 1e6))
+            return exp.cast(exp.convert(moment.isoformat(sep=" ")), "TIMESTAMP")
+    except OverflowError:
+        return None
+    return exp.convert(rounded(offset) if kind == "int" else offset)
 
 
 def _offset(column: exp.Column, table: Table, grid: Grid) -> exp.Expression:

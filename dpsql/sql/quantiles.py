@@ -257,8 +257,8 @@ def quantile_histograms(
     first, rest = set_aside(epsilon, FIRST_STAGE)
     coarse = QuantilePlan(*whole, first, given, grid=found.coarse, picks=True)
 
-    def refine(picks: set[int]) -> QuantilePlan:
-        return QuantilePlan(*whole, rest, given, grid=found.refined(picks, windows))
+    def refine(picks: set[int], first: dict[tuple, np.ndarray] | None = None) -> QuantilePlan:
+        return QuantilePlan(*whole, rest, given, grid=found.refined(picks, windows), first=first)
 
     return RefinedQuantiles([coarse], refine(set()), [], refine, charged=Cost.of(epsilon, 0))
 
@@ -287,7 +287,9 @@ class QuantilePlan:
     HAVING, ORDER BY and LIMIT are evaluated here. With `given`, the release holds the
     keys and each quantile aggregate's values, for QuantileStages to combine. `picks`:
     the first stage of RefinedQuantiles, whose release is each group's and quantile's
-    candidate index, for the second stage's grid."""
+    candidate index, for the second stage's grid. `first`: that first stage's exact
+    histograms (by key), read in the same snapshot: the second stage then reads only
+    the rows of the groups it splits, and takes every other group's count from them."""
 
     analysis: Analysis
     column: exp.Column
@@ -299,6 +301,7 @@ class QuantilePlan:
     notes: list[str] = field(default_factory=list)
     grid: Grid | Refined | None = None
     picks: bool = False
+    first: dict[tuple, np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         analysis, table = self.analysis, self.analysis.table
@@ -323,13 +326,15 @@ class QuantilePlan:
             limit=None,
             offset=None,
         )
+        windows = self.first is not None
         self.sql = rewrite(
             counted,
             {},
             self.context.dialect,
-            self.context.seed,
+            self.context.seed,  # the first stage's: each unit's rows chosen alike
             with_units=False,
-            bucket=self.grid.bucket(self.column, table),
+            bucket=(self.grid.window_bucket if windows else self.grid.bucket)(self.column, table),
+            bucket_rows=self.grid.in_windows(self.column, table) if windows else None,
         )
 
     @property
@@ -354,12 +359,17 @@ class QuantilePlan:
                 np.array(column, dtype=np.int64) for column in zip(*kept, strict=True)
             )
             np.add.at(table, (groups, self.grid.indexes(buckets)), counts)
+        if self.first is not None:  # the groups kept whole: the first stage's counts
+            whole, candidates = self.grid.whole_groups()
+            for i, key in enumerate(self.keys):
+                table[i, candidates] += self.first[key][whole]
         return {key: table[i] for i, key in enumerate(self.keys)}
 
-    def quantiles(self, rows: list[tuple], rng: np.random.Generator) -> dict[int, list]:
+    def quantiles(
+        self, histograms: dict[tuple, np.ndarray], rng: np.random.Generator
+    ) -> dict[int, list]:
         """Each quantile aggregate's released values (`picks`: candidate indexes), one per
         group of `self.keys`."""
-        histograms = self.histograms(rows)
         epsilon = Fraction(self.share)
         priors = {
             q: self.grid.prior(q, epsilon, self.sensitivity)
@@ -379,7 +389,13 @@ class QuantilePlan:
         return released
 
     def release(self, columns: list[str], rows: list[tuple], rng: np.random.Generator) -> Release:
-        released = self.quantiles(rows, rng)
+        return self.release_counts(self.histograms(rows), rng)
+
+    def release_counts(
+        self, histograms: dict[tuple, np.ndarray], rng: np.random.Generator
+    ) -> Release:
+        """The release of the exact histograms by key (`histograms`)."""
+        released = self.quantiles(histograms, rng)
         if self.picks:  # RefinedQuantiles reads them: each group's picks, flat
             picks = [
                 tuple(i for index in released for i in released[index][g])
@@ -478,6 +494,18 @@ class RefinedQuantiles(StagedPlan):
     def cost(self) -> Cost:
         return self.charged
 
+    def release_with(self, release: Callable[[Plan], Release], shared: bool = False) -> Release:
+        """Both stages; in one snapshot (`shared`), the second reads only the rows of the
+        groups it splits, its other groups' counts the first stage's, kept exact (never
+        released) for it: each row is counted once, as by one histogram of the snapshot."""
+        if not shared:
+            return super().release_with(release)
+        (coarse,) = self.parts
+        stage = _KeptHistograms(coarse)
+        first = release(stage)
+        picks = {pick for (found,) in first.rows for pick in found}
+        return self.combine([first], release(self.finish_outer(picks, stage.histograms)))
+
     @property
     def names(self) -> list[str]:
         return self.outer.names
@@ -513,11 +541,30 @@ class RefinedQuantiles(StagedPlan):
             ("stage 2", f"the {2 * WINDOW + 1} buckets around each pick split in "
              f"{fine.lattice.factor} of width {fine.lattice.fine.width:g}, the rest whole, "
              f"each candidate weighed by its width; epsilon {self.outer.share:g} each; "
-             "its SQL is stage 1's with that bucket"),
+             "its SQL is stage 1's with that bucket; where the database gives one "
+             "snapshot to both stages (DuckDB, PostgreSQL), it reads only the windows' "
+             "rows and takes the other buckets' counts from stage 1's histogram"),
         ]  # fmt: skip
         kept = {"sql", "cost", "mechanism", "buckets"}
         lines += [line for line in self.outer.explain() if line[0] not in kept]
         return lines + [("note", note) for note in self.notes]
+
+
+@dataclass
+class _KeptHistograms:
+    """One release of a first stage (`plan`), keeping its exact histograms for the
+    second stage of the same release (RefinedQuantiles.release_with)."""
+
+    plan: QuantilePlan
+    histograms: dict[tuple, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def sql(self) -> str:
+        return self.plan.sql
+
+    def release(self, columns: list[str], rows: list[tuple], rng: np.random.Generator) -> Release:
+        self.histograms = self.plan.histograms(rows)
+        return self.plan.release_counts(self.histograms, rng)
 
 
 def _outputs(analysis: Analysis) -> list[tuple[Output, Aggregate | None]]:

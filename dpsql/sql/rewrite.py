@@ -92,6 +92,7 @@ def rewrite(
     per_unit: bool = False,
     digest_seed: int | None = None,
     bucket: exp.Expression | None = None,
+    bucket_rows: exp.Expression | None = None,
     before_cap: int | None = None,
 ) -> str:
     """The bounded exact SQL for `analysis`; `grids` gives each SUM measurement its grid.
@@ -110,7 +111,9 @@ def rewrite(
     moved between units, which leaves the group's total as it was), and tells nothing
     without the seed.
     `bucket` (a row expression) groups by it too, after the bounding, as the last key
-    (BUCKET_KEY): one row per group and bucket, a bounded histogram (sql/quantiles.py).
+    (BUCKET_KEY): one row per group and bucket, a bounded histogram (sql/quantiles.py);
+    `bucket_rows` (a row predicate) keeps only the rows it holds, after the bounding: the
+    rows of some buckets, each unit's chosen as for the whole histogram.
     `before_cap` (a table whose rows are bounded) adds two last columns: BEFORE_COLUMN,
     the sum of min(a unit's rows before the bounding, before_cap) over the units whose
     first kept row is in the group (_per_group_query: over all units, on the first group
@@ -178,6 +181,9 @@ def rewrite(
             before_cap is not None,
         )  # fmt: skip
         filters = _rank_filter(analysis, single)
+    if bucket_rows is not None:
+        kept = bucket_rows.copy()
+        filters = kept if filters is None else exp.and_(filters, kept, copy=False)
     if digest_seed is not None:
         added = _row_value(analysis.measurements[0], grids.get(0), analysis, dialect)
         hashed = keyed_hash(dialect, digest_seed, [unit, added])

@@ -93,9 +93,11 @@ class StagedPlan:
     def known_groups(self) -> int | None:
         return getattr(self.outer, "known_groups", None)
 
-    def release_with(self, release: Callable[[Plan], Release]) -> Release:
+    def release_with(self, release: Callable[[Plan], Release], shared: bool = False) -> Release:
         """The release of every stage in order, each by `release` (a stage may itself be
-        staged), the last planned over the ones before, combined."""
+        staged), the last planned over the ones before, combined. `shared`: every stage
+        reads one snapshot of the database (a plan may then pass one stage's exact
+        result to the next; these stages do not)."""
         parts = [release(part) for part in self.parts]
         return self.combine(parts, release(self.finish(parts)))
 
