@@ -64,6 +64,7 @@ from dpsql.sql.synopsis import declared as declared_synopses
 _SETTABLE = (
     "dpsql.epsilon", "dpsql.delta", "dpsql.mechanism", "dpsql.ldp_postprocess", "dpsql.continual",
     "dpsql.max_rows_per_unit", "dpsql.max_groups_per_unit", "dpsql.bounding_note",
+    "dpsql.quantile_interval",
 )  # fmt: skip
 #: The largest contribution bound SET may choose: far past any useful bound (the noise
 #: grows with it), and small enough that every backend compares a rank with it exactly.
@@ -627,7 +628,7 @@ class Session:
     def set_option(self, name: str, value: Any) -> None:
         """Set a per-session option: epsilon, delta, mechanism, ldp_postprocess, continual,
         max_rows_per_unit or max_groups_per_unit ('policy': each table's own bounds), or
-        bounding_note ('on', 'off')."""
+        bounding_note or quantile_interval ('on', 'off')."""
         name = name.lower().removeprefix("dpsql.")
         if name in ("epsilon", "delta"):
             number = _number(value, name)
@@ -663,8 +664,8 @@ class Session:
             self.options = replace(self.options, continual=value)
         elif name in ("max_rows_per_unit", "max_groups_per_unit"):
             self.options = replace(self.options, **{name: _bound(value, name)})
-        elif name == "bounding_note":
-            self.options = replace(self.options, bounding_note=_switch(value, name))
+        elif name in ("bounding_note", "quantile_interval"):
+            self.options = replace(self.options, **{name: _switch(value, name)})
         else:
             raise ProgrammingError(f"unknown option dpsql.{name}; settable: {', '.join(_SETTABLE)}")
 

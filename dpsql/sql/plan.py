@@ -86,6 +86,9 @@ class Options:
     # 'on': a query whose rows are bounded spends 1/SHARE_PARTS of its epsilon on the
     # bounding note (sql/bounding.py); 'off' gives it to the measurements
     bounding_note: str = "on"
+    # 'on': each quantile of a number spends 1/10 of its epsilon on its 95% value interval
+    # (sql/quantiles.py); 'off' releases the rank interval alone
+    quantile_interval: str = "off"
 
 
 class Plan(Protocol):

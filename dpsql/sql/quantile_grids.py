@@ -82,6 +82,17 @@ class Grid:
         """The most candidates it has (the rank bound's count)."""
         return self.size
 
+    @functools.cached_property
+    def positions(self) -> np.ndarray:
+        """Each candidate's place on the grid's finest steps: here, its index."""
+        return np.arange(self.size, dtype=np.int64)
+
+    def ends(self) -> tuple[Any, Any]:
+        """The domain's first and last values, as released values are typed."""
+        if self.kind in ("float", "timestamp"):
+            return self._typed(self.lower), self._typed(self.upper)
+        return self._typed(int(self.lower)), self._typed(int(self.upper))
+
     def indexes(self, buckets: np.ndarray) -> np.ndarray:
         """The candidate of each bucket the database returned."""
         return buckets
@@ -173,6 +184,14 @@ class Refined:
     @property
     def size(self) -> int:
         return len(self._keys)
+
+    @property
+    def positions(self) -> np.ndarray:
+        """Each candidate's first fine bucket."""
+        return self._keys
+
+    def ends(self) -> tuple[Any, Any]:
+        return self.lattice.fine.ends()
 
     def indexes(self, buckets: np.ndarray) -> np.ndarray:
         """The candidate of each key the database returned (the keys are sorted; a key

@@ -44,6 +44,7 @@ from sqlglot import exp
 
 from dpsql.accounting import Cost, set_aside, split_epsilon
 from dpsql.errors import QueryRefused
+from dpsql.mechanisms.quantile_bounds import QuantileBounds, most_edges
 from dpsql.mechanisms.quantiles import exponential_quantile, rank_error_bound
 from dpsql.policy import Table
 from dpsql.results import Accuracy, Release
@@ -70,6 +71,9 @@ MIN_Q = Fraction(1, 100)  # MIN and MAX are the 1st and 99th percentiles
 # land within sql/quantile_grids.WINDOW buckets of the quantile (docs/mechanisms.md).
 FIRST_STAGE = 20
 PICK_PREFIX = "__dpsql_pick"  # a first stage's released bucket, per quantile
+# With SET dpsql.quantile_interval = on, each quantile spends 1 / INTERVAL_SHARE of its
+# epsilon on its 95% value interval (mechanisms/quantile_bounds.py)
+INTERVAL_SHARE = 10
 
 
 @dataclass(frozen=True)
@@ -313,8 +317,16 @@ class QuantilePlan:
         rows = table.max_rows_per_unit if table.privacy_unit else 1
         groups = table.max_groups_per_unit if analysis.grouped and table.privacy_unit else 1
         self.sensitivity = rows * groups
+        # a value interval: numbers only (Accuracy's intervals are floats), one value a
+        # row (a list's column has no single interval), and only where values release
+        self.bounded = (
+            self.context.options.quantile_interval == "on"
+            and not self.picks
+            and table.column(self.column.name).type in ("int", "float")
+            and not any(spec.listed for spec in self.specs.values())
+        )
         if self.grid is None:
-            self.grid = uniform_grid(declared_domain(self.column, table), Fraction(self.share))
+            self.grid = uniform_grid(declared_domain(self.column, table), self.picking)
         self.cost = Cost.of(self.epsilon, 0)
         counted = replace(
             analysis,
@@ -365,18 +377,32 @@ class QuantilePlan:
                 table[i, candidates] += self.first[key][whole]
         return {key: table[i] for i, key in enumerate(self.keys)}
 
+    @property
+    def picking(self) -> Fraction:
+        """Each quantile's epsilon for its exponential mechanism (all of its share, less
+        the value interval's)."""
+        share = Fraction(self.share)
+        return share - share / INTERVAL_SHARE if self.bounded else share
+
     def quantiles(
         self, histograms: dict[tuple, np.ndarray], rng: np.random.Generator
-    ) -> dict[int, list]:
+    ) -> tuple[dict[int, list], dict[int, list]]:
         """Each quantile aggregate's released values (`picks`: candidate indexes), one per
-        group of `self.keys`."""
-        epsilon = Fraction(self.share)
+        group of `self.keys`; and, where `bounded`, each one's 95% value interval."""
+        epsilon = self.picking
         priors = {
             q: self.grid.prior(q, epsilon, self.sensitivity)
             for spec in self.specs.values()
             for q in spec.qs
         }
+        bounds = {
+            q: QuantileBounds(q, Fraction(self.share) - epsilon, self.sensitivity, self.span)
+            for spec in self.specs.values()
+            for q in spec.qs
+            if self.bounded
+        }
         released: dict[int, list] = {index: [] for index in self.specs}
+        intervals: dict[int, list] = {index: [] for index in self.specs} if self.bounded else {}
         for key in self.keys:
             counts = histograms[key]
             for index, spec in self.specs.items():
@@ -386,7 +412,24 @@ class QuantilePlan:
                 ]
                 values = picked if self.picks else [self.grid.value(i) for i in picked]
                 released[index].append(values if spec.listed or self.picks else values[0])
-        return released
+                if self.bounded:
+                    ((q,), (pick,)) = spec.qs, picked
+                    edges = bounds[q].release(counts, self.grid.positions, pick, rng)
+                    intervals[index].append(self._interval(edges))
+        return released, intervals
+
+    @property
+    def span(self) -> int:
+        return int(self.grid.positions[-1]) + 1
+
+    def _interval(self, edges: tuple[int | None, int | None]) -> tuple[float, float]:
+        """The values bounding a quantile, from its bounds' edges (None: the domain's end)."""
+        lower, upper = self.grid.ends()
+        low, high = edges
+        return (
+            float(lower if low is None else self.grid.value(low)),
+            float(upper if high is None else self.grid.value(high)),
+        )
 
     def release(self, columns: list[str], rows: list[tuple], rng: np.random.Generator) -> Release:
         return self.release_counts(self.histograms(rows), rng)
@@ -395,7 +438,7 @@ class QuantilePlan:
         self, histograms: dict[tuple, np.ndarray], rng: np.random.Generator
     ) -> Release:
         """The release of the exact histograms by key (`histograms`)."""
-        released = self.quantiles(histograms, rng)
+        released, intervals = self.quantiles(histograms, rng)
         if self.picks:  # RefinedQuantiles reads them: each group's picks, flat
             picks = [
                 tuple(i for index in released for i in released[index][g])
@@ -407,17 +450,26 @@ class QuantilePlan:
             names = [f"{KEY_PREFIX}{i}" for i in range(width)]
             names += [f"{VALUE_PREFIX}{index}" for index in released]
             out = [(*key, *(released[i][g] for i in released)) for g, key in enumerate(self.keys)]
-            return Release(names, out, notes=[self._note()])
+            accuracy = {
+                f"{VALUE_PREFIX}{index}": self._accuracy(self.specs[index].qs, found)
+                for index, found in intervals.items()
+            }
+            return Release(names, out, accuracy=accuracy, notes=[self._note()])
         values = [_column(released[index]) for index in range(len(self.analysis.aggregates))]
-        _, out_rows, _ = project_rows(self.analysis, self.keys, values)
+        _, out_rows, groups = project_rows(self.analysis, self.keys, values)
         notes = [self._note(), *self.notes]
-        return Release(self.names, out_rows, accuracy=self.accuracy(), notes=notes)
+        kept = {index: [found[g] for g in groups] for index, found in intervals.items()}
+        return Release(self.names, out_rows, accuracy=self.accuracy(kept), notes=notes)
 
-    def accuracy(self) -> dict[str, Accuracy]:
-        """The accuracy of each output that is a quantile as such, by its name."""
+    def accuracy(self, intervals: dict[int, list] | None = None) -> dict[str, Accuracy]:
+        """The accuracy of each output that is a quantile as such, by its name; with
+        `intervals` (by aggregate index, one per released row), its value intervals."""
         index = {id(aggregate): i for i, aggregate in enumerate(self.analysis.aggregates)}
+        found = intervals or {}
         return {
-            name: self._accuracy(self.specs[index[id(aggregate)]].qs)
+            name: self._accuracy(
+                self.specs[index[id(aggregate)]].qs, found.get(index[id(aggregate)])
+            )
             for name, (_, aggregate) in zip(self.names, _outputs(self.analysis), strict=True)
             if aggregate is not None and aggregate.function == "quantile"
         }
@@ -427,22 +479,36 @@ class QuantilePlan:
         widest of them (the one farthest from the median)."""
         qs = qs or [q for spec in self.specs.values() for q in spec.qs]
         q = max(qs, key=lambda q: max(q, 1 - q))
-        share = Fraction(self.share)
-        return rank_error_bound(share, self.sensitivity, self.grid.most, 0.05, q)
+        return rank_error_bound(self.picking, self.sensitivity, self.grid.most, 0.05, q)
 
-    def _accuracy(self, qs: Sequence[Fraction]) -> Accuracy:
+    def _accuracy(
+        self, qs: Sequence[Fraction], intervals: list[tuple[float, float]] | None = None
+    ) -> Accuracy:
         bound = self._rank_bound(qs)
         spread = max(max(q, 1 - q) for q in qs) * self.sensitivity
+        values = (
+            "; the interval holds the quantile with probability 95%: " + self._interval_text()
+            if intervals is not None
+            else ""
+        )
         return Accuracy(
             mechanism="exponential",
-            scale=float(2 * spread / Fraction(self.share)),
+            scale=float(2 * spread / self.picking),
             interval95=None,
             sensitivity=self.sensitivity,
             note=(
                 f"95%: the value's rank is within {bound:.0f} of q·n (n: the group's "
-                f"non-NULL values), beyond the grid's best bucket; {self.grid.describe()}"
+                f"non-NULL values), beyond the grid's best bucket; {self.grid.describe()}" + values
             ),
+            intervals=None if intervals is None else tuple(intervals),
             rank_interval95=bound,
+        )
+
+    def _interval_text(self) -> str:
+        aside = float(Fraction(self.share) - self.picking)
+        return (
+            f"noisy rank distances at up to {most_edges(self.span)} edges around the release "
+            f"(epsilon {aside:g} of its {self.share:g})"
         )
 
     def _note(self) -> str:
@@ -464,6 +530,8 @@ class QuantilePlan:
             ("epsilon per quantile", f"{self.share:g}"),
             ("95% rank error", f"within {bound:.0f} ranks of the best bucket's"),
         ]
+        if self.bounded:
+            lines.append(("95% value interval", self._interval_text()))
         for spec in self.specs.values():
             fractions = ", ".join(f"{float(q):g}" for q in spec.qs)
             lines.append((
@@ -624,9 +692,8 @@ class QuantileStages(StagedPlan):
         accuracy = self.outer.accuracy()
         for name, (_, aggregate) in zip(self.outer.names, _outputs(analysis), strict=True):
             index = next((i for i, a in enumerate(analysis.aggregates) if a is aggregate), None)
-            found = (
-                first.accuracy.get(f"{VALUE_PREFIX}{others[index]}") if index in others else None
-            )
+            released = first if index in others else outer  # a quantile's: its intervals
+            found = released.accuracy.get(f"{VALUE_PREFIX}{others.get(index, index)}")
             if found is not None:
                 accuracy[name] = _reindexed(found, groups)
         notes = first.notes + outer.notes + self.notes
