@@ -26,7 +26,13 @@ prints, per query, the median time dpsql adds around the database call:
 * parse and plan alone for new texts, back to back and with a trivial
   database call (`SELECT 1`) between them: the proxy's code runs slower on the
   CPU caches a database call (or any idle wait) leaves behind, which is part
-  of every cold figure above.
+  of every cold figure above;
+* the floor of a charged release, its parts measured alone in probe units: the
+  ledger's charge (one commit; its fsync, as in a release, runs while it goes on),
+  one discrete Laplace draw from the secure sampler, and building the Release;
+  and beside them a DuckDB `SELECT 1` round trip, what the database call alone
+  costs (excluded from the figures above): printed beside the planned-before
+  figure and its target, so the target reads against what no release avoids.
 
 Usage: python benchmarks/bench_overhead.py [--repeat 50]
 """
@@ -43,13 +49,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from machine import describe, python_probe_us
 
 from dpsql import demo
 from dpsql.accounting import Cost
 from dpsql.adapters.duckdb import DuckDBAdapter
 from dpsql.ledger import Ledger
+from dpsql.mechanisms.laplace import DiscreteLaplace
+from dpsql.mechanisms.samplers import secure_generator
 from dpsql.policy import load_policy
+from dpsql.results import Accuracy, Release
 from dpsql.session import Session
 from dpsql.sql.parse import parse_statement
 
@@ -146,6 +156,44 @@ def parse_and_plan(session: Session, repeat: int, between: Any) -> float:
     return statistics.median(samples)
 
 
+def floor_parts(folder: str, repeat: int) -> dict[str, float]:
+    """Each part every charged release pays, measured alone: its median over `repeat` runs
+    in probe units (a probe measured beside each part)."""
+    ledger = Ledger(Path(folder) / "floor.sqlite")
+    cost, budget = Cost.of(1.0), Cost.of(1e9, 0.5)
+    charges = iter(range(10**9))
+
+    def charge() -> None:  # the commit a release waits for; its fsync overlaps the query
+        ledger.charge("floor", cost, budget, f"floor-{next(charges)}", sync=False)
+
+    noise, rng, zero = DiscreteLaplace(1, 1.0), secure_generator(), np.zeros(1, dtype=np.int64)
+    noise.prepare()
+    accuracy = {"n": Accuracy(noise.name, noise.scale, noise.interval95(), 1.0)}
+    database = demo.demo_connection()
+    parts = {
+        "charge": charge,
+        "Laplace draw": lambda: noise.sample(zero, rng),
+        "Release": lambda: Release(["n"], [(1,)], dict(accuracy), []),
+        "SELECT 1": lambda: database.execute("SELECT 1").fetchall(),
+    }
+    units = {}
+    try:
+        for name, run in parts.items():
+            run()  # the first call builds what later ones reuse
+            probe = python_probe_us() / 1e6
+            samples = []
+            for _ in range(repeat):
+                start = time.perf_counter()
+                run()
+                samples.append(time.perf_counter() - start)
+                ledger.durable()  # untimed: each charge starts with no fsync pending
+            units[name] = statistics.median(samples) / probe
+    finally:
+        ledger.close()
+        database.close()
+    return units
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=50)
@@ -195,6 +243,7 @@ def main() -> None:
         after_call = parse_and_plan(
             session, args.repeat, lambda: database.execute("SELECT 1").fetchall()
         )
+        parts = floor_parts(folder, max(args.repeat, 200))
     figure = dict(
         zip(COLUMNS, (_median(column) for column in zip(*rows, strict=True)), strict=True)
     )
@@ -225,6 +274,17 @@ def main() -> None:
         f"  planned before    {units['planned']:5.1f} probes (target <= 2.5), CPU time "
         f"{units['planned cpu']:.1f}\n"
         f"  new constants     {units['new constants']:5.1f} probes (target <= 2.5)"
+    )
+    least = parts["charge"] + parts["Laplace draw"] + parts["Release"]
+    print(
+        f"the floor of a charged release, each part alone (load average "
+        f"{os.getloadavg()[0]:.2f}):\n"
+        f"  charge {parts['charge']:.2f} + Laplace draw {parts['Laplace draw']:.2f} + Release "
+        f"{parts['Release']:.2f} = {least:.2f} probes, without the database\n"
+        f"  a DuckDB SELECT 1 round trip alone: {parts['SELECT 1']:.2f} probes (excluded from "
+        "the figures above)\n"
+        f"  planned before {units['planned']:.1f} probes = floor + "
+        f"{units['planned'] - least:.1f}; target 2.5 = floor + {2.5 - least:.1f}"
     )
 
 

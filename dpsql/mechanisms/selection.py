@@ -11,6 +11,7 @@ probability at most delta/max_partitions, so the whole selection is
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -54,19 +55,25 @@ class PartitionSelection:
     def cost(self) -> Cost:
         return Cost.of(self.epsilon, self.delta)
 
-    @property
+    # Both are found once per selection (a plan's, shared by its every release): they
+    # depend on the parameters alone, and a race builds the same value twice, harmlessly.
+    @functools.cached_property
     def tau(self) -> int:
         return threshold(self.epsilon, self.delta, self.max_partitions)
+
+    @functools.cached_property
+    def noise(self) -> DiscreteLaplace:
+        """The unit counts' noise mechanism (it holds no draw: each `keep` draws afresh)."""
+        return DiscreteLaplace(self.max_partitions, Fraction(self.epsilon))
 
     def prepare(self) -> None:
         """Compute tau and build the noise's sampler now; OutOfRange if either cannot be."""
         # the noise first: within its scales, tau's search takes a few steps (far beyond
         # them, its guard loops would step one by one through some 1e300 values)
-        DiscreteLaplace(self.max_partitions, Fraction(self.epsilon)).prepare()
+        self.noise.prepare()
         with drawable(f"partition selection at epsilon {self.epsilon:g}"):
             self.tau  # noqa: B018 -- the threshold's own arithmetic can overflow
 
     def keep(self, unit_counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """A boolean mask of the groups whose noisy unit count reaches tau."""
-        noise = DiscreteLaplace(self.max_partitions, Fraction(self.epsilon))
-        return noise.sample(np.asarray(unit_counts, dtype=np.int64), rng) >= self.tau
+        return self.noise.sample(np.asarray(unit_counts, dtype=np.int64), rng) >= self.tau

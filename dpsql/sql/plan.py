@@ -35,7 +35,7 @@ from dpsql.policy import MAX_PUBLIC_KEYS
 from dpsql.results import Accuracy, Release
 from dpsql.sql import dispersion, proofs
 from dpsql.sql.analysis import KEY_PREFIX, VALUE_PREFIX, Aggregate, Analysis
-from dpsql.sql.avg_interval import AvgWidths, avg_intervals, avg_widths
+from dpsql.sql.avg_interval import AvgWidths, avg_intervals, avg_widths, clamp
 from dpsql.sql.bounding import SHARE_PARTS, BoundingNote
 from dpsql.sql.intervals import Interval
 from dpsql.sql.keys import canonical_keys, key_kinds
@@ -182,6 +182,16 @@ class _Measure:
     reason: str = ""  # why 'auto' chose this mechanism
 
 
+@dataclass(frozen=True)
+class _Fixed:
+    """The parts of a DirectPlan's release that depend on the plan alone."""
+
+    released: tuple[tuple[str, Aggregate], ...]  # released_aggregates, in output order
+    accuracy: dict[str, Accuracy]  # by released column: DirectPlan._column_accuracy
+    keys: list[tuple] | None = None  # the public keys, in release order (key_order)
+    position: dict[tuple, int] | None = None  # each public key's place in `keys`, by _normal
+
+
 # The same few recur query after query, and each costs ~30 us to build; as many as the
 # samplers' own caches keep, since a cached mechanism keeps its sampler's tables alive.
 @functools.lru_cache(maxsize=32)
@@ -292,6 +302,21 @@ class DirectPlan(_Batched):
         self.sql = rewrite(
             analysis, grids, dialect, seed, with_units=self.selection is not None, before_cap=cap
         )
+        self._fixed = self._fixed_parts()
+
+    def _fixed_parts(self) -> _Fixed:
+        """What every release reads that the plan alone fixes, found once: a plan-cache hit
+        shares it with every copy (it holds nothing of the data nor of any noise drawn)."""
+        released = tuple(released_aggregates(self.analysis))
+        accuracy = {name: self._column_accuracy(aggregate) for name, aggregate in released}
+        if self.public_keys is None:
+            return _Fixed(released, accuracy)
+        order = key_order(self.public_keys)
+        place = np.empty(len(order), dtype=np.int64)
+        place[order] = np.arange(len(order))
+        # a key's last place wins, as a dict of the keys in the domain's order keeps it
+        position = {_normal(key): int(place[i]) for i, key in enumerate(self.public_keys)}
+        return _Fixed(released, accuracy, [self.public_keys[i] for i in order], position)
 
     def _measure(self, per_group: int, step: float = 1.0) -> _Measure:
         """The noise for one measurement: each unit moves at most `per_group` (in grid
@@ -396,8 +421,9 @@ class DirectPlan(_Batched):
                 f"distinct units reaches {self.selection.tau}; groups below were suppressed"
             )
         else:
-            if self.public_keys is not None:  # at most the domain, whatever the data
-                keys, exact = _fill_domain(self.public_keys, batches, self.kinds, measured)
+            if self._fixed.keys is not None:  # at most the domain, whatever the data
+                keys = self._fixed.keys
+                exact = _fill_domain(self._fixed.position, len(keys), batches, self.kinds, measured)
             else:
                 rows = [row for batch in batches for row in batch]
                 keys = canonical_keys([row[:width] for row in rows], self.kinds)
@@ -405,12 +431,16 @@ class DirectPlan(_Batched):
             check_groups(len(keys), max_groups)
             noisy = [m.noise.sample(exact[:, i], rng) for i, m in enumerate(self.measures)]
         values = [self._aggregate_values(agg, noisy) for agg in analysis.aggregates]
-        order = key_order(keys)
-        keys = [keys[i] for i in order]
-        values = [column[order] if len(order) else column for column in values]
+        # public keys come in their order; keys from the data are sorted (one group is)
+        order = key_order(keys) if self._fixed.keys is None and len(keys) > 1 else None
+        if order is not None:
+            keys = [keys[i] for i in order]
+            values = [column[order] for column in values]
         result_columns, result_rows, groups = project_rows(analysis, keys, values)
         # each final row's group in the noisy arrays, for the accuracy that varies per group
-        source = np.asarray(order, dtype=np.int64)[np.asarray(groups, dtype=np.int64)]
+        source = np.asarray(groups, dtype=np.int64)
+        if order is not None:
+            source = order[source]
         if self.bounding is not None:
             notes.extend(self.bounding.notes(totals, rng))
         return Release(result_columns, result_rows, self._accuracy(noisy, source), notes)
@@ -457,7 +487,7 @@ class DirectPlan(_Batched):
         count = noisy[aggregate.measurements[1]]
         mean = aggregate.centre + total / np.maximum(count, 1)
         # dividing noisy values is post-processing; clamping to the bounds too
-        return np.clip(mean, aggregate.bounds.lower, aggregate.bounds.upper)
+        return clamp(mean, aggregate.bounds.lower, aggregate.bounds.upper)
 
     def _spread(
         self, aggregate: Aggregate, noisy: list[np.ndarray]
@@ -469,24 +499,20 @@ class DirectPlan(_Batched):
 
     def _accuracy(self, noisy: list[np.ndarray], source: np.ndarray) -> dict[str, Accuracy]:
         """Each released aggregate's accuracy; `source` is each final row's index in `noisy`."""
+        fixed = self._fixed.accuracy
         return {
-            name: self._aggregate_accuracy(aggregate, noisy, source)
-            for name, aggregate in released_aggregates(self.analysis)
+            name: self._row_accuracy(aggregate, fixed[name], noisy, source)
+            if aggregate.function == "avg" or aggregate.function in dispersion.NAMES
+            else fixed[name]
+            for name, aggregate in self._fixed.released
         }
 
-    def _aggregate_accuracy(
-        self, aggregate: Aggregate, noisy: list[np.ndarray], source: np.ndarray
-    ) -> Accuracy:
+    def _column_accuracy(self, aggregate: Aggregate) -> Accuracy:
+        """An aggregate's accuracy as far as the plan fixes it: all of it for a column-wide
+        interval, all but the per-row intervals for AVG and VAR/STDDEV."""
         measure = self.measures[aggregate.measurements[0]]
         noise = measure.noise
-        scale = float(noise.scale) * measure.step
         if aggregate.function in dispersion.NAMES:
-            low, high = dispersion.intervals(
-                aggregate.function,
-                *self._spread(aggregate, noisy)[:3],
-                self._spread_widths[aggregate.measurements],
-                aggregate.bounds,
-            )
             squares = self.measures[aggregate.measurements[2]]
             return Accuracy(
                 squares.noise.name,
@@ -494,30 +520,37 @@ class DirectPlan(_Batched):
                 None,
                 squares.noise.sensitivity * squares.step,
                 dispersion.NOTE,
-                tuple(zip(low[source].tolist(), high[source].tolist(), strict=True)),
             )
+        scale = float(noise.scale) * measure.step
+        sensitivity = noise.sensitivity * measure.step
         if aggregate.function == "avg":
+            return Accuracy(noise.name, scale, None, sensitivity, _AVG_NOTE)
+        reason = f"chosen by auto: {measure.reason}" if measure.reason else ""
+        return Accuracy(noise.name, scale, noise.interval95() * measure.step, sensitivity, reason)
+
+    def _row_accuracy(
+        self, aggregate: Aggregate, fixed: Accuracy, noisy: list[np.ndarray], source: np.ndarray
+    ) -> Accuracy:
+        """`fixed` with the per-row 95% intervals of an AVG or VAR/STDDEV in this release."""
+        if aggregate.function in dispersion.NAMES:
+            low, high = dispersion.intervals(
+                aggregate.function,
+                *self._spread(aggregate, noisy)[:3],
+                self._spread_widths[aggregate.measurements],
+                aggregate.bounds,
+            )
+        else:
             total, count = (noisy[i] for i in aggregate.measurements)
             m = aggregate.centre  # the interval of the centred mean, shifted back
             bounds = (aggregate.bounds.lower - m, aggregate.bounds.upper - m)
+            step = self.measures[aggregate.measurements[0]].step
             low, high = avg_intervals(
-                total * measure.step, count, self._avg_widths[aggregate.measurements], bounds
+                total * step, count, self._avg_widths[aggregate.measurements], bounds
             )
             low, high = low + m, high + m
-            return Accuracy(
-                noise.name,
-                scale,
-                None,
-                noise.sensitivity * measure.step,
-                _AVG_NOTE,
-                tuple(zip(low[source].tolist(), high[source].tolist(), strict=True)),
-            )
+        intervals = tuple(zip(low[source].tolist(), high[source].tolist(), strict=True))
         return Accuracy(
-            noise.name,
-            scale,
-            noise.interval95() * measure.step,
-            noise.sensitivity * measure.step,
-            f"chosen by auto: {measure.reason}" if measure.reason else "",
+            fixed.mechanism, fixed.scale, None, fixed.sensitivity, fixed.note, intervals
         )
 
     def explain(self) -> list[tuple[str, str]]:
@@ -640,7 +673,9 @@ def exact_integers(values: Sequence) -> np.ndarray:
         return np.array(
             [max(-GRID_LIMIT, min(GRID_LIMIT, int(v or 0))) for v in values], dtype=np.int64
         )
-    return np.clip(column, -GRID_LIMIT, GRID_LIMIT, out=column)
+    # two ufuncs in place: np.clip's Python wrapper costs more than both on a few values
+    np.maximum(column, -GRID_LIMIT, out=column)
+    return np.minimum(column, GRID_LIMIT, out=column)
 
 
 def _check_domain_size(analysis: Analysis) -> None:
@@ -655,13 +690,17 @@ def _check_domain_size(analysis: Analysis) -> None:
 
 
 def _fill_domain(
-    full: list[tuple], batches: Iterable[list[tuple]], kinds: list[str], measured: int
-) -> tuple[list[tuple], np.ndarray]:
-    """Every key of the public domain `full`, with the result's measurements, and zeros for
-    the groups the data lacks; result rows of keys outside the domain are dropped."""
+    position: dict[tuple, int],
+    size: int,
+    batches: Iterable[list[tuple]],
+    kinds: list[str],
+    measured: int,
+) -> np.ndarray:
+    """The result's measurements at each public key's place (`position`, by `_normal` key,
+    among `size`), zeros for the groups the data lacks; result rows of keys outside the
+    domain are dropped."""
     width = len(kinds)
-    position = {_normal(key): i for i, key in enumerate(full)}
-    filled = np.zeros((len(full), measured - width), dtype=np.int64)
+    filled = np.zeros((size, measured - width), dtype=np.int64)
     for batch in batches:
         keys = canonical_keys([row[:width] for row in batch], kinds)
         found = [
@@ -672,7 +711,7 @@ def _fill_domain(
         if inside:
             indices, values = zip(*inside, strict=True)
             filled[list(indices)] = _integer_matrix(values, measured - width)
-    return full, filled
+    return filled
 
 
 def _keys_passing_where(analysis: Analysis, keys: list[tuple]) -> list[tuple]:
