@@ -22,7 +22,7 @@ from dpsql.mechanisms.quantiles import (
     lattice_prior,
     quantile_weights,
 )
-from dpsql.sql.quantile_grids import WINDOW, lattice
+from dpsql.sql.quantile_grids import RINGS, WINDOW, lattice
 from dpsql.sql.quantiles import RefinedQuantiles
 
 POLICY = {
@@ -84,8 +84,9 @@ def test_a_prior_on_the_lattice_past_int64_is_the_same_closed_form() -> None:
 
 @pytest.mark.parametrize("kind", ["float", "int", "timestamp"])
 def test_the_refined_grid_is_ordered_and_nested(kind: str) -> None:
-    """Candidates' values increase; a refined group's fine buckets end where the group
-    ends; every other group is one candidate; the count is within `most`."""
+    """Candidates' values increase; a refined group's parts end where the group ends,
+    as many as its ring around the nearest pick gives; every other group is one
+    candidate; the count is within `most`."""
     domain = {"float": (0.0, 1000.0, kind), "int": (0, 1_000_000, kind)}.get(
         kind, (0.0, 86_400.0 * 365, kind)
     )
@@ -101,8 +102,11 @@ def test_the_refined_grid_is_ordered_and_nested(kind: str) -> None:
     assert groups == set(range(40 - WINDOW, 41 + WINDOW + 1)) | set(
         range(200 - WINDOW, 200 + WINDOW + 1)
     )
-    expected = coarse.size + len(groups) * (found.factor - 1)
-    assert refined.size == expected
+    for group, count in refined.split:
+        distance = min(abs(group - pick) for pick in (40, 41, 200))
+        _, divisor = next(ring for ring in RINGS if distance <= ring[0])
+        assert count == found.factor // divisor, (group, count)
+    assert refined.size == coarse.size + sum(count - 1 for _, count in refined.split)
 
 
 def test_an_integer_grid_of_one_value_a_bucket_is_not_refined() -> None:

@@ -41,12 +41,17 @@ from dpsql.sql.intervals import Interval
 # database returns per group and the sampler's time (about 60 ms at 16384 buckets).
 BUCKETS_PER_EPSILON = 4096
 MIN_BUCKETS, MAX_BUCKETS = 256, 16384
-# The second stage refines the WINDOW groups either side of each first-stage pick into
-# at most MAX_FACTOR fine buckets each, FINE_CANDIDATES fine buckets over all windows:
-# its histogram has at most a grid's buckets plus FINE_CANDIDATES rows per group.
+# The second stage refines the groups around each first-stage pick in rings (radius,
+# divisor): the RINGS[0] nearest into `factor` fine buckets each, out to WINDOW groups
+# into factor / 16: the first stage's pick is nearest the quantile at most sizes, and
+# the outer rings still split a group finer than its rows where a group holds few. A
+# pick costs PICK_UNITS times `factor` fine buckets, FINE_CANDIDATES over all picks, so
+# the histogram has at most a grid's buckets plus FINE_CANDIDATES rows per group.
 WINDOW = 16
-FINE_CANDIDATES = 4096
-MAX_FACTOR = 256
+RINGS = ((1, 1), (4, 4), (WINDOW, 16))
+PICK_UNITS = 6  # 3 groups whole, 6 at a quarter, 24 at a sixteenth
+FINE_CANDIDATES = 8192
+MAX_FACTOR = 1024
 _EPOCH = dt.date(1970, 1, 1)
 _MIDNIGHT = dt.datetime(1970, 1, 1)
 
@@ -127,11 +132,35 @@ class Lattice:
     def refined(self, picks: set[int], windows: int) -> Refined:
         """The second stage's candidates around the first stage's `picks` (coarse
         buckets); `windows`: the most picks the query can have (its rank bound's)."""
-        last = self.coarse.size - 1
-        groups = {g for pick in picks for g in range(pick - WINDOW, pick + WINDOW + 1)}
-        kept = tuple(sorted(g for g in groups if 0 <= g <= last))
-        most = self.coarse.size + windows * (2 * WINDOW + 1) * (self.factor - 1)
-        return Refined(self, kept, most)
+        last, split = self.coarse.size - 1, {}
+        for pick in picks:
+            for radius, divisor in RINGS:
+                parts = self.factor // divisor
+                for group in range(max(0, pick - radius), min(last, pick + radius) + 1):
+                    if parts >= 2 and split.get(group, 1) < parts:
+                        split[group] = parts
+        return Refined(self, tuple(sorted(split.items())), self.coarse.size + windows * self._extra)
+
+    @property
+    def _extra(self) -> int:
+        """The most candidates one pick adds: each ring's groups (past the inner rings')
+        in their parts, less the group each part of replaces."""
+        extra, inner = 0, 0  # the groups within the inner rings
+        for radius, divisor in RINGS:
+            extra += (2 * radius + 1 - inner) * (max(1, self.factor // divisor) - 1)
+            inner = 2 * radius + 1
+        return extra
+
+    def rings(self) -> str:
+        """How the second stage splits the groups around a pick, for EXPLAIN."""
+        width, unit = self.fine.width, {"date": " days", "timestamp": " seconds"}
+        parts = [
+            f"within {radius} in {self.factor // divisor} of width {width * divisor:g}"
+            f"{unit.get(self.fine.kind, '')}"
+            for radius, divisor in RINGS
+            if self.factor // divisor >= 2
+        ]
+        return ", ".join(parts)
 
 
 def lattice(domain: tuple[float, float, str], epsilon: Fraction, windows: int) -> Lattice | None:
@@ -139,14 +168,15 @@ def lattice(domain: tuple[float, float, str], epsilon: Fraction, windows: int) -
     picks (groups times quantiles); None where refining adds nothing: a grid of one
     value a bucket, or too many windows for FINE_CANDIDATES."""
     grid = uniform_grid(domain, epsilon)
-    factor = min(MAX_FACTOR, FINE_CANDIDATES // (windows * (2 * WINDOW + 1)))
+    # a power of two: each ring's factor / divisor divides it (its buckets nest)
+    factor = _power_of_two_below(min(MAX_FACTOR, FINE_CANDIDATES // (windows * PICK_UNITS)))
     if grid.kind in ("float", "timestamp"):
         if factor < 2:
             return None
         fine = Grid(grid.lower, grid.width / factor, grid.size * factor, grid.kind, grid.upper)
         return Lattice(fine, factor)
     width = int(grid.width)
-    factor = min(factor, width)
+    factor = _power_of_two_below(min(factor, width))
     if factor < 2:
         return None
     step = -(-width // factor)  # whole values a fine bucket
@@ -155,31 +185,48 @@ def lattice(domain: tuple[float, float, str], epsilon: Fraction, windows: int) -
     return Lattice(fine, factor)
 
 
+def _power_of_two_below(n: int) -> int:
+    """The largest power of two at most n (0 for n < 1)."""
+    return 1 << (n.bit_length() - 1) if n >= 1 else 0
+
+
 @dataclass(frozen=True)
 class Refined:
-    """The second stage's candidates, in order: each fine bucket of the `groups` kept
-    (sorted), and every other group of the lattice whole; at most `most` of them."""
+    """The second stage's candidates, in order: the groups `split` (each a group and
+    how many equal parts, sorted by group) in their parts, and every other group of the
+    lattice whole; at most `most` of them."""
 
     lattice: Lattice
-    groups: tuple[int, ...]
+    split: tuple[tuple[int, int], ...]
     most: int
+
+    @property
+    def groups(self) -> tuple[int, ...]:
+        return tuple(group for group, _ in self.split)
+
+    @functools.cached_property
+    def _parts(self) -> np.ndarray:
+        """Each group's parts: 1 for a group kept whole."""
+        parts = np.ones(self.lattice.coarse.size, dtype=np.int64)
+        for group, count in self.split:
+            parts[group] = count
+        return parts
 
     @functools.cached_property
     def _keys(self) -> np.ndarray:
         """Each candidate's key, as the SQL returns it: its first fine bucket."""
         factor, size = self.lattice.factor, self.lattice.fine.size
-        starts = np.arange(self.lattice.coarse.size, dtype=np.int64) * factor
-        inner = (
-            np.asarray(self.groups, dtype=np.int64)[:, None] * factor + np.arange(factor)
-        ).ravel()
-        return np.union1d(starts, inner[inner < size])
+        keys = [np.arange(self.lattice.coarse.size, dtype=np.int64) * factor]
+        for group, count in self.split:
+            keys.append(group * factor + np.arange(count, dtype=np.int64) * (factor // count))
+        found = np.unique(np.concatenate(keys))
+        return found[found < size]
 
     @functools.cached_property
-    def _fine(self) -> np.ndarray:
-        """Whether each candidate is one fine bucket of a refined group."""
-        kept = np.zeros(self.lattice.coarse.size, dtype=bool)
-        kept[list(self.groups)] = True
-        return kept[self._keys // self.lattice.factor]
+    def _spans(self) -> np.ndarray:
+        """Each candidate's width in fine buckets."""
+        factor = self.lattice.factor
+        return factor // self._parts[self._keys // factor]
 
     @property
     def size(self) -> int:
@@ -202,45 +249,49 @@ class Refined:
         return found
 
     def value(self, index: int) -> Any:
-        """The candidate's top: its fine bucket's, or its group's last fine bucket's."""
+        """The candidate's top: its last fine bucket's."""
         fine, key = self.lattice.fine, int(self._keys[index])
-        span = 1 if self._fine[index] else self.lattice.factor
-        return fine.value(min(key + span, fine.size) - 1)
+        return fine.value(min(key + int(self._spans[index]), fine.size) - 1)
 
     def prior(self, q: Fraction, epsilon: Fraction, sensitivity: int) -> RatePrior:
-        """A measure by width: a fine bucket weighs 1 / factor of a whole group."""
-        logs = np.where(self._fine, -math.log(self.lattice.factor), 0.0)
+        """A measure by width: a part of a group split in k weighs 1 / k of a whole one."""
+        logs = np.log(self._spans / self.lattice.factor)
         return lattice_prior(logs, q, epsilon, sensitivity)
 
     def bucket(self, column: exp.Column, table: Table) -> exp.Expression:
-        """The candidate's key: the fine bucket in a kept group, else the group's first.
-        A row's group is the first stage's bucket of it, by the same SQL: the histogram
-        of the windows' rows and the first stage's of the other groups (`in_windows`)
-        add up to this one, row for row."""
+        """The candidate's key: the part in a split group, else the group's first fine
+        bucket. A row's group is the first stage's bucket of it, by the same SQL: the
+        histogram of the windows' rows and the first stage's of the other groups
+        (`in_windows`) add up to this one, row for row."""
         group = _bucket(column, table, self.lattice.coarse)
         whole = exp.Mul(this=group, expression=exp.convert(self.lattice.factor))
-        branches = self._fine_branches(column, table)
+        branches = self._part_branches(column, table)
         return exp.Case(ifs=branches, default=whole) if branches else whole
 
     def window_bucket(self, column: exp.Column, table: Table) -> exp.Expression:
-        """The fine bucket of a row in a kept group; NULL for any other row."""
-        branches = self._fine_branches(column, table)
+        """The key of a row's part in a split group; NULL for any other row."""
+        branches = self._part_branches(column, table)
         return exp.Case(ifs=branches) if branches else exp.null()
 
-    def _fine_branches(self, column: exp.Column, table: Table) -> list[exp.If]:
-        """For each run of kept groups: a row in it has its fine bucket, clamped into the
-        run (a value at a run's edge may round to the next fine bucket)."""
+    def _part_branches(self, column: exp.Column, table: Table) -> list[exp.If]:
+        """For each run of split groups of equal parts: a row in it has its part's key,
+        the part clamped into the run (a value at a run's edge may round to the next)."""
         fine, coarse, factor = self.lattice.fine, self.lattice.coarse, self.lattice.factor
         offset, group = _offset(column, table, fine), _bucket(column, table, coarse)
-        return [
-            exp.If(
-                this=exp.Between(this=group.copy(), low=exp.convert(first), high=exp.convert(last)),
-                true=_index(
-                    offset, fine.width, first * factor, min((last + 1) * factor, fine.size) - 1
-                ),
+        branches = []
+        for first, last, count in _runs(self.split):
+            span = factor // count  # fine buckets a part
+            top = (min((last + 1) * factor, fine.size) - 1) // span
+            part = _index(offset, fine.width * span, first * count, top)
+            branches.append(
+                exp.If(
+                    this=exp.Between(
+                        this=group.copy(), low=exp.convert(first), high=exp.convert(last)
+                    ),
+                    true=exp.Mul(this=part, expression=exp.convert(span)) if span > 1 else part,
+                )
             )
-            for first, last in _runs(self.groups)
-        ]
+        return branches
 
     def in_windows(self, column: exp.Column, table: Table) -> exp.Expression:
         """Whether a row is in a kept group, by the first stage's own bucket SQL: a row
@@ -252,7 +303,7 @@ class Refined:
         coarse = self.lattice.coarse
         group = _bucket(column, table, coarse)
         runs = []
-        for first, last in _runs(self.groups):
+        for first, last, _ in _runs(tuple((g, 1) for g in self.groups)):
             exact = exp.Between(this=group.copy(), low=exp.convert(first), high=exp.convert(last))
             near = _near(column, table, coarse, first, last)
             runs.append(exact if near is None else exp.and_(near, exact, copy=False))
@@ -269,19 +320,21 @@ class Refined:
         fine = self.lattice.fine
         unit = {"date": " days", "timestamp": " seconds"}.get(fine.kind, "")
         return (
-            f"{self.lattice.coarse.describe()}, {len(self.groups)} of them split in "
-            f"{self.lattice.factor} of width {fine.width:g}{unit}"
+            f"{self.lattice.coarse.describe()}, {len(self.groups)} of them split around the "
+            f"first stage's picks (the nearest in {self.lattice.factor} of width "
+            f"{fine.width:g}{unit})"
         )
 
 
-def _runs(groups: tuple[int, ...]) -> list[tuple[int, int]]:
-    """Sorted groups as runs of consecutive ones, (first, last) each."""
-    runs: list[tuple[int, int]] = []
-    for group in groups:
-        if runs and runs[-1][1] == group - 1:
-            runs[-1] = (runs[-1][0], group)
+def _runs(split: tuple[tuple[int, int], ...]) -> list[tuple[int, int, int]]:
+    """Sorted (group, parts) as runs of consecutive groups of equal parts: (first, last,
+    parts) each."""
+    runs: list[tuple[int, int, int]] = []
+    for group, parts in split:
+        if runs and runs[-1][1] == group - 1 and runs[-1][2] == parts:
+            runs[-1] = (runs[-1][0], group, parts)
         else:
-            runs.append((group, group))
+            runs.append((group, group, parts))
     return runs
 
 

@@ -606,8 +606,8 @@ class RefinedQuantiles(StagedPlan):
              "histogram, sampled exactly"),
             ("buckets", first.grid.describe()),
             ("stage 1", f"picks a bucket per group and quantile, epsilon {first.share:g} each"),
-            ("stage 2", f"the {2 * WINDOW + 1} buckets around each pick split in "
-             f"{fine.lattice.factor} of width {fine.lattice.fine.width:g}, the rest whole, "
+            ("stage 2", f"the {2 * WINDOW + 1} buckets around each pick split, "
+             f"{fine.lattice.rings()}, the rest whole, "
              f"each candidate weighed by its width; epsilon {self.outer.share:g} each; "
              "its SQL is stage 1's with that bucket; where the database gives one "
              "snapshot to both stages (DuckDB, PostgreSQL), it reads only the windows' "
