@@ -152,10 +152,10 @@ def exponent_lattice(
         raise ValueError(f"a prior on the lattice of rate {prior.rate} sampled at rate {rate}")
     cumulative = np.cumsum(counts)
     total = int(cumulative[-1])
-    if isinstance(prior, RatePrior) and q.denominator * total < 2**61:
-        # all in int64: |D rank - a n| < 2^61, and the prior's multiples are small
+    if (isinstance(prior, RatePrior) or not len(given)) and q.denominator * total < 2**61:
+        # all in int64: |D rank - a n| < 2^61, and a prior's multiples are small
         d = np.abs(q.denominator * cumulative - q.numerator * total)
-        values = d + prior.multiples
+        values = d + prior.multiples if isinstance(prior, RatePrior) else d
         return rate, values - values.min()
     ranks = cumulative.tolist()
     target = q.numerator * total

@@ -43,15 +43,26 @@ BUCKETS_PER_EPSILON = 4096
 MIN_BUCKETS, MAX_BUCKETS = 256, 16384
 # The second stage refines the groups around each first-stage pick in rings (radius,
 # divisor): the RINGS[0] nearest into `factor` fine buckets each, out to WINDOW groups
-# into factor / 16: the first stage's pick is nearest the quantile at most sizes, and
+# into factor / 64: the first stage's pick is nearest the quantile at most sizes, and
 # the outer rings still split a group finer than its rows where a group holds few. A
 # pick costs PICK_UNITS times `factor` fine buckets, FINE_CANDIDATES over all picks, so
 # the histogram has at most a grid's buckets plus FINE_CANDIDATES rows per group.
 WINDOW = 16
-RINGS = ((1, 1), (4, 4), (WINDOW, 16))
-PICK_UNITS = 6  # 3 groups whole, 6 at a quarter, 24 at a sixteenth
+RINGS = ((1, 1), (4, 8), (WINDOW, 64))
 FINE_CANDIDATES = 8192
 MAX_FACTOR = 1024
+
+
+def _pick_units() -> float:
+    """A pick's fine buckets over `factor`: each ring's own groups over its divisor."""
+    units, inner = 0.0, 0
+    for radius, divisor in RINGS:
+        units += (2 * radius + 1 - inner) / divisor
+        inner = 2 * radius + 1
+    return units
+
+
+PICK_UNITS = _pick_units()  # 3 + 6 / 8 + 24 / 64
 _EPOCH = dt.date(1970, 1, 1)
 _MIDNIGHT = dt.datetime(1970, 1, 1)
 
@@ -169,7 +180,7 @@ def lattice(domain: tuple[float, float, str], epsilon: Fraction, windows: int) -
     value a bucket, or too many windows for FINE_CANDIDATES."""
     grid = uniform_grid(domain, epsilon)
     # a power of two: each ring's factor / divisor divides it (its buckets nest)
-    factor = _power_of_two_below(min(MAX_FACTOR, FINE_CANDIDATES // (windows * PICK_UNITS)))
+    factor = _power_of_two_below(min(MAX_FACTOR, int(FINE_CANDIDATES / (windows * PICK_UNITS))))
     if grid.kind in ("float", "timestamp"):
         if factor < 2:
             return None

@@ -358,14 +358,16 @@ class QuantilePlan:
         the released ones, or a NULL bucket, counts nowhere)."""
         width = len(self.analysis.keys)
         table = np.zeros((len(self.keys), self.grid.size), dtype=np.int64)
-        slot = {key: i for i, key in enumerate(self.keys)}
-        returned = [row[:width] for row in rows]
-        keys = canonical_keys(returned, self.kinds) if width else [()] * len(rows)
-        kept = [
-            (slot[key], row[width], row[width + 1])
-            for key, row in zip(keys, rows, strict=True)
-            if row[width] is not None and key in slot
-        ]
+        if width:
+            slot = {key: i for i, key in enumerate(self.keys)}
+            keys = canonical_keys([row[:width] for row in rows], self.kinds)
+            kept = [
+                (slot[key], row[width], row[width + 1])
+                for key, row in zip(keys, rows, strict=True)
+                if row[width] is not None and key in slot
+            ]
+        else:  # one group: each row is (bucket, count)
+            kept = [(0, b, n) for b, n in rows if b is not None]
         if kept:
             groups, buckets, counts = (
                 np.array(column, dtype=np.int64) for column in zip(*kept, strict=True)
