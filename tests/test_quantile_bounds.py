@@ -150,3 +150,14 @@ def test_the_option_spends_a_tenth_of_each_quantile_for_the_same_charge() -> Non
         assert float(bounded["95% rank error"].split()[1]) > float(
             plain["95% rank error"].split()[1]
         )
+
+
+def test_an_interval_whose_noise_cannot_be_drawn_is_refused_before_the_charge() -> None:
+    database = _table(1000 * np.random.default_rng(3).random(500))
+    with dpsql.connect(database, policy=POLICY, ledger=":memory:", seed=1) as c:
+        cursor = c.cursor()
+        cursor.execute("SET dpsql.quantile_interval = on")
+        cursor.execute("SET dpsql.epsilon = 1e-13")
+        with pytest.raises(dpsql.QueryRefused, match="dpsql.quantile_interval = off"):
+            cursor.execute("SELECT quantile_cont(x, 0.99) FROM t")
+        assert c.session.budget().epsilon_spent == 0

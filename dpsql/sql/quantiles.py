@@ -32,6 +32,7 @@ DP MIN is not the data's minimum).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -44,6 +45,7 @@ from sqlglot import exp
 
 from dpsql.accounting import Cost, set_aside, split_epsilon
 from dpsql.errors import QueryRefused
+from dpsql.mechanisms.base import OutOfRange
 from dpsql.mechanisms.quantile_bounds import QuantileBounds, most_edges
 from dpsql.mechanisms.quantiles import exponential_quantile, rank_error_bound
 from dpsql.policy import Table
@@ -52,7 +54,14 @@ from dpsql.sql.analysis import KEY_PREFIX, VALUE_PREFIX, Aggregate, Analysis, Me
 from dpsql.sql.analyze import analyze
 from dpsql.sql.check import ORDER_STATISTICS
 from dpsql.sql.keys import canonical_keys, key_kinds
-from dpsql.sql.plan import DirectPlan, Plan, _check_domain_size, _keys_passing_where, key_order
+from dpsql.sql.plan import (
+    DirectPlan,
+    Plan,
+    _check_domain_size,
+    _keys_passing_where,
+    beyond_the_sampler,
+    key_order,
+)
 from dpsql.sql.postprocess import project_rows
 from dpsql.sql.quantile_grids import (
     WINDOW,
@@ -327,6 +336,7 @@ class QuantilePlan:
         )
         if self.grid is None:
             self.grid = uniform_grid(declared_domain(self.column, table), self.picking)
+        self._bounds  # noqa: B018 -- refuses, before the charge, noise it cannot draw
         self.cost = Cost.of(self.epsilon, 0)
         counted = replace(
             analysis,
@@ -397,12 +407,7 @@ class QuantilePlan:
             for spec in self.specs.values()
             for q in spec.qs
         }
-        bounds = {
-            q: QuantileBounds(q, Fraction(self.share) - epsilon, self.sensitivity, self.span)
-            for spec in self.specs.values()
-            for q in spec.qs
-            if self.bounded
-        }
+        bounds = self._bounds
         released: dict[int, list] = {index: [] for index in self.specs}
         intervals: dict[int, list] = {index: [] for index in self.specs} if self.bounded else {}
         for key in self.keys:
@@ -423,6 +428,26 @@ class QuantilePlan:
     @property
     def span(self) -> int:
         return int(self.grid.positions[-1]) + 1
+
+    @functools.cached_property
+    def _bounds(self) -> dict[Fraction, QuantileBounds]:
+        """Each quantile's value interval (none unless `bounded`), its noise built when
+        the plan is: one it cannot draw is refused before the charge."""
+        if not self.bounded:
+            return {}
+        aside = Fraction(self.share) - self.picking
+        found = {
+            q: QuantileBounds(q, aside, self.sensitivity, self.span)
+            for spec in self.specs.values()
+            for q in spec.qs
+        }
+        for bounds in found.values():
+            try:
+                bounds.noise.prepare()
+            except OutOfRange as exc:
+                larger = "SET dpsql.epsilon to a larger value or dpsql.quantile_interval = off"
+                raise beyond_the_sampler("laplace", float(aside), exc, larger) from None
+        return found
 
     def _interval(self, edges: tuple[int | None, int | None]) -> tuple[float, float]:
         """The values bounding a quantile, from its bounds' edges (None: the domain's end)."""
