@@ -53,16 +53,16 @@ FINE_CANDIDATES = 8192
 MAX_FACTOR = 1024
 
 
-def _pick_units() -> float:
-    """A pick's fine buckets over `factor`: each ring's own groups over its divisor."""
-    units, inner = 0.0, 0
+def _ring_groups() -> list[tuple[int, int]]:
+    """Each ring's own groups (past the inner rings') around one pick, and its divisor."""
+    found, inner = [], 0
     for radius, divisor in RINGS:
-        units += (2 * radius + 1 - inner) / divisor
+        found.append((2 * radius + 1 - inner, divisor))
         inner = 2 * radius + 1
-    return units
+    return found
 
 
-PICK_UNITS = _pick_units()  # 3 + 6 / 8 + 24 / 64
+PICK_UNITS = sum(groups / divisor for groups, divisor in _ring_groups())  # 3 + 6/8 + 24/64
 _EPOCH = dt.date(1970, 1, 1)
 _MIDNIGHT = dt.datetime(1970, 1, 1)
 
@@ -105,9 +105,7 @@ class Grid:
 
     def ends(self) -> tuple[Any, Any]:
         """The domain's first and last values, as released values are typed."""
-        if self.kind in ("float", "timestamp"):
-            return self._typed(self.lower), self._typed(self.upper)
-        return self._typed(int(self.lower)), self._typed(int(self.upper))
+        return self._typed(self.lower), self._typed(self.upper)
 
     def indexes(self, buckets: np.ndarray) -> np.ndarray:
         """The candidate of each bucket the database returned."""
@@ -156,11 +154,9 @@ class Lattice:
     def _extra(self) -> int:
         """The most candidates one pick adds: each ring's groups (past the inner rings')
         in their parts, less the group each part of replaces."""
-        extra, inner = 0, 0  # the groups within the inner rings
-        for radius, divisor in RINGS:
-            extra += (2 * radius + 1 - inner) * (max(1, self.factor // divisor) - 1)
-            inner = 2 * radius + 1
-        return extra
+        return sum(
+            groups * (max(1, self.factor // divisor) - 1) for groups, divisor in _ring_groups()
+        )
 
     def rings(self) -> str:
         """How the second stage splits the groups around a pick, for EXPLAIN."""
@@ -320,11 +316,10 @@ class Refined:
             runs.append(exact if near is None else exp.and_(near, exact, copy=False))
         return exp.or_(*runs, copy=False) if runs else exp.false()
 
+    @functools.cached_property
     def whole_groups(self) -> tuple[np.ndarray, np.ndarray]:
         """The groups kept whole, and each one's candidate."""
-        kept = np.zeros(self.lattice.coarse.size, dtype=bool)
-        kept[list(self.groups)] = True
-        whole = np.flatnonzero(~kept)
+        whole = np.flatnonzero(self._parts == 1)
         return whole, self.indexes(whole * self.lattice.factor)
 
     def describe(self) -> str:

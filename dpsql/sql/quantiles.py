@@ -270,8 +270,9 @@ def quantile_histograms(
     first, rest = set_aside(epsilon, FIRST_STAGE)
     coarse = QuantilePlan(*whole, first, given, grid=found.coarse, picks=True)
 
-    def refine(picks: set[int], first: dict[tuple, np.ndarray] | None = None) -> QuantilePlan:
-        return QuantilePlan(*whole, rest, given, grid=found.refined(picks, windows), first=first)
+    def refine(picks: set[int], counted: dict[tuple, np.ndarray] | None = None) -> QuantilePlan:
+        grid = found.refined(picks, windows)
+        return QuantilePlan(*whole, rest, given, grid=grid, first=counted)
 
     return RefinedQuantiles([coarse], refine(set()), [], refine, charged=Cost.of(epsilon, 0))
 
@@ -384,7 +385,7 @@ class QuantilePlan:
             )
             np.add.at(table, (groups, self.grid.indexes(buckets)), counts)
         if self.first is not None:  # the groups kept whole: the first stage's counts
-            whole, candidates = self.grid.whole_groups()
+            whole, candidates = self.grid.whole_groups
             for i, key in enumerate(self.keys):
                 table[i, candidates] += self.first[key][whole]
         return {key: table[i] for i, key in enumerate(self.keys)}
