@@ -161,3 +161,28 @@ def test_an_interval_whose_noise_cannot_be_drawn_is_refused_before_the_charge() 
         with pytest.raises(dpsql.QueryRefused, match=r"dpsql\.quantile_interval = off"):
             cursor.execute("SELECT quantile_cont(x, 0.99) FROM t")
         assert c.session.budget().epsilon_spent == 0
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "SELECT g, MEDIAN(n) AS m FROM t GROUP BY g ORDER BY m DESC",
+        "SELECT g, MEDIAN(n) AS m, COUNT(*) AS c FROM t GROUP BY g ORDER BY m DESC",
+    ],
+)
+def test_each_row_has_its_own_interval_after_ordering(query: str) -> None:
+    """Group 0's values are low and group 1's high, so an interval given to the other
+    row would not hold its median: one release alone (public keys) and the two-release
+    path beside COUNT, both reordered by ORDER BY."""
+    rng = np.random.default_rng(5)
+    values = np.where(np.arange(20_000) % 2 == 0, 100, 800) + 50 * rng.random(20_000)
+    database = _table(values)
+    with dpsql.connect(database, policy=POLICY, epsilon=1.0, ledger=":memory:", seed=6) as c:
+        cursor = c.cursor()
+        cursor.execute("SET dpsql.quantile_interval = on")
+        cursor.execute(query)
+        rows = cursor.fetchall()
+        intervals = cursor.accuracy["m"].intervals
+    assert [row[0] for row in rows] == [1, 0]
+    for (_, median, *_), (low, high) in zip(rows, intervals, strict=True):
+        assert low <= median <= high and high - low < 300, (median, low, high)
