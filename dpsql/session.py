@@ -50,7 +50,7 @@ from dpsql.sql.check import refuse_statement
 from dpsql.sql.describe import column_types, described_columns
 from dpsql.sql.parse import Statement, parse_statement, repeat_key, setting_name, tokenize
 from dpsql.sql.plan import ConstantPlan, Options, Plan, check_known_groups, release_stream
-from dpsql.sql.plan_cache import PlanCache
+from dpsql.sql.plan_cache import Inputs, PlanCache
 from dpsql.sql.proofs import proven_ranges
 from dpsql.sql.public import PublicPlan
 from dpsql.sql.row_level import row_level
@@ -285,6 +285,10 @@ class Session:
         # Plans by statement and all their other inputs (sql/plan_cache.py), shared with
         # the sessions this one opens for other analysts: they plan under this policy.
         self.plans = PlanCache()
+        # the plan key's and the fingerprint's parts besides the statement, built again
+        # only when what they are built from is replaced (_plan_key, _fingerprint)
+        self._plan_inputs: tuple[tuple, Inputs] | None = None
+        self._fingerprint_tail: tuple[Options, str] | None = None
 
     def for_analyst(
         self,
@@ -503,23 +507,30 @@ class Session:
         units: frozenset[str],
         references: frozenset[str],
         proven: dict[str, tuple[Proven, ...]],
-    ) -> tuple:
+    ) -> tuple[str, Inputs]:
         """Everything planning reads besides the secret and stored state (which the plans
         the cache keeps do not read): the statement with its constants, the policy, the
         options, the backend, the analyst's budget, and the unique keys and proven value
         ranges as just read (a clamp left out on a proof returns when the proof goes)."""
-        return (
-            key,
-            self.policy.digest,
-            self.policy.data_version,
-            tuple(vars(self.options).values()),
-            self.adapter.dialect,
-            self.adapter.identity,
-            self.total,
-            units,
-            references,
-            tuple(sorted(proven.items())),
-        )
+        read = (self.options, units, references, proven)
+        kept = self._plan_inputs
+        # options are replaced, never changed, and the facts are read into new objects
+        if kept is None or any(now is not before for now, before in zip(read, kept[0])):
+            inputs = Inputs(
+                (
+                    self.policy.digest,
+                    self.policy.data_version,
+                    tuple(vars(self.options).values()),
+                    self.adapter.dialect,
+                    self.adapter.identity,
+                    self.total,
+                    units,
+                    references,
+                    tuple(sorted(proven.items())),
+                )
+            )
+            kept = self._plan_inputs = (read, inputs)
+        return key, kept[1]
 
     def _answer(
         self, statement: Statement, *, stream: bool = False, fingerprint: str | None = None
@@ -612,15 +623,17 @@ class Session:
     def _fingerprint(self, key: str) -> str:
         # The key is read off the tokens (parse.py says what it folds): generating
         # normalised SQL from the tree just to hash it cost more than the hash.
-        text = json.dumps(
-            [
-                key,
+        kept = self._fingerprint_tail
+        if kept is None or kept[0] is not self.options:  # options are replaced, not changed
+            rest = [
                 self.adapter.identity,  # a ledger two databases share: one release each
                 self.policy.digest,
                 self.policy.data_version,
                 vars(self.options),  # flat: asdict's deep copy costs more than the hash
             ]
-        )
+            kept = self._fingerprint_tail = (self.options, json.dumps(rest)[1:])
+        # the text of json.dumps([key, *rest]), with rest's encoded once per options
+        text = "[" + json.dumps(key) + ", " + kept[1]
         return hashlib.sha256(text.encode()).hexdigest()
 
     # -- options and budget -------------------------------------------------

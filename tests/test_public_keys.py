@@ -157,3 +157,32 @@ def test_keys_alone_that_the_data_would_decide_are_refused_saying_what_to_write(
         with pytest.raises(dpsql.QueryRefused, match=re.escape(refused)):
             connection.execute(sql)
         assert connection.budget().epsilon_spent == 0
+
+
+@pytest.mark.parametrize("kinds", [["int", "string"], ["bool", "string"], ["float", "string"]])
+def test_a_remembered_place_is_the_place_found_afresh(kinds):
+    """A public key's place is remembered by the key as the database returned it
+    (sql/plan.py, _Fixed.places): every release, the first or a later one, puts each
+    row's counts where canonical_value and _normal alone would, for keys that Python's
+    equality conflates across types (1, True, 1.0, Decimal 1) or that lie outside."""
+    from decimal import Decimal
+
+    from dpsql.sql.plan import _Fixed, _fill_domain, _normal
+
+    domain = [(0, "a"), (1, "a"), (1, "b"), (2, "b")]
+
+    def fixed() -> _Fixed:
+        position = {_normal(key): place for place, key in enumerate(domain)}
+        return _Fixed((), {}, list(domain), position)
+
+    # the conflated values before the plain ones: only a plain key may be remembered
+    raw = [True, 1.0, Decimal("1"), 1, False, -0.0, 0, 2.0, 2, 3, "1", None]
+    rows = [(value, text, 7 + n) for n, value in enumerate(raw) for text in ("a", "b", "c")]
+    remembering = fixed()
+    for _ in range(3):  # the first release fills the places, the later ones read them
+        for row in rows:
+            kept = _fill_domain(remembering, [[row]], kinds, 3)
+            afresh = _fill_domain(fixed(), [[row]], kinds, 3)
+            assert kept.tolist() == afresh.tolist(), row
+    assert all(all(type(v) is int or type(v) is str for v in key) for key in remembering.places)
+    assert remembering.places  # plain keys in the domain were remembered

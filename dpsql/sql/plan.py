@@ -190,6 +190,9 @@ class _Fixed:
     accuracy: dict[str, Accuracy]  # by released column: DirectPlan._column_accuracy
     keys: list[tuple] | None = None  # the public keys, in release order (key_order)
     position: dict[tuple, int] | None = None  # each public key's place in `keys`, by _normal
+    # the place of each key as the database returned it, where every value is a plain int
+    # or str (_fill_domain): filled as releases meet them, at most one per public key
+    places: dict[tuple, int] = field(default_factory=dict)
 
 
 # The same few recur query after query, and each costs ~30 us to build; as many as the
@@ -423,7 +426,7 @@ class DirectPlan(_Batched):
         else:
             if self._fixed.keys is not None:  # at most the domain, whatever the data
                 keys = self._fixed.keys
-                exact = _fill_domain(self._fixed.position, len(keys), batches, self.kinds, measured)
+                exact = _fill_domain(self._fixed, batches, self.kinds, measured)
             else:
                 rows = [row for batch in batches for row in batch]
                 keys = canonical_keys([row[:width] for row in rows], self.kinds)
@@ -690,28 +693,44 @@ def _check_domain_size(analysis: Analysis) -> None:
 
 
 def _fill_domain(
-    position: dict[tuple, int],
-    size: int,
-    batches: Iterable[list[tuple]],
-    kinds: list[str],
-    measured: int,
+    fixed: _Fixed, batches: Iterable[list[tuple]], kinds: list[str], measured: int
 ) -> np.ndarray:
-    """The result's measurements at each public key's place (`position`, by `_normal` key,
-    among `size`), zeros for the groups the data lacks; result rows of keys outside the
-    domain are dropped."""
+    """The result's measurements at each public key's place (`fixed.position`, by `_normal`
+    key), zeros for the groups the data lacks; result rows of keys outside the domain are
+    dropped."""
     width = len(kinds)
-    filled = np.zeros((size, measured - width), dtype=np.int64)
+    filled = np.zeros((len(fixed.keys), measured - width), dtype=np.int64)
+    places = fixed.places
     for batch in batches:
-        keys = canonical_keys([row[:width] for row in batch], kinds)
-        found = [
-            (position.get(_normal(key)), row[width:measured])
-            for key, row in zip(keys, batch, strict=True)
-        ]
-        inside = [(index, values) for index, values in found if index is not None]
-        if inside:
-            indices, values = zip(*inside, strict=True)
-            filled[list(indices)] = _integer_matrix(values, measured - width)
+        indices, values = [], []
+        for row in batch:
+            key = row[:width]
+            index = places.get(key)
+            if index is None:
+                index = _place(fixed, key, kinds)
+                if index is None:
+                    continue
+            indices.append(index)
+            values.append(row[width:measured])
+        if indices:
+            filled[indices] = _integer_matrix(values, measured - width)
     return filled
+
+
+def _place(fixed: _Fixed, key: tuple, kinds: list[str]) -> int | None:
+    """The place of a key the database returned among the public keys (None: outside the
+    domain), kept in `fixed.places` when every value is a plain int or str.
+
+    Found by canonical_value and _normal, which cost more than a release's noise on a
+    few dozen groups. A kept key is looked up by Python's equality, which is exact
+    between ints and between strs (True, 1.0 and Decimal are never kept: they equal
+    1 there), so a kept place is the one this function found for that same key.
+    """
+    (canonical,) = canonical_keys([key], kinds)
+    index = fixed.position.get(_normal(canonical))
+    if index is not None and all(type(v) is int or type(v) is str for v in key):
+        fixed.places[key] = index
+    return index
 
 
 def _keys_passing_where(analysis: Analysis, keys: list[tuple]) -> list[tuple]:

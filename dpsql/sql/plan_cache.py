@@ -37,6 +37,29 @@ PLANS = 512  # plans kept per policy (the Session and the sessions it opens for 
 _DIGITS = re.compile(r"\d+")
 
 
+class Inputs:
+    """Everything a plan's key holds besides the statement, hashed once: a Session builds
+    one when its options or the database facts it read change, not per lookup (hashing
+    the budget's Fractions and the proofs again for every statement cost more than the
+    lookup itself)."""
+
+    __slots__ = ("_hash", "parts")
+
+    def __init__(self, parts: tuple):
+        self.parts = parts
+        self._hash = hash(parts)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, Inputs):
+            return NotImplemented
+        return self._hash == other._hash and self.parts == other.parts
+
+
 @dataclass(frozen=True)
 class _Entry:
     plan: DirectPlan
@@ -88,4 +111,4 @@ def _cut(sql: str, seed: int) -> tuple[str | int, ...]:
     return tuple(pieces)
 
 
-__all__ = ["OFFSETS", "PLANS", "PlanCache", "cacheable"]
+__all__ = ["OFFSETS", "PLANS", "Inputs", "PlanCache", "cacheable"]
