@@ -515,7 +515,9 @@ class Session:
         read = (self.options, units, references, proven)
         kept = self._plan_inputs
         # options are replaced, never changed, and the facts are read into new objects
-        if kept is None or any(now is not before for now, before in zip(read, kept[0])):
+        if kept is None or any(
+            now is not before for now, before in zip(read, kept[0], strict=True)
+        ):
             inputs = Inputs(
                 (
                     self.policy.digest,

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 import duckdb
 import pytest
 
 import dpsql
 from dpsql.errors import TooManyGroups
+from dpsql.sql.plan import _fill_domain, _Fixed, _normal
 
 POLICY = {
     "analysts": {"default": {"epsilon": 100.0}},
@@ -165,10 +167,6 @@ def test_a_remembered_place_is_the_place_found_afresh(kinds):
     (sql/plan.py, _Fixed.places): every release, the first or a later one, puts each
     row's counts where canonical_value and _normal alone would, for keys that Python's
     equality conflates across types (1, True, 1.0, Decimal 1) or that lie outside."""
-    from decimal import Decimal
-
-    from dpsql.sql.plan import _Fixed, _fill_domain, _normal
-
     domain = [(0, "a"), (1, "a"), (1, "b"), (2, "b")]
 
     def fixed() -> _Fixed:
