@@ -288,7 +288,7 @@ class Session:
         # the plan key's and the fingerprint's parts besides the statement, built again
         # only when what they are built from is replaced (_plan_key, _fingerprint)
         self._plan_inputs: tuple[tuple, Inputs] | None = None
-        self._fingerprint_tail: tuple[Options, str] | None = None
+        self._fingerprint_tail: tuple[tuple, str] | None = None
 
     def for_analyst(
         self,
@@ -512,12 +512,9 @@ class Session:
         the cache keeps do not read): the statement with its constants, the policy, the
         options, the backend, the analyst's budget, and the unique keys and proven value
         ranges as just read (a clamp left out on a proof returns when the proof goes)."""
-        read = (self.options, units, references, proven)
+        read = (self.options, self.policy, self.adapter, self.total, units, references, proven)
         kept = self._plan_inputs
-        # options are replaced, never changed, and the facts are read into new objects
-        if kept is None or any(
-            now is not before for now, before in zip(read, kept[0], strict=True)
-        ):
+        if not _built_from(kept, read):
             inputs = Inputs(
                 (
                     self.policy.digest,
@@ -625,16 +622,17 @@ class Session:
     def _fingerprint(self, key: str) -> str:
         # The key is read off the tokens (parse.py says what it folds): generating
         # normalised SQL from the tree just to hash it cost more than the hash.
+        read = (self.options, self.policy, self.adapter)
         kept = self._fingerprint_tail
-        if kept is None or kept[0] is not self.options:  # options are replaced, not changed
+        if not _built_from(kept, read):
             rest = [
                 self.adapter.identity,  # a ledger two databases share: one release each
                 self.policy.digest,
                 self.policy.data_version,
                 vars(self.options),  # flat: asdict's deep copy costs more than the hash
             ]
-            kept = self._fingerprint_tail = (self.options, json.dumps(rest)[1:])
-        # the text of json.dumps([key, *rest]), with rest's encoded once per options
+            kept = self._fingerprint_tail = (read, json.dumps(rest)[1:])
+        # the text of json.dumps([key, *rest]), rest encoded once per options, policy, backend
         text = "[" + json.dumps(key) + ", " + kept[1]
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -882,6 +880,14 @@ class _AnalystState:
     @property
     def owner(self) -> tuple[str, str]:
         return (self.ledger.location, self.analyst)
+
+
+def _built_from(kept: tuple[tuple, Any] | None, read: tuple) -> bool:
+    """Whether `kept` (what it was built from, and it) was built from the very objects in
+    `read`: each is replaced when it changes, never changed in place (options are frozen,
+    the database facts are read again into new objects), so the same objects mean the
+    same inputs."""
+    return kept is not None and all(a is b for a, b in zip(kept[0], read, strict=True))
 
 
 def _selection(kind: str) -> dict[str, Any]:
