@@ -14,6 +14,8 @@ option, the policy, the unique keys; and a fresh secret per release.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 
 import duckdb
 import numpy as np
@@ -320,6 +322,25 @@ def test_unique_units_read_again_plan_afresh(adapter, policy):
     unique = planned(cached, sql)
     assert "ROW_NUMBER" in bounded.sql.upper() and "ROW_NUMBER" not in unique.sql.upper()
     assert_same(adapter, unique, planned(cold, sql))
+
+
+def test_the_fingerprint_is_the_one_earlier_releases_were_stored_under(adapter, policy):
+    """The release cache's fingerprint, with its parts besides the statement encoded once
+    per options (Session._fingerprint), is the sha256 of the JSON earlier versions hashed:
+    a ledger's stored releases are still found, before and after a SET."""
+    session, _ = sessions(adapter, policy, PlanCache(), seed=12)
+    key = 'tokens:[["SELECT", "select"], ["STRING", "caf\u00e9 \\"]]'
+
+    def stored_under() -> str:
+        parts = [key, adapter.identity, policy.digest, policy.data_version]
+        text = json.dumps([*parts, vars(session.options)])
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    assert session._fingerprint(key) == stored_under()
+    session.set_option("epsilon", 0.3)
+    assert session._fingerprint(key) == stored_under()
+    session.execute("RESET ALL")
+    assert session._fingerprint(key) == stored_under()
 
 
 def test_another_analyst_reuses_the_plan_and_is_charged(adapter, policy, monkeypatch):
