@@ -87,8 +87,23 @@ MAX_WATCH_INTERVAL = 365 * 86400.0
 #: The last two are found by their fingerprints' prefix; answers are the rest.
 STORED_KINDS = ("answers", "synopses", "streams")
 _KIND_PREFIXES = {"synopses": SYNOPSIS_PREFIX, "streams": STREAM_PREFIX}
-# How old (seconds) the session's reading of which units the database keeps unique may be.
+# How old (seconds) the sessions' reading of which units the database keeps unique (and the
+# other database facts) may be.
 UNITS_READ_AGAIN = 1.0
+# The unique units, the unique references and the proven value ranges (Session.database_facts).
+DatabaseFacts = tuple[frozenset[str], frozenset[str], dict[str, tuple[Proven, ...]]]
+
+
+class _SharedFacts:
+    """One reading of the database facts, shared by the sessions on one database and
+    policy, and when it was read (time.monotonic)."""
+
+    def __init__(self) -> None:
+        self.read_at = -math.inf
+        self.lock = threading.Lock()
+        self.current: DatabaseFacts = (frozenset(), frozenset(), {})
+
+
 # How often a statement is planned again on the state a concurrent session stored first.
 _RACES = 5
 
@@ -275,7 +290,7 @@ class Session:
             if value is not None:
                 self.set_option(name, value)
         self._defaults = self.options  # what RESET goes back to: the connection's start
-        self._units_read_at = -math.inf
+        self._facts = _SharedFacts()  # shared with the sessions for_analyst opens
         self._rng = secure_generator(seed)
         self._rng_lock = threading.Lock()
         self._seeded = seed is not None
@@ -304,7 +319,7 @@ class Session:
             self.adapter, self.policy, self.ledger, analyst, settings=settings,
             max_groups=self.max_groups if max_groups is None else max_groups,
         )  # fmt: skip
-        session.plans = self.plans
+        session.plans, session._facts = self.plans, self._facts
         return session
 
     @property
@@ -401,35 +416,62 @@ class Session:
 
     @property
     def unique_units(self) -> frozenset[str]:
-        """Tables (policy keys) whose privacy unit the database keeps unique, read again
-        when older than UNITS_READ_AGAIN seconds: read once per session, a key the owner
-        dropped (and the duplicates then added) went on being read as one row per unit,
-        without bounding, for as long as a connection lasted."""
-        now = time.monotonic()
-        if now - self._units_read_at > UNITS_READ_AGAIN:
-            self._unique_units = frozenset(
-                key for key, table in self.policy.tables.items()
-                if table.privacy_unit
-                and table.privacy_unit in self.adapter.unique_columns(key)
-            )  # fmt: skip
-            self._unique_references = frozenset(
-                f"{via.table}.{via.target}"
-                for via in {table.via for table in self.policy.tables.values() if table.via}
-                if via.target in self.adapter.unique_columns(via.table)
-            ) | frozenset(  # public tables' keys, joined to row-level tables (sql/row_level.py)
-                f"{key}.{column.lower()}"
-                for key, table in self.policy.tables.items()
-                if table.public and any(row_level(t) for t in self.policy.tables.values())
-                for column in self.adapter.unique_columns(key)
-            )
-            self._proven = self._read_proofs()
-            self._units_read_at = now
-        return self._unique_units
+        """Tables (policy keys) whose privacy unit the database keeps unique (database_facts):
+        read once per session, a key the owner dropped (and the duplicates then added)
+        went on being read as one row per unit, without bounding, for as long as a
+        connection lasted."""
+        return self.database_facts()[0]
+
+    @property
+    def unique_references(self) -> frozenset[str]:
+        """Referenced columns ("table.column") the database keeps unique (database_facts):
+        a reference leads to one person only through a kept key."""
+        return self.database_facts()[1]
+
+    @property
+    def proven(self) -> dict[str, tuple[Proven, ...]]:
+        """Per table (policy key), the value ranges the database proves (database_facts):
+        its CHECK constraints, trusted statistics (sql/proofs.py)."""
+        return self.database_facts()[2]
+
+    def database_facts(self) -> DatabaseFacts:
+        """The unique units, the unique references and the proven value ranges, read
+        together and again when older than UNITS_READ_AGAIN seconds (a dropped key brings
+        its bounding back, a dropped constraint its clamps). They are facts of the
+        database under the policy, so this Session and the sessions it opens for other
+        analysts share one reading: whichever asks first once they are old reads them,
+        the others wait for it (a wire client's first query read them for itself, some
+        ten catalog queries)."""
+        shared = self._facts
+        if time.monotonic() - shared.read_at > UNITS_READ_AGAIN:
+            with shared.lock:
+                now = time.monotonic()
+                if now - shared.read_at > UNITS_READ_AGAIN:  # not read meanwhile by another
+                    shared.current = self._read_facts()
+                    shared.read_at = now
+        return shared.current
+
+    def _read_facts(self) -> DatabaseFacts:
+        units = frozenset(
+            key for key, table in self.policy.tables.items()
+            if table.privacy_unit
+            and table.privacy_unit in self.adapter.unique_columns(key)
+        )  # fmt: skip
+        references = frozenset(
+            f"{via.table}.{via.target}"
+            for via in {table.via for table in self.policy.tables.values() if table.via}
+            if via.target in self.adapter.unique_columns(via.table)
+        ) | frozenset(  # public tables' keys, joined to row-level tables (sql/row_level.py)
+            f"{key}.{column.lower()}"
+            for key, table in self.policy.tables.items()
+            if table.public and any(row_level(t) for t in self.policy.tables.values())
+            for column in self.adapter.unique_columns(key)
+        )
+        return units, references, self._read_proofs()
 
     def _read_proofs(self) -> dict[str, tuple[Proven, ...]]:
         """The value ranges the database proves of each private table's columns (its
-        CHECK constraints, trusted statistics: sql/proofs.py), read with the unique
-        units and as often: a dropped constraint brings its clamps back."""
+        CHECK constraints, trusted statistics: sql/proofs.py)."""
         proofs = {}
         for key, table in self.policy.tables.items():
             if table.public or table.source is not None or table.relation is not None:
@@ -440,24 +482,11 @@ class Session:
                 proofs[key] = found
         return proofs
 
-    @property
-    def proven(self) -> dict[str, tuple[Proven, ...]]:
-        """Per table (policy key), the value ranges the database proves (_read_proofs)."""
-        self.unique_units  # noqa: B018 -- reads them when they are old
-        return self._proven
-
-    @property
-    def unique_references(self) -> frozenset[str]:
-        """Referenced columns ("table.column") the database keeps unique, read with the
-        unique units: a reference leads to one person only through a kept key."""
-        self.unique_units  # noqa: B018 -- reads both when they are old
-        return self._unique_references
-
     def plan(self, tree: Any, key: str = "") -> Plan:
         """The plan of a parsed SELECT; `key` (its Statement.key) lets it come from the
         plan cache, with a secret of its own."""
         # read once, for both the cache key and the planning
-        units, references, proven = self.unique_units, self.unique_references, self.proven
+        units, references, proven = self.database_facts()
         cache_key = self._plan_key(key, units, references, proven) if key else None
         if cache_key is not None:
             cached = self.plans.get(cache_key, self._secret)
@@ -493,7 +522,7 @@ class Session:
     def planned_before(self, key: str) -> Plan | None:
         """The plan kept for the statement of `key` (its Statement.key) under this session's
         inputs as now read, with a secret of its own; None if the plan cache has none."""
-        units, references, proven = self.unique_units, self.unique_references, self.proven
+        units, references, proven = self.database_facts()
         return self.plans.get(self._plan_key(key, units, references, proven), self._secret)
 
     def _secret(self) -> int:

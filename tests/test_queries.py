@@ -10,6 +10,8 @@ import pytest
 from conftest import on_every_backend, pums_policy
 
 import dpsql
+from dpsql.ledger import Ledger
+from dpsql.policy import load_policy
 
 # Each query is compared with the same SQL on the raw data; noisy values must lie
 # within 6 noise scales of the truth plus the clamping bias, which is zero here.
@@ -322,6 +324,47 @@ def test_a_dropped_key_stops_making_a_unit_unique_within_a_session(tmp_path, mon
         monkeypatch.setattr(sessions, "UNITS_READ_AGAIN", 0.0)  # no wait for the clock
         plan = dict(connection.execute("EXPLAIN SELECT COUNT(*) FROM t"))
         assert "ROW_NUMBER" in plan["sql"] and "2 rows per group" in plan["privacy"]
+
+
+def test_sessions_for_other_analysts_share_one_reading_of_the_database_facts(tmp_path, monkeypatch):
+    """A `dpsql serve` client's Session is opened by the server's for each connection: each
+    read the unique keys and proofs for itself on its first query, about ten catalog
+    queries. They share the opening Session's reading, as old as it may be, and a key
+    dropped is noticed by every one of them once the reading is old."""
+    from dpsql import session as sessions
+    from dpsql.adapters.duckdb import DuckDBAdapter
+
+    database = duckdb.connect()
+    database.execute("CREATE TABLE t (pid INTEGER PRIMARY KEY, age INTEGER)")
+    database.execute("INSERT INTO t SELECT i, i % 90 FROM range(100) r(i)")
+    budget = {"epsilon": 100.0}
+    policy = load_policy(
+        {"version": 1, "analysts": {"default": budget, "a": budget, "b": budget},
+         "tables": {"t": {"privacy_unit": "pid", "max_rows_per_unit": 2, "columns": {
+             "pid": {"type": "int", "private": True},
+             "age": {"type": "int", "lower": 0, "upper": 100}}}}}
+    )  # fmt: skip
+    reads = []
+    adapter = DuckDBAdapter(database)
+    unique_columns = adapter.unique_columns
+    monkeypatch.setattr(adapter, "unique_columns", lambda t: reads.append(t) or unique_columns(t))
+    opener = sessions.Session(adapter, policy, Ledger(tmp_path / "l.sqlite"))
+    opener.execute("SELECT COUNT(*) FROM t")
+    first = len(reads)
+    assert first > 0
+    unique = "keeps unique"
+    for analyst in ("a", "b"):
+        session = opener.for_analyst(analyst)
+        assert unique in dict(session.execute("EXPLAIN SELECT COUNT(*) FROM t").rows)["privacy"]
+    assert len(reads) == first  # read once, by the opener
+    database.execute("CREATE TABLE u AS SELECT 7 AS pid, age FROM t")  # no key
+    database.execute("DROP TABLE t")
+    database.execute("ALTER TABLE u RENAME TO t")
+    monkeypatch.setattr(sessions, "UNITS_READ_AGAIN", 0.0)  # no wait for the clock
+    for analyst in ("a", "b"):
+        plan = dict(opener.for_analyst(analyst).execute("EXPLAIN SELECT COUNT(*) FROM t").rows)
+        assert "ROW_NUMBER" in plan["sql"] and unique not in plan["privacy"]
+    assert len(reads) > first
 
 
 def test_a_key_on_a_same_named_table_elsewhere_does_not_make_a_unit_unique(tmp_path):
