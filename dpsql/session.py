@@ -417,9 +417,8 @@ class Session:
     @property
     def unique_units(self) -> frozenset[str]:
         """Tables (policy keys) whose privacy unit the database keeps unique (database_facts):
-        read once per session, a key the owner dropped (and the duplicates then added)
-        went on being read as one row per unit, without bounding, for as long as a
-        connection lasted."""
+        read again once a second old, since a key the owner drops (and the duplicates then
+        added) must stop counting as one row per unit."""
         return self.database_facts()[0]
 
     @property
@@ -439,9 +438,8 @@ class Session:
         together and again when older than UNITS_READ_AGAIN seconds (a dropped key brings
         its bounding back, a dropped constraint its clamps). They are facts of the
         database under the policy, so this Session and the sessions it opens for other
-        analysts share one reading: whichever asks first once they are old reads them,
-        the others wait for it (a wire client's first query read them for itself, some
-        ten catalog queries)."""
+        analysts share one reading: whichever asks first once they are old reads them (some
+        ten catalog queries), the others wait for it."""
         shared = self._facts
         if time.monotonic() - shared.read_at > UNITS_READ_AGAIN:
             with shared.lock:
