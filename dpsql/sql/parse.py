@@ -385,7 +385,10 @@ def bind_parameters(
 def _bind(tree: exp.Expression, parameters: Sequence[Any] | Mapping[str, Any] | None) -> list[Any]:
     """Bind `parameters` into `tree` in place; return the values bound, in placeholder order."""
     # `$1` is a Placeholder in DuckDB's dialect and a Parameter in PostgreSQL's
-    placeholders = [node for node in tree.walk() if _is_placeholder(node)]
+    # find_all filters by type in sqlglot's compiled code; the walk's order (breadth first)
+    placeholders = [
+        node for node in tree.find_all(exp.Parameter, exp.Placeholder) if _is_placeholder(node)
+    ]
     if not placeholders:
         if parameters:
             raise InterfaceError(
