@@ -36,7 +36,11 @@ prints, per query, the median time dpsql adds around the database call:
 * the floor of a cold query: that floor plus what no plan of a new text avoids, each
   measured alone the same way: sqlglot's parse of the query, its generation of the
   bounded SQL the query is rewritten to (EXPLAIN's), and storing the release in the
-  release cache: printed beside the cold figure and its target.
+  release cache: printed beside the cold figure and its target;
+* the same floor's parts timed where they run, inside the cold queries (the charge,
+  dpsql's parse of the statement, sqlglot's generation of its bounded SQL, storing the
+  release): on the CPU caches a query leaves them, each costs several times what it
+  does alone, and what the cold figure holds beyond them is dpsql's own planning.
 
 Usage: python benchmarks/bench_overhead.py [--repeat 50]
 """
@@ -50,6 +54,7 @@ import re
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +62,7 @@ import numpy as np
 import sqlglot
 from machine import describe, python_probe_us
 
+import dpsql.session as session_module
 from dpsql import demo
 from dpsql.accounting import Cost
 from dpsql.adapters.duckdb import DuckDBAdapter
@@ -67,6 +73,7 @@ from dpsql.policy import load_policy
 from dpsql.results import Accuracy, Release
 from dpsql.session import Session
 from dpsql.session import _encode as session_encode
+from dpsql.sql import rewrite as rewrite_module
 from dpsql.sql.parse import parse_statement
 
 QUERIES = [
@@ -116,17 +123,54 @@ class TimedAdapter(DuckDBAdapter):
         return _TimedCursor(super()._cursor(), self)
 
 
-class TimedLedger(Ledger):
-    """The SQLite ledger, adding up the time spent charging."""
+class Stopwatch:
+    """Seconds spent in each named part of a query, added up until `reset`."""
 
-    charge_seconds = 0.0
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def reset(self) -> None:
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
+
+    def timed(self, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        """`function`, its time added to part `name`."""
+        self.seconds.setdefault(name, 0.0)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.seconds[name] += time.perf_counter() - start
+
+        return timed
+
+
+STOPWATCH = Stopwatch()
+
+
+class TimedLedger(Ledger):
+    """The SQLite ledger, timing its charges and its stores of releases (STOPWATCH)."""
 
     def charge(self, *args: Any, **kwargs: Any) -> Cost:
-        start = time.perf_counter()
-        try:
-            return super().charge(*args, **kwargs)
-        finally:
-            self.charge_seconds += time.perf_counter() - start
+        return STOPWATCH.timed("charge", super().charge)(*args, **kwargs)
+
+    def store_release(self, *args: Any, **kwargs: Any) -> str:
+        return STOPWATCH.timed("store", super().store_release)(*args, **kwargs)
+
+
+def time_parse_and_generation() -> None:
+    """Time, within each query, the parse of its statement (dpsql's, around sqlglot's)
+    and sqlglot's generation of its bounded SQL (STOPWATCH): the parts of a cold query no
+    plan of a new text avoids, measured where they run rather than alone."""
+    session_module.parse_statement = STOPWATCH.timed("parse", session_module.parse_statement)
+    generators = rewrite_module._generator  # each thread's generator (a compiled class)
+
+    class Timed:
+        def __init__(self, dialect: str):
+            self.generate = STOPWATCH.timed("generate", generators(dialect).generate)
+
+    rewrite_module._generator = Timed
 
 
 def fresh_text(sql: str, run: int) -> str:
@@ -221,16 +265,18 @@ def main() -> None:
     budget = {"epsilon": 1e6, "delta": 0.5}
     policy = load_policy(demo.DEMO_POLICY | {"analysts": {"default": budget, "other": budget}})
     adapter = TimedAdapter(demo.demo_connection())
+    time_parse_and_generation()
     print(describe())
     with tempfile.TemporaryDirectory() as folder:
         ledger = TimedLedger(Path(folder) / "ledger.sqlite")
         session = Session(adapter, policy, ledger)
         other = session.for_analyst("other")  # shares the session's plan cache
-        rows, probes, run = [], [], 0
+        rows, probes, run, in_query = [], [], 0, []
         print(f"{'query':<58} {'cold ms':>8} {'charge':>7} {'cold-charge':>11} {'cached':>7} "
               f"{'cold cpu':>8} {'planned':>8} {'pl. cpu':>8} {'new con.':>8}")  # fmt: skip
         for sql in QUERIES:
             samples: dict[str, list[float]] = {name: [] for name in COLUMNS}
+            parts_of_cold: dict[str, list[float]] = {name: [] for name in IN_QUERY}
             session.execute(sql)  # the first run builds the sampler's tables
             probes.append(python_probe_us() / 1e3)  # ms, beside this query's runs
             for _ in range(args.repeat):
@@ -240,20 +286,27 @@ def main() -> None:
                 if new_constant(text, run) != text:  # the shape `text` planned just now
                     runs.append(("new constants", session, new_constant(text, run)))
                 for name, who, query in runs:
-                    adapter.database_seconds = adapter.database_cpu = ledger.charge_seconds = 0.0
+                    adapter.database_seconds = adapter.database_cpu = 0.0
+                    STOPWATCH.reset()
                     start, thread = time.perf_counter(), time.thread_time()
                     who.execute(query)
                     samples[name].append(time.perf_counter() - start - adapter.database_seconds)
                     used = time.thread_time() - thread - adapter.database_cpu
                     if name == "cold":
-                        samples["charge"].append(ledger.charge_seconds)
+                        samples["charge"].append(STOPWATCH.seconds["charge"])
                         samples["cold cpu"].append(used)
+                        for part, values in parts_of_cold.items():
+                            values.append(STOPWATCH.seconds[part])
                     elif name == "planned":
                         samples["planned cpu"].append(used)
             pairs = zip(samples["cold"], samples["charge"], strict=True)
             samples["cold-charge"] = [c - g for c, g in pairs]
             row = [statistics.median(v) * 1e3 if v else math.nan for v in samples.values()]
             rows.append(row)
+            # in probe units: seconds to ms, over this query's probe (ms)
+            in_query.append(
+                {k: statistics.median(v) * 1e3 / probes[-1] for k, v in parts_of_cold.items()}
+            )
             cells = zip(row, WIDTHS, strict=True)
             text = " ".join("-".rjust(w) if math.isnan(v) else f"{v:>{w}.3f}" for v, w in cells)
             print(f"{sql[:56]:<58} {text}")
@@ -308,6 +361,8 @@ def main() -> None:
         f"{units['planned'] - least:.1f}; target 2.5 = floor + {2.5 - least:.1f}"
     )
     cold = least + parts["parse"] + parts["generate"] + parts["store"]
+    where_run = {name: _median([q[name] for q in in_query]) for name in IN_QUERY}
+    floor_in_query = sum(where_run.values()) + parts["Laplace draw"] + parts["Release"]
     print(
         f"the floor of a cold query, each part alone (warm CPU caches; medians over the "
         f"queries):\n"
@@ -316,8 +371,20 @@ def main() -> None:
         f"{parts['store']:.2f} = {cold:.2f} probes\n"
         f"  cold {units['cold']:.1f} probes = floor + {units['cold'] - cold:.1f} (the check, "
         f"the analysis, the rewrite's tree, the release's work, cold caches); target 10 = "
-        f"floor + {10 - cold:.1f}"
+        f"floor + {10 - cold:.1f}\n"
+        f"the same floor's parts where they run, inside the cold queries (medians):\n"
+        f"  charge {where_run['charge']:.2f} + Laplace draw and Release (alone) "
+        f"{parts['Laplace draw'] + parts['Release']:.2f} + parsing the statement "
+        f"{where_run['parse']:.2f} + generating its bounded SQL {where_run['generate']:.2f} + "
+        f"storing the release {where_run['store']:.2f} = {floor_in_query:.2f} probes\n"
+        f"  cold {units['cold']:.1f} probes = that floor + {units['cold'] - floor_in_query:.1f} "
+        f"(dpsql's check, analysis, rewrite and release); target 10 = that floor + "
+        f"{10 - floor_in_query:.1f}"
     )
+
+
+# The parts of a cold query timed where they run (STOPWATCH), beside the columns.
+IN_QUERY = ("charge", "parse", "generate", "store")
 
 
 # Each query's columns, in the order printed, and their widths.
