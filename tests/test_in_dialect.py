@@ -1,5 +1,5 @@
-"""in_dialect writes what sqlglot writes: each name folded as the backend folds it unquoted,
-then quoted, from a generator each thread keeps (sql/rewrite.py)."""
+"""in_dialect writes what sqlglot writes: each name folded as the backend folds it unquoted
+(from a cache, where the dialect folds by the name alone), then quoted (sql/rewrite.py)."""
 
 from __future__ import annotations
 

@@ -13,12 +13,10 @@ bounding (capped) and the rows kept (BEFORE_COLUMN, KEPT_COLUMN: sql/bounding.py
 from __future__ import annotations
 
 import functools
-import threading
 from dataclasses import dataclass
 
 import sqlglot
 from sqlglot import exp
-from sqlglot.generator import Generator
 
 from dpsql.policy import NEAR_ZERO, Column, Table
 from dpsql.sql.analysis import KEY_PREFIX, RESERVED_PREFIX, Analysis, Measurement
@@ -439,6 +437,7 @@ def in_dialect(query: exp.Select, dialect: str, table: Table | None = None) -> s
     as the backend folds unquoted names (lower case in PostgreSQL, upper case
     in Snowflake) and then quoted, so a name that is also a keyword still works.
     """
+    backend = sqlglot_dialect(dialect)
     # Deepest first, so that a replaced node (ROUND cast back to DOUBLE) has its insides
     # done already; transform() would not look inside a node it has just replaced. Only
     # the kinds _portable changes: find_all filters in sqlglot's code, not in Python.
@@ -455,9 +454,9 @@ def in_dialect(query: exp.Select, dialect: str, table: Table | None = None) -> s
         if by_name:
             identifier.set("this", _folded(dialect, identifier.this))
         else:
-            sqlglot_dialect(dialect).normalize_identifier(identifier)
+            backend.normalize_identifier(identifier)
     # copy=False: the query was built for this call only, so the generator may mutate it
-    return _generator(dialect).generate(query, copy=False)
+    return query.sql(dialect=backend, identify=True, copy=False)
 
 
 @functools.cache  # the adapters' few dialect names
@@ -474,22 +473,6 @@ def _folded(dialect: str, name: str) -> str:
     (_folds_by_name): folding cost more than this lookup."""
     unquoted = exp.Identifier(this=name, quoted=False)
     return sqlglot_dialect(dialect).normalize_identifier(unquoted).this
-
-
-# Each thread's generator per dialect, quoting every name: building one per query cost
-# as much as a sixth of generating its SQL. A generator resets its state when it starts
-# and holds it while it runs, so threads (the server's workers) do not share them.
-_THREAD = threading.local()
-
-
-def _generator(dialect: str) -> Generator:
-    generators = getattr(_THREAD, "generators", None)
-    if generators is None:
-        generators = _THREAD.generators = {}
-    generator = generators.get(dialect)
-    if generator is None:
-        generator = generators[dialect] = sqlglot_dialect(dialect).generator(identify=True)
-    return generator
 
 
 # The nodes _portable may change for every backend (spellings.kinds: per backend).
