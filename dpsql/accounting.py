@@ -87,6 +87,12 @@ def set_aside(epsilon: float, parts: int) -> tuple[float, float]:
     return aside, rest
 
 
+def _plus(a: Fraction, b: Fraction) -> Fraction:
+    # Adding zero (the delta and rho of pure measurements, mostly) is free: a Fraction sum
+    # costs a gcd, and every plan and charge adds up several costs.
+    return a if not b else b if not a else a + b
+
+
 @dataclass(frozen=True, order=False)
 class Cost:
     """A privacy cost: (epsilon, delta) plus zCDP rho; composition is addition."""
@@ -102,7 +108,11 @@ class Cost:
         return cls(_exact(epsilon, "epsilon"), _exact(delta, "delta"), _exact(rho, "rho"))
 
     def __add__(self, other: Cost) -> Cost:
-        return Cost(self.epsilon + other.epsilon, self.delta + other.delta, self.rho + other.rho)
+        return Cost(
+            _plus(self.epsilon, other.epsilon),
+            _plus(self.delta, other.delta),
+            _plus(self.rho, other.rho),
+        )
 
     def __sub__(self, other: Cost) -> Cost:
         return Cost(self.epsilon - other.epsilon, self.delta - other.delta, self.rho - other.rho)
