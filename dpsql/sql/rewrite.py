@@ -491,6 +491,8 @@ def _portable(node: exp.Expression, *, dialect: str, table: Table | None) -> exp
     - sqlglot writes `(age IN (1)) IS NULL` without its parentheses, which Spark's
       grammar cannot parse.
     """
+    if isinstance(node, exp.Literal):  # most nodes visited: the query's constants
+        return spell(node, dialect)
     if table is not None and is_day_count(node, table):
         return exp.cast(node, exp.DataType.Type.BIGINT)
     if isinstance(node, exp.Is) and isinstance(

@@ -117,15 +117,18 @@ def _as_double(literal: exp.Literal, dialect: str) -> exp.Expression:
     beyond 64 bits, unless compared as written) as a DOUBLE, unless
     it is cast already or stands where a whole number goes (ROUND's places, SUBSTRING's
     positions: DuckDB, Spark and PostgreSQL take no DOUBLE there)."""
-    text = literal.this.lower() if not literal.is_string else ""
+    if literal.is_string:
+        return literal
+    text = literal.this.lower()
+    if len(text) < 19 and text.isascii() and text.isdigit():
+        return literal  # whole and within 64 bits (most constants: IN lists of keys)
     # 1e-5 is a DOUBLE already in DuckDB and Spark, but a numeric in PostgreSQL, and so
     # is a whole number beyond 64 bits (1.0e0 / 2^60 * 2^60 - 1 was -2.4e-19 there, and
     # 1 - 1 / 2^64 * 2^64 -5.4e-18, found by an audit); one compared as it is, converted
     # once, is left as written
     numeric = "e" in text or ("." not in text and _beyond_64_bits(text))
     if (
-        literal.is_string
-        or ("." not in text and not numeric)
+        ("." not in text and not numeric)
         or (numeric and (dialect != "postgres" or compared_as_written(literal)))
         or isinstance(literal.parent, exp.Cast | exp.Substring)
         or (isinstance(literal.parent, exp.Round) and literal.arg_key == "decimals")
