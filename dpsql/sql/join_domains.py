@@ -146,16 +146,18 @@ def _domain_sql(
             if aliases & linked and not aliases <= linked:
                 linked |= aliases
                 grown = True
+    # Every part is a copy made here, so the builders take them as they are (copy=False):
+    # copying the query so far at each step cost most of reading a domain.
     read = [inner[alias].node.copy() for alias in inner if alias in linked]
     value = canonical_sql(key.copy(), kind, dialect)
-    query = exp.select(exp.alias_(value, "v")).distinct().from_(read[0])
+    query = exp.select(exp.alias_(value, "v", copy=False), copy=False)
+    query = query.distinct(copy=False).from_(read[0], copy=False)
     for table in read[1:]:
-        query = query.join(table)
+        query = query.join(table, copy=False)
     chosen = [c.copy() for aliases, c in usable if aliases <= linked]
-    query = query.where(
-        exp.and_(*chosen, exp.Not(this=exp.Is(this=key.copy(), expression=exp.Null())))
-    )
-    return in_dialect(query.limit(MAX_JOIN_DOMAIN + 1), dialect)
+    not_null = exp.Not(this=exp.Is(this=key.copy(), expression=exp.Null()))
+    query = query.where(exp.and_(*chosen, not_null, copy=False), copy=False)
+    return in_dialect(query.limit(MAX_JOIN_DOMAIN + 1, copy=False), dialect)
 
 
 def _public_sql(conjunct: exp.Expression) -> bool:
@@ -163,7 +165,7 @@ def _public_sql(conjunct: exp.Expression) -> bool:
     if conjunct.find(exp.Select) is not None:
         return False
     try:
-        require_public_query(exp.select("1").where(conjunct.copy()))
+        require_public_query(exp.select("1").where(conjunct.copy(), copy=False))
     except QueryRefused:
         return False
     return True
