@@ -170,3 +170,16 @@ def test_reported_costs_read_as_the_decimals_charged():
     for value in (Fraction(1, 3), Fraction(2, 7), Fraction(10**20 + 1, 10**20)):
         up, down = round_up(value), round_down(value)
         assert Fraction(down) <= value <= Fraction(up)
+
+
+def test_a_sum_of_costs_is_the_exact_sum_of_each_part() -> None:
+    """Composition adds each part exactly, zero parts (pure measurements' delta and rho,
+    which the sum skips) included, in any order."""
+    rng = random.Random(7)
+    parts = [Fraction(0), Fraction(1, 10), Fraction(3, 7), Fraction(1, 10**9), Fraction(5)]
+    for _ in range(500):
+        costs = [Cost(*(rng.choice(parts) for _ in range(3))) for _ in range(rng.randint(1, 6))]
+        total = sum(costs, Cost())
+        for part in ("epsilon", "delta", "rho"):
+            exact = sum((getattr(c, part) for c in costs), Fraction(0))
+            assert getattr(total, part) == exact and isinstance(getattr(total, part), Fraction)

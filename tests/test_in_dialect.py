@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 import sqlglot
 from sqlglot import exp
@@ -37,15 +35,3 @@ def test_in_dialect_writes_what_sqlglot_writes_with_names_folded(dialect: str) -
     for sql in QUERIES:
         query = sqlglot.parse_one(sql, read="duckdb")
         assert in_dialect(query.copy(), dialect) == reference(query, dialect), sql
-
-
-def test_threads_writing_at_once_each_get_their_own_queries_text() -> None:
-    queries = [(sqlglot.parse_one(sql, read="duckdb"), d) for sql in QUERIES for d in DIALECTS]
-    expected = [reference(query, dialect) for query, dialect in queries]
-
-    def written(_: int) -> list[str]:
-        return [in_dialect(query.copy(), dialect) for query, dialect in queries]
-
-    with ThreadPoolExecutor(8) as pool:
-        for texts in pool.map(written, range(64)):
-            assert texts == expected

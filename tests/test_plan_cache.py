@@ -30,7 +30,7 @@ from dpsql.ledger import Ledger
 from dpsql.policy import load_policy
 from dpsql.session import Session, open_session
 from dpsql.sql.parse import parse_statement
-from dpsql.sql.plan_cache import PlanCache
+from dpsql.sql.plan_cache import OFFSETS, SMALLEST_SECRET, PlanCache, _cut
 
 POLICY = {
     "version": 1,
@@ -401,3 +401,20 @@ def test_a_constant_written_as_another_type_is_another_key(adapter, policy, sql)
             assert_same(adapter, plan, planned(cold, text))
             measured.add(str(plan) if isinstance(plan, QueryRefused) else tuple(plan.explain()[1:]))
     assert len(measured) > 1  # the types do change the plan
+
+
+@pytest.mark.parametrize("seed", [SMALLEST_SECRET, 2**62 - OFFSETS])
+def test_a_kept_plan_takes_a_new_secret_in_every_place_of_the_old_and_nowhere_else(seed):
+    """The secret, the smallest kept (13 digits) and the largest drawn, at each offset the
+    rewrite adds: each is replaced by the new secret's; constants, the digits beside the
+    offsets and the secret's digits inside a longer run are left as written."""
+    secrets = [seed + offset for offset in range(OFFSETS)]
+    beside = [seed - 1, seed + OFFSETS, 10**12 - 1, 7]
+    sql = " ".join(f"h({s}) + {b}" for s, b in zip(secrets, beside * 2, strict=True))
+    sql += f" AND x = 9{seed}"
+    new = seed + 12345 if seed == SMALLEST_SECRET else seed - 12345
+    written = "".join(p if isinstance(p, str) else str(new + p) for p in _cut(sql, seed))
+    expected = " ".join(
+        f"h({new + o}) + {b}" for o, b in zip(range(OFFSETS), beside * 2, strict=True)
+    )
+    assert written == expected + f" AND x = 9{seed}"
