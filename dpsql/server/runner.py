@@ -145,8 +145,7 @@ def _serve_until_stopped(server: WireServer, start: Callable[[], Awaitable[None]
             loop.add_signal_handler(signum, stop.set)
         # What the process holds once started (the modules, the policy, the Session)
         # lives as long as it does: out of the collector's reach, a full collection
-        # walks only what queries made (docs/server.md, "Speed": one came every 400-450
-        # new queries, 60-190 ms each; 33-56 ms with these frozen)
+        # walks only what queries made (docs/server.md, "Speed", measures the tail)
         gc.freeze()
         await start()
         await stop.wait()
